@@ -1,0 +1,51 @@
+# l4lab: thin verbs over scripts/ and the Python tools. `make demo` and `make test` do all set-up.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+ARCH  := $(shell uname -m)
+
+BPF_SRC := $(wildcard bpf/*.bpf.c)
+BPF_OBJ := $(patsubst bpf/%.bpf.c,build/bpf/%.o,$(BPF_SRC))
+BPF_HDR := $(wildcard bpf/include/*.h)
+BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -Wno-unused-function \
+	-I bpf/include -I/usr/include/$(ARCH)-linux-gnu
+
+.PHONY: all deps deps-all bpf abi abi-check check lint demo test clean
+
+all: bpf
+
+deps:
+	@bash scripts/setup.sh
+
+# Every optional feature too (qemu + a Debian kernel, FRR, BCC, Chromium, tshark): all suites run.
+deps-all:
+	@bash scripts/setup.sh --all
+
+bpf: $(BPF_OBJ)
+
+build/bpf/%.o: bpf/%.bpf.c $(BPF_HDR)
+	@mkdir -p $(@D)
+	clang $(BPF_CFLAGS) -c $< -o $@
+
+# Regenerate the committed Python view of the BPF contract from the objects' BTF.
+abi: bpf
+	$(PY) -m balancer.abigen --write balancer/_abi.py $(BPF_OBJ)
+
+# Fail when the committed balancer/_abi.py differs from what the objects' BTF says.
+abi-check: bpf
+	$(PY) -m balancer.abigen --check balancer/_abi.py $(BPF_OBJ)
+
+lint:
+	$(VENV)/bin/ruff check balancer lab suites reports
+	$(VENV)/bin/mypy
+
+check: deps abi-check lint
+
+demo: deps bpf
+	$(VENV)/bin/l4lab demo
+
+test: deps-all bpf abi-check lint
+	$(PY) -m pytest suites/ $(PYTEST_ARGS)
+
+clean:
+	rm -rf build reports/out

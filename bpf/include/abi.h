@@ -1,0 +1,155 @@
+/* abi.h: the types and constants shared by the datapath and the controller (the BPF/Python contract).
+ *
+ * Python never copies anything from this file by hand: tools/gen_abi.py reads the compiled
+ * object's BTF and writes balancer/_abi.py. Constants are named enum members (BTF does not record
+ * macros); every enum has one exported global below so BTF keeps it. Addresses and ports are in
+ * network byte order; an IPv4 address sits in addr[0] with addr[1..3] zero.
+ */
+#ifndef L4LAB_ABI_H
+#define L4LAB_ABI_H
+
+#include <linux/types.h>
+
+/* Defaults for sizes the controller may change at load time (map max_entries, .rodata). */
+enum lb_limits {
+	LB_DEFAULT_MAX_VIPS = 64,
+	LB_DEFAULT_MAX_REALS = 1024,
+	LB_DEFAULT_RING_SIZE = 65537,     /* prime; Maglev needs a prime ring */
+	LB_DEFAULT_LRU_SIZE = 65536,      /* entries per CPU session table */
+	LB_DEFAULT_FALLBACK_SIZE = 16384, /* shared fallback session table */
+	LB_MAX_CPUS = 128,                /* slots in the per-CPU session table array */
+	LB_DEFAULT_GUE_PORT = 6080,
+	LB_DEFAULT_UDP_TIMEOUT_S = 30,
+	LB_DEFAULT_MTU = 1500,
+};
+
+enum lb_family {
+	LB_AF_INET = 4,
+	LB_AF_INET6 = 6,
+};
+
+/* Encapsulation towards a real, per VIP. The outer family follows the real's family. */
+enum lb_encap {
+	LB_ENCAP_IPIP = 0, /* 4in4 (proto 4), 6in6 (proto 41), 4in6 (proto 4 in IPv6) */
+	LB_ENCAP_GUE1 = 1, /* GUE variant 1: the inner IP packet directly after UDP */
+	LB_ENCAP_GUE0 = 2, /* GUE variant 0: a 4-byte GUE header, then the inner IP packet */
+};
+
+/* Per-VIP flags (bit set in lb_vip_meta.flags). */
+enum lb_vip_flag {
+	LB_VIP_HASH_NO_SPORT = 1 << 0,   /* hash on source address only (sticky clients) */
+	LB_VIP_HASH_DPORT_ONLY = 1 << 1, /* hash on destination port only */
+	LB_VIP_NO_LRU = 1 << 2,          /* bypass the session tables: the ring decides every packet */
+	LB_VIP_OUTER_SRC_FLOW = 1 << 3,  /* outer source derived from the flow hash inside the prefix */
+};
+
+/* Per-real flags (bit set in lb_real.flags). */
+enum lb_real_flag {
+	LB_REAL_PRESENT = 1 << 0,
+};
+
+/* The final outcome of one packet: exactly one counter per packet processed by the balancer. */
+enum lb_reason {
+	LB_TX_ENCAP = 0,          /* encapsulated towards a real */
+	LB_TX_ICMP_ECHO,          /* echo reply for a VIP */
+	LB_TX_ICMP_TOO_BIG,       /* frag-needed / packet-too-big sent back to the client */
+	LB_PASS_NOT_IP,           /* not IPv4/IPv6 (ARP, LLDP, ...) */
+	LB_PASS_NOT_VIP,          /* IP, but not addressed to a configured VIP */
+	LB_PASS_ICMP_NOT_VIP,     /* ICMP/ICMPv6 not about a VIP */
+	LB_PASS_FRAG_NOT_VIP,     /* a fragment or IPv4 options on non-VIP traffic */
+	LB_DROP_MALFORMED_ETH,    /* truncated Ethernet or VLAN header */
+	LB_DROP_MALFORMED_IP,     /* truncated IP header, bad IHL, bad total length */
+	LB_DROP_MALFORMED_L4,     /* truncated TCP/UDP/ICMP header */
+	LB_DROP_IP_OPTIONS,       /* IPv4 options on VIP traffic */
+	LB_DROP_FRAGMENT,         /* a fragment addressed to a VIP */
+	LB_DROP_NO_REAL,          /* the VIP has no live real (empty ring) */
+	LB_DROP_REAL_MISSING,     /* the ring points at a real id with no address */
+	LB_DROP_FAMILY_MISMATCH,  /* IPv6 VIP with an IPv4 real (the controller rejects this too) */
+	LB_DROP_TOO_BIG_NO_DF,    /* over the egress MTU without DF: we do not fragment */
+	LB_DROP_ENCAP_FAILED,     /* bpf_xdp_adjust_head refused */
+	LB_DROP_NO_SETTINGS,      /* the settings array is empty (controller never configured it) */
+	LB_DROP_ICMP_UNSUPPORTED, /* ICMP to a VIP that is neither echo nor a parsable error */
+	LB_DROP_VLAN_STACKED,     /* more than one 802.1Q tag */
+	LB_REASON_COUNT,
+};
+
+/* Events counted besides the outcome (several may happen for one packet). */
+enum lb_event {
+	LB_EV_LRU_HIT = 0,
+	LB_EV_LRU_MISS,
+	LB_EV_FALLBACK_HIT,   /* found in the shared fallback table */
+	LB_EV_SYN_REHASH,     /* a SYN ignored an existing session */
+	LB_EV_RST_NO_ENTRY,   /* an RST did not create a session */
+	LB_EV_UDP_EXPIRED,    /* a UDP session older than the timeout was replaced */
+	LB_EV_ICMP_STEERED,   /* an ICMP error about a VIP flow sent to the flow's real */
+	LB_EVENT_COUNT,
+};
+
+/* Outcomes of the real-server decap program. */
+enum lb_decap_reason {
+	LB_DECAP_IPIP = 0,       /* IPIP / 6in6 / 4in6 removed */
+	LB_DECAP_GUE,            /* GUE (either variant) removed */
+	LB_DECAP_PASS_NOT_ENCAP, /* ordinary traffic */
+	LB_DECAP_PASS_NOT_LOCAL, /* encapsulated, but the outer destination is not ours */
+	LB_DECAP_DROP_MALFORMED, /* truncated or inconsistent outer/inner headers */
+	LB_DECAP_DROP_FAILED,    /* the helper that removes the header refused */
+	LB_DECAP_REASON_COUNT,
+};
+
+struct lb_vip_key {
+	__u32 addr[4];
+	__u16 port;   /* 0: wildcard VIP matching every port of (addr, proto) */
+	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 family;  /* enum lb_family */
+};
+
+struct lb_vip_meta {
+	__u32 vip_num; /* index into lb_ring (times cfg_ring_size) and lb_vip_stats */
+	__u32 flags;   /* enum lb_vip_flag bits */
+	__u8 encap;    /* enum lb_encap */
+	__u8 pad[3];
+};
+
+struct lb_real {
+	__u32 addr[4];
+	__u8 family;  /* enum lb_family */
+	__u8 flags;   /* enum lb_real_flag bits */
+	__u16 pad;
+};
+
+/* The 5-tuple of a client flow: key of the session tables. */
+struct lb_flow {
+	__u32 src[4];
+	__u32 dst[4];
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 family;
+	__u16 pad;
+};
+
+struct lb_session {
+	__u32 real_id;
+	__u32 pad;
+	__u64 atime_ns; /* bpf_ktime_get_ns() of the last packet, for UDP expiry */
+};
+
+struct lb_counter {
+	__u64 packets;
+	__u64 bytes;
+};
+
+/* Runtime settings, one element of lb_settings; the controller may rewrite it at any time. */
+struct lb_settings {
+	__u8 nexthop_mac[6]; /* destination MAC of every emitted frame (the router) */
+	__u16 gue_port;      /* GUE destination UDP port, network order */
+	__u32 src4;          /* outer IPv4 source (fixed), or the prefix base when flow-derived */
+	__u32 src4_mask;     /* host bits that the flow hash may set, network order (0: fixed) */
+	__u32 src6[4];       /* outer IPv6 source, or prefix base */
+	__u32 src6_mask[4];  /* host bits that the flow hash may set */
+	__u16 mtu;           /* egress MTU: an encapsulated IP packet larger than this is too big */
+	__u16 pad;
+	__u32 configured;    /* non-zero once the controller has written this element */
+};
+
+#endif

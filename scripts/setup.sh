@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# setup.sh: installs everything l4lab needs on a Debian/Ubuntu machine, as root; idempotent.
+#
+#   scripts/setup.sh            system packages, the Python venv, bpffs/tracefs mounts
+#   scripts/setup.sh --extra X  also the packages of feature X (vm, frr, trace, browser, tools)
+#   scripts/setup.sh --all      every feature (what `make test` needs to run every suite)
+#
+# A second run installs nothing. A package that cannot be installed is named on one line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Core: build and run the datapath, the netns lab and the suites.
+core_pkgs=(clang llvm libbpf-dev bpftool iproute2 ethtool tcpdump iptables procps
+           python3 python3-venv python3-dev gcc make curl)
+# Optional feature sets, installed on request (suites skip with the command to run).
+declare -A extra_pkgs=(
+  [vm]="qemu-system-x86 busybox-static cpio linux-image-cloud-amd64 libc6-dev"
+  [frr]="frr"
+  [trace]="python3-bpfcc linux-headers-amd64"
+  [browser]="chromium"
+  [tools]="tshark iperf3"
+)
+
+log() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (it installs packages and mounts bpffs)"
+
+wanted=("${core_pkgs[@]}")
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --all) for x in "${!extra_pkgs[@]}"; do read -r -a more <<<"${extra_pkgs[$x]}"; wanted+=("${more[@]}"); done ;;
+    --extra) shift; [ -n "${extra_pkgs[$1]:-}" ] || die "unknown extra '$1' (known: ${!extra_pkgs[*]})"
+             read -r -a more <<<"${extra_pkgs[$1]}"; wanted+=("${more[@]}") ;;
+    *) die "unknown argument '$1'" ;;
+  esac
+  shift
+done
+
+# Ubuntu names bpftool differently: it ships in linux-tools-*.
+if [ -r /etc/os-release ] && . /etc/os-release && [ "${ID:-}" = ubuntu ]; then
+  for i in "${!wanted[@]}"; do
+    [ "${wanted[$i]}" = bpftool ] && wanted[$i]="linux-tools-common linux-tools-generic"
+  done
+  read -r -a wanted <<<"${wanted[*]}"
+fi
+
+missing=()
+for p in "${wanted[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # A fresh machine has no package lists: update once before the first install.
+  apt-get update -q >/dev/null || die "apt-get update failed"
+  if ! apt-get install -y -q --no-install-recommends "${missing[@]}" >/tmp/l4lab-apt.$$ 2>&1; then
+    for p in "${missing[@]}"; do
+      apt-get install -y -q --no-install-recommends "$p" >/dev/null 2>&1 \
+        || { rm -f /tmp/l4lab-apt.$$; die "cannot install package '$p' (apt-get install $p failed)"; }
+    done
+  fi
+  rm -f /tmp/l4lab-apt.$$
+fi
+
+# The venv is made from the system interpreter so that Debian's python3-bpfcc (bcc) is importable.
+venv=.venv
+req_hash=$(sha256sum requirements.txt pyproject.toml | sha256sum | cut -c1-16)
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.l4lab-req" 2>/dev/null)" != "$req_hash" ]; then
+  log "creating Python environment in $venv"
+  [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv" \
+    || die "cannot create venv (is python3-venv installed?)"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r requirements.txt \
+    || die "pip install -r requirements.txt failed"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e . \
+    || die "pip install -e . failed"
+  echo "$req_hash" >"$venv/.l4lab-req"
+fi
+
+# Pseudo filesystems that are not mounted at boot on these machines.
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf || die "cannot mount bpffs on /sys/fs/bpf"
+mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null || true
+mountpoint -q /sys/kernel/debug || mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null || true
+exit 0
