@@ -1,0 +1,328 @@
+"""A real server in a qemu (TCG) VM whose Linux kernel decapsulates IPIP, FOU and GUE for VIPs on lo.
+
+The VM boots Debian's cloud kernel with the initramfs of `lab.vm_init.image` and its link is a tap
+device that this module creates inside a given network namespace: by default the tap carries the
+gateway address, so the namespace is the VM's router. Settings reach the VM's /init on the kernel
+command line; the VM writes one readiness line to its serial console, which is a file here, and
+`start()` polls that file with a deadline.
+
+Example::
+
+    with VmReal("r1", netns="lab-r1", addr="192.0.2.10", prefix=24, gateway="192.0.2.1",
+                vips=["203.0.113.10"]) as vm:
+        print(vm.boot_seconds, vm.mac, vm.tap)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import ipaddress
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from pyroute2 import IPRoute
+
+from lab.errors import LabError
+from lab.nsexec import entered, netns_path, nsenter_argv
+from lab.vm_init.image import DEFAULT_CACHE_DIR, BootImage, build_image
+
+READY_MARK = "L4LAB-READY"
+FAILED_MARK = "L4LAB-FAILED"
+DEFAULT_GUE_PORTS = (6080,)
+DEFAULT_FOU_PORTS = (6081,)
+DEFAULT_UDP_ECHO_PORT = 9000
+DEFAULT_HTTP_PORT = 80
+_POLL_S = 0.05
+
+
+class VmError(LabError):
+    """A VM step failed: `step` names it, `command` is what ran, `stderr` what qemu or the VM said."""
+
+
+def _mac_for(name: str) -> str:
+    """A locally administered unicast MAC derived from the VM name (stable across runs)."""
+    digest = hashlib.sha256(name.encode()).digest()
+    return "52:54:" + ":".join(f"{b:02x}" for b in digest[:4])
+
+
+def _check_address(value: str, key: str, version: int | None, interface: bool = False) -> None:
+    """Raise ValueError naming `key` unless `value` is an address (or interface) of `version`."""
+    try:
+        parsed = ipaddress.ip_interface(value) if interface else ipaddress.ip_address(value)
+    except ValueError:
+        parsed = None
+    if parsed is None or (version is not None and parsed.version != version):
+        kind = f"an IPv{version}" if version else "an IPv4 or IPv6"
+        raise ValueError(f"VmReal {key} must be {kind} {'address/prefix' if interface else 'address'} "
+                         f"but got {value!r}")
+
+
+def _ports(ports: Sequence[int], what: str) -> str:
+    for port in ports:
+        if not 1 <= port <= 65535:
+            raise ValueError(f"VmReal {what} must be UDP ports 1..65535 but got {port}")
+    return ",".join(str(p) for p in ports)
+
+
+class VmReal:
+    """A real server VM: start() boots it until its readiness line, stop() kills qemu and removes the tap.
+
+    Parameters: `name` (in the console line and the MAC), `netns` (name or path of an existing
+    namespace that will hold the tap), `addr`/`prefix` (eth0 in the VM), `gateway` (default
+    route; also put on the tap unless `tap_address=False`), `vips` (IPv4 or IPv6, on the VM's
+    lo), `gue_ports` (each `ip fou add port P gue`: GUE variant 0 and variant 1 both decap there),
+    `fou_ports` (each `ip fou add port P ipproto 4`: plain IPIP-in-UDP), `addr6`/`prefix6`/
+    `gateway6` (optional IPv6 on eth0 for 6in6 and 4in6 via ip6tnl0).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        netns: str,
+        addr: str,
+        prefix: int,
+        gateway: str | None,
+        vips: Sequence[str],
+        gue_ports: Sequence[int] = DEFAULT_GUE_PORTS,
+        fou_ports: Sequence[int] = DEFAULT_FOU_PORTS,
+        *,
+        addr6: str | None = None,
+        prefix6: int = 64,
+        gateway6: str | None = None,
+        tap: str | None = None,
+        tap_address: bool = True,
+        memory_mb: int = 256,
+        boot_timeout: float = 90.0,
+        http_port: int = DEFAULT_HTTP_PORT,
+        udp_echo_port: int = DEFAULT_UDP_ECHO_PORT,
+        image: BootImage | None = None,
+        cache_dir: Path = DEFAULT_CACHE_DIR,
+        keep_logs: bool = False,
+    ) -> None:
+        if not name or any(c.isspace() or c in ",=" for c in name):
+            raise ValueError(f"VmReal name must be non-empty without spaces, ',' or '=' but got {name!r}")
+        _check_address(f"{addr}/{prefix}", "addr/prefix", 4, interface=True)
+        for key, value, version in (("gateway", gateway, 4), ("gateway6", gateway6, 6)):
+            if value is not None:
+                _check_address(value, key, version)
+        if addr6 is not None:
+            _check_address(f"{addr6}/{prefix6}", "addr6/prefix6", 6, interface=True)
+        for vip in vips:
+            _check_address(vip, "vips[]", None)
+        self.name = name
+        self.netns = netns
+        self.addr = addr
+        self.prefix = prefix
+        self.gateway = gateway
+        self.vips = list(vips)
+        self.gue_ports = list(gue_ports)
+        self.fou_ports = list(fou_ports)
+        self.addr6 = addr6
+        self.prefix6 = prefix6
+        self.gateway6 = gateway6
+        self.tap = tap or f"vm-{name}"[:15]
+        self.tap_address = tap_address
+        self.memory_mb = memory_mb
+        self.boot_timeout = boot_timeout
+        self.http_port = http_port
+        self.udp_echo_port = udp_echo_port
+        self.mac = _mac_for(name)
+        self.image = image
+        self.cache_dir = cache_dir
+        self.keep_logs = keep_logs
+        self.boot_seconds: float | None = None
+        self.guest_uptime: float | None = None
+        self.run_dir: Path | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stack = contextlib.ExitStack()
+        _ports(self.gue_ports, "gue_ports")
+        _ports(self.fou_ports, "fou_ports")
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> VmReal:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Create the tap, boot qemu and wait for the readiness line; on any failure undo it all."""
+        if self._process is not None:
+            raise VmError(f"VM '{self.name}' is already running; stop() it first", step="start")
+        if not netns_path(self.netns).exists():
+            raise VmError(
+                f"cannot start VM '{self.name}': network namespace '{self.netns}' does not exist "
+                f"({netns_path(self.netns)}); create it first (`ip netns add {self.netns}`)",
+                step="netns",
+            )
+        try:
+            image = self.image or build_image(self.cache_dir)
+            self.image = image
+            self._make_run_dir()
+            self._make_tap()
+            self._boot(image)
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Kill qemu, delete the tap and the run directory (logs kept if keep_logs); safe to repeat."""
+        try:
+            self._stack.close()
+        finally:
+            self._process = None
+            self._stack = contextlib.ExitStack()
+
+    @property
+    def serial_log(self) -> Path:
+        """The file that receives the VM's serial console."""
+        if self.run_dir is None:
+            raise VmError(f"VM '{self.name}' has no run directory: start() it first", step="serial")
+        return self.run_dir / "serial.log"
+
+    def console(self) -> str:
+        """Everything the VM wrote to its serial console so far."""
+        return self.serial_log.read_text(errors="replace") if self.serial_log.exists() else ""
+
+    def kernel_cmdline(self) -> str:
+        """The kernel command line carrying this VM's settings to its /init."""
+        words = [
+            "console=ttyS0", "quiet", "panic=-1", "mitigations=off",
+            f"l4lab.name={self.name}",
+            f"l4lab.addr={self.addr}/{self.prefix}",
+            f"l4lab.vips={','.join(self.vips)}",
+            f"l4lab.gue={_ports(self.gue_ports, 'gue_ports')}",
+            f"l4lab.fou={_ports(self.fou_ports, 'fou_ports') or 0}",
+            f"l4lab.http={self.http_port}",
+            f"l4lab.echo={self.udp_echo_port}",
+        ]
+        if self.gateway:
+            words.append(f"l4lab.gw={self.gateway}")
+        if self.addr6:
+            words.append(f"l4lab.addr6={self.addr6}/{self.prefix6}")
+        if self.gateway6:
+            words.append(f"l4lab.gw6={self.gateway6}")
+        return " ".join(words)
+
+    def qemu_command(self, image: BootImage) -> list[str]:
+        """The qemu command line (run inside the netns, where the tap lives)."""
+        return [
+            "qemu-system-x86_64",
+            "-machine", "pc", "-accel", "tcg", "-cpu", "max", "-smp", "1",
+            "-m", str(self.memory_mb),
+            "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+            "-serial", f"file:{self.serial_log}",
+            "-kernel", str(image.kernel), "-initrd", str(image.initrd),
+            "-append", self.kernel_cmdline(),
+            "-netdev", f"tap,id=net0,ifname={self.tap},script=no,downscript=no",
+            # romfile= skips the iPXE option ROM: the VM boots from -kernel, never from the network.
+            "-device", f"virtio-net-pci,netdev=net0,mac={self.mac},romfile=",
+        ]
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _make_run_dir(self) -> None:
+        base = self.cache_dir / "run"
+        base.mkdir(parents=True, exist_ok=True)
+        self.run_dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=base))
+        if not self.keep_logs:
+            self._stack.callback(shutil.rmtree, self.run_dir, True)
+
+    def _make_tap(self) -> None:
+        with entered(self.netns), IPRoute() as ipr:
+            try:
+                ipr.link("add", ifname=self.tap, kind="tuntap", mode="tap")
+            except OSError as exc:
+                raise VmError(
+                    f"cannot create tap '{self.tap}' in netns '{self.netns}': {exc}; "
+                    "is the name taken there? pass tap=... to choose another",
+                    step="tap",
+                ) from exc
+            self._stack.callback(self._delete_tap)
+            (index,) = ipr.link_lookup(ifname=self.tap)
+            if self.tap_address and self.gateway:
+                ipr.addr("add", index=index, address=self.gateway, prefixlen=self.prefix)
+            if self.tap_address and self.gateway6:
+                ipr.addr("add", index=index, address=self.gateway6, prefixlen=self.prefix6,
+                         flags=0x02)  # IFA_F_NODAD: usable at once, no duplicate detection wait
+            ipr.link("set", index=index, state="up")
+
+    def _delete_tap(self) -> None:
+        try:
+            with entered(self.netns), IPRoute() as ipr:
+                ipr.link("del", ifname=self.tap)
+        except OSError as exc:
+            # Already gone (the namespace or the link was removed): nothing to undo.
+            if exc.errno not in (errno.ENODEV, errno.ENOENT):
+                raise
+
+    def _boot(self, image: BootImage) -> None:
+        assert self.run_dir is not None
+        command = nsenter_argv(self.netns, self.qemu_command(image))
+        stderr = (self.run_dir / "qemu.stderr").open("wb")
+        self._started = time.monotonic()
+        try:
+            self._process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr
+            )
+        except OSError as exc:
+            raise VmError(f"cannot run qemu for VM '{self.name}': {exc}", step="qemu",
+                          command=" ".join(command)) from exc
+        finally:
+            stderr.close()
+        self._command = command
+        self._stack.callback(self._kill, self._process)
+
+    @staticmethod
+    def _kill(process: subprocess.Popen[bytes]) -> None:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def _wait_ready(self) -> None:
+        assert self._process is not None and self.run_dir is not None
+        deadline = self._started + self.boot_timeout
+        while True:
+            text = self.console()
+            for line in text.splitlines():
+                if line.startswith(READY_MARK):
+                    self.boot_seconds = time.monotonic() - self._started
+                    fields = dict(w.split("=", 1) for w in line.split()[1:] if "=" in w)
+                    self.guest_uptime = float(fields.get("uptime", "nan"))
+                    return
+                if line.startswith(FAILED_MARK):
+                    raise VmError(
+                        f"VM '{self.name}' failed to set up: {line.removeprefix(FAILED_MARK).strip()}",
+                        step="init", command=" ".join(self._command), stderr=text,
+                    )
+            if self._process.poll() is not None:
+                stderr = (self.run_dir / "qemu.stderr").read_text(errors="replace").strip()
+                raise VmError(
+                    f"qemu for VM '{self.name}' exited with status {self._process.returncode} "
+                    f"before the VM was ready: {stderr or text[-2000:] or 'no output'}",
+                    step="qemu", command=" ".join(self._command), stderr=stderr + "\n" + text,
+                )
+            if time.monotonic() > deadline:
+                raise VmError(
+                    f"VM '{self.name}' not ready after {self.boot_timeout:g} s (no '{READY_MARK}' "
+                    f"on its console); last console output: {text[-2000:]!r}. A busy host slows "
+                    "TCG: raise boot_timeout",
+                    step="boot", command=" ".join(self._command), stderr=text,
+                )
+            time.sleep(_POLL_S)  # polling the console file, bounded by the deadline above

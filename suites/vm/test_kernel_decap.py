@@ -1,0 +1,204 @@
+"""A real Linux kernel (Debian's cloud kernel in a qemu VM) decapsulates every encapsulation the LB emits.
+
+Hand-built encapsulated packets leave the namespace through a raw socket towards the VM's own
+address; the VM's tunl0 / ip6tnl0 / fou take the outer headers off, the inner packet reaches a
+VIP on lo, and the answer goes straight back from the VIP to the inner source (the client
+address on the namespace's lo), unencapsulated: direct server return.
+
+Case ids name the VIP family and the encapsulation: `ip4-ipip` (4in4), `ip4-ip4ip6` (4in6),
+`ip6-ip6ip6` (6in6), `ip4-gue1`/`ip6-gue1` (GUE variant 1, the IP packet right after UDP),
+`ip4-gue0`/`ip6-gue0` (GUE variant 0, a 4-byte header), `ip4-fou` (IPIP-in-UDP on a plain FOU
+port); the outer family of GUE follows the VIP's.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+from scapy.layers.inet import IP, TCP, UDP
+from scapy.layers.inet6 import IPv6
+from scapy.packet import Packet, Raw
+
+from lab.nsexec import entered
+
+from .conftest import VmLab
+
+GUE_PORT = 6080
+FOU_PORT = 6081
+ECHO_PORT = 9000
+HTTP_PORT = 80
+REPLY_TIMEOUT_S = 5.0
+IPPROTO_IPIP = 4
+IPPROTO_IPV6 = 41
+
+
+def gue0_header(inner_proto: int) -> bytes:
+    """GUE variant 0 header without options: version 0, C=0, hlen 0, proto/ctype, flags 0."""
+    return bytes([0, inner_proto, 0, 0])
+
+
+@dataclass(frozen=True)
+class Encap:
+    """One way of carrying a packet to the VM: the inner (VIP) family and the outer headers."""
+
+    id: str
+    inner_family: int
+    outer_family: int
+    wrap: Callable[[VmLab, Packet], Packet]
+
+
+def _outer4(lab: VmLab) -> Packet:
+    return IP(src=lab.router4, dst=lab.vm.addr)
+
+
+def _outer6(lab: VmLab) -> Packet:
+    assert lab.vm.addr6 is not None
+    return IPv6(src=lab.router6, dst=lab.vm.addr6)
+
+
+def _sport() -> int:
+    return 40000 + secrets.randbelow(20000)
+
+
+ENCAPS = [
+    Encap("ip4-ipip", socket.AF_INET, socket.AF_INET, lambda lab, p: _outer4(lab) / p),
+    Encap("ip4-ip4ip6", socket.AF_INET, socket.AF_INET6, lambda lab, p: _outer6(lab) / p),
+    Encap("ip6-ip6ip6", socket.AF_INET6, socket.AF_INET6, lambda lab, p: _outer6(lab) / p),
+    Encap("ip4-gue1", socket.AF_INET, socket.AF_INET,
+          lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=GUE_PORT) / p),
+    Encap("ip4-gue0", socket.AF_INET, socket.AF_INET,
+          lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=GUE_PORT)
+          / Raw(gue0_header(IPPROTO_IPIP)) / p),
+    Encap("ip6-gue1", socket.AF_INET6, socket.AF_INET6,
+          lambda lab, p: _outer6(lab) / UDP(sport=_sport(), dport=GUE_PORT) / p),
+    Encap("ip6-gue0", socket.AF_INET6, socket.AF_INET6,
+          lambda lab, p: _outer6(lab) / UDP(sport=_sport(), dport=GUE_PORT)
+          / Raw(gue0_header(IPPROTO_IPV6)) / p),
+    Encap("ip4-fou", socket.AF_INET, socket.AF_INET,
+          lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=FOU_PORT) / p),
+]
+
+
+def addresses(lab: VmLab, family: int) -> tuple[str, str]:
+    """(client, VIP) of the inner packet for a family."""
+    return (lab.client4, lab.vip4) if family == socket.AF_INET else (lab.client6, lab.vip6)
+
+
+def inner_ip(family: int, src: str, dst: str) -> Packet:
+    return IP(src=src, dst=dst) if family == socket.AF_INET else IPv6(src=src, dst=dst)
+
+
+def send_raw(lab: VmLab, encap: Encap, packet: Packet) -> None:
+    """Send a complete outer IP packet from the lab namespace towards the VM (routing picks the tap)."""
+    dst = lab.vm.addr if encap.outer_family == socket.AF_INET else lab.vm.addr6
+    with entered(lab.netns), socket.socket(encap.outer_family, socket.SOCK_RAW,
+                                                  socket.IPPROTO_RAW) as raw:
+        raw.sendto(bytes(packet), (dst, 0))
+
+
+@pytest.mark.parametrize("encap", ENCAPS, ids=[e.id for e in ENCAPS])
+def test_udp_to_vip_is_decapsulated_and_answered_from_vip(vm_lab: VmLab, encap: Encap) -> None:
+    client, vip = addresses(vm_lab, encap.inner_family)
+    cport = _sport()
+    payload = f"{encap.id} {secrets.token_hex(8)}".encode()
+    with entered(vm_lab.netns):
+        sock = socket.socket(encap.inner_family, socket.SOCK_DGRAM)
+    with sock:
+        sock.bind((client, cport))
+        sock.settimeout(REPLY_TIMEOUT_S)
+        inner = inner_ip(encap.inner_family, client, vip) / UDP(sport=cport, dport=ECHO_PORT) / payload
+        send_raw(vm_lab, encap, encap.wrap(vm_lab, inner))
+        try:
+            data, peer = sock.recvfrom(65535)
+        except TimeoutError:
+            pytest.fail(
+                f"{encap.id}: no UDP echo from {vip}:{ECHO_PORT} to {client}:{cport} within "
+                f"{REPLY_TIMEOUT_S} s; VM console:\n{vm_lab.vm.console()}"
+            )
+    assert (peer[0], peer[1]) == (vip, ECHO_PORT), f"{encap.id}: echo came from {peer}, not the VIP"
+    assert data == payload
+
+
+def _recv_tcp(sock: socket.socket, family: int) -> tuple[str, Packet] | None:
+    """One TCP segment from a raw socket as (source address, TCP layer), or None on timeout."""
+    try:
+        data, peer = sock.recvfrom(65535)
+    except TimeoutError:
+        return None
+    if family == socket.AF_INET:  # IPv4 raw sockets deliver the IP header, IPv6 ones do not
+        packet = IP(data)
+        return str(packet.src), packet[TCP]
+    return str(peer[0]), TCP(data)
+
+
+@pytest.mark.parametrize("encap", ENCAPS, ids=[e.id for e in ENCAPS])
+def test_tcp_syn_to_vip_gets_syn_ack_from_vip(vm_lab: VmLab, encap: Encap) -> None:
+    client, vip = addresses(vm_lab, encap.inner_family)
+    cport = _sport()
+    seq = secrets.randbelow(2**32)
+    with entered(vm_lab.netns):
+        sniff = socket.socket(encap.inner_family, socket.SOCK_RAW, socket.IPPROTO_TCP)
+    with sniff:
+        inner = inner_ip(encap.inner_family, client, vip) / TCP(
+            sport=cport, dport=HTTP_PORT, flags="S", seq=seq
+        )
+        send_raw(vm_lab, encap, encap.wrap(vm_lab, inner))
+        deadline = time.monotonic() + REPLY_TIMEOUT_S
+        while (left := deadline - time.monotonic()) > 0:
+            sniff.settimeout(left)
+            got = _recv_tcp(sniff, encap.inner_family)
+            if got is None:
+                break
+            src, tcp = got
+            if tcp.sport == HTTP_PORT and tcp.dport == cport:
+                assert src == vip, f"{encap.id}: SYN-ACK came from {src}, not the VIP"
+                assert tcp.flags == "SA", f"{encap.id}: expected SYN-ACK, got flags {tcp.flags}"
+                assert tcp.ack == (seq + 1) % 2**32
+                return
+    pytest.fail(
+        f"{encap.id}: no SYN-ACK from {vip}:{HTTP_PORT} to {client}:{cport} within "
+        f"{REPLY_TIMEOUT_S} s; VM console:\n{vm_lab.vm.console()}"
+    )
+
+
+def test_unencapsulated_http_get_to_vm_address(vm_lab: VmLab) -> None:
+    with entered(vm_lab.netns):
+        conn = socket.create_connection((vm_lab.vm.addr, HTTP_PORT), timeout=REPLY_TIMEOUT_S)
+    with conn:
+        conn.sendall(f"GET / HTTP/1.0\r\nHost: {vm_lab.vm.addr}\r\n\r\n".encode())
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    status, _, body = reply.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.") and b" 200 " in status.split(b"\r\n")[0], status
+    assert f"l4lab real server {vm_lab.vm.name}".encode() in body
+
+
+def test_packet_for_a_port_without_fou_is_not_decapsulated(vm_lab: VmLab) -> None:
+    """Control: IP-in-UDP to a port with no fou listener must not reach the VIP (the oracle can fail)."""
+    cport = _sport()
+    with entered(vm_lab.netns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with sock:
+        sock.bind((vm_lab.client4, cport))
+        sock.settimeout(1.0)
+        inner = IP(src=vm_lab.client4, dst=vm_lab.vip4) / UDP(sport=cport, dport=ECHO_PORT) / b"x"
+        outer = IP(src=vm_lab.router4, dst=vm_lab.vm.addr) / UDP(sport=_sport(), dport=GUE_PORT + 100)
+        send_raw(vm_lab, ENCAPS[0], outer / inner)
+        with pytest.raises(TimeoutError):
+            sock.recvfrom(65535)
+
+
+def test_vm_reported_ready_and_boot_time(vm_lab: VmLab) -> None:
+    vm = vm_lab.vm
+    assert vm.boot_seconds is not None and vm.guest_uptime is not None
+    ready = [line for line in vm.console().splitlines() if line.startswith("L4LAB-READY")]
+    assert ready == [f"L4LAB-READY name={vm.name} uptime={vm.guest_uptime:.2f}"]
+    # The guest's clock starts after qemu does, so its uptime is below the host's wall time.
+    assert 0 < vm.guest_uptime < vm.boot_seconds
+    print(f"vm boot: {vm.boot_seconds:.2f} s wall, guest uptime {vm.guest_uptime:.2f} s")
