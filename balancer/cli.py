@@ -1,0 +1,317 @@
+"""cli.py: `lbctl`, the operator's command line over a balancer instance.
+
+    lbctl load --interface IF [--mode native|generic|auto] [--config FILE]
+    lbctl apply FILE | lbctl status [--json] | lbctl stats [--json] [--watch S] | lbctl unload
+    lbctl vip add|del|list ...   lbctl real add|del|set-weight|list ...
+    lbctl run --config FILE      (daemon: health checks, metrics, reload on SIGHUP)
+
+Usage and config errors print one line and exit 2; runtime errors exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from balancer import config as cfg
+from balancer.controller import DEFAULT_OBJECT, Instance
+from balancer.errors import ConfigError, LbError
+
+
+class UsageError(Exception):
+    """A command line that cannot be carried out as written (exit 2)."""
+
+
+def _instance(args: argparse.Namespace) -> Instance:
+    return Instance.open(args.instance)
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    conf = cfg.load(args.config) if args.config else None
+    ifaces = args.interface or (list(conf.datapath.interfaces) if conf else [])
+    if not ifaces:
+        raise UsageError("lbctl load needs --interface IF (or a config naming datapath.interfaces)")
+    mode = args.mode or (conf.datapath.mode if conf else "native")
+    inst = Instance.load(args.instance, ifaces, mode, conf, args.object)
+    modes = inst.attach_modes()
+    inst.close()
+    print(f"loaded instance '{args.instance}' on {', '.join(f'{i} ({m})' for i, m in modes.items())}")
+    _warn_generic(modes)
+    return 0
+
+
+def _warn_generic(modes: dict[str, str]) -> None:
+    for ifname, mode in modes.items():
+        if mode == "generic":
+            print(f"WARNING: XDP runs in generic (skb) mode on '{ifname}': throughput collapses; "
+                  "check the driver supports native XDP and the MTU fits", file=sys.stderr)
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    conf = cfg.load(args.file)
+    inst = _instance(args)
+    try:
+        report = inst.apply(conf)
+    finally:
+        inst.close()
+    fields = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in dataclasses.asdict(report).items() if v)
+    print(f"applied {args.file}: {fields or 'nothing to change'}")
+    return 0
+
+
+def cmd_unload(args: argparse.Namespace) -> int:
+    inst = _instance(args)
+    inst.unload()
+    print(f"unloaded instance '{args.instance}'")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    inst = _instance(args)
+    try:
+        st = inst.status()
+    finally:
+        inst.close()
+    if args.json:
+        print(json.dumps(st, indent=1))
+        return 0
+    print(f"instance {st['instance']}  object {st['object']}")
+    for ifname, mode in st["interfaces"].items():
+        print(f"  interface {ifname}: XDP {mode} (requested {st['requested_modes'].get(ifname)})")
+    _warn_generic(st["interfaces"])
+    for v in st["vips"]:
+        print(f"  vip {v['vip']}  #{v['vip_num']}  encap {v['encap']}  hash {v['hash']}  "
+              f"lru {'on' if v['lru'] else 'off'}  outer source {v['outer_src']}")
+        for r in v["reals"]:
+            health = "up" if r["healthy"] else "DOWN"
+            print(f"    real {r['address']:<28} id {r['id']:<5} weight {r['weight']:<6} {health}")
+    return 0
+
+
+def _stats_table(st: dict[str, Any], rates: dict[str, float] | None = None) -> str:
+    lines = [f"{'VIP':<34}{'packets':>14}{'bytes':>16}"]
+    lines += [f"{k:<34}{v['packets']:>14}{v['bytes']:>16}" for k, v in st["vips"].items()]
+    lines += ["", f"{'real':<34}{'packets':>14}{'bytes':>16}"]
+    lines += [f"{k:<34}{v['packets']:>14}{v['bytes']:>16}" for k, v in st["reals"].items()]
+    lines += ["", f"{'reason':<34}{'packets':>14}{'bytes':>16}" + ("   pkt/s" if rates else "")]
+    for k, v in st["reasons"].items():
+        if v["packets"]:
+            rate = f"{rates.get(k, 0.0):>10.0f}" if rates else ""
+            lines.append(f"{k.lower():<34}{v['packets']:>14}{v['bytes']:>16}{rate}")
+    lines += ["", "events: " + ", ".join(f"{k.lower()} {v}" for k, v in st["events"].items())]
+    return "\n".join(lines)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    inst = _instance(args)
+    try:
+        if args.watch:
+            prev, t0 = inst.stats(), time.monotonic()
+            deadline = t0 + args.count * args.watch if args.count else float("inf")
+            while time.monotonic() < deadline:
+                time.sleep(args.watch)  # a display interval, not synchronisation
+                cur, t1 = inst.stats(), time.monotonic()
+                rates = {k: (v["packets"] - prev["reasons"][k]["packets"]) / (t1 - t0)
+                         for k, v in cur["reasons"].items()}
+                print(_stats_table(cur, rates), end="\n\n", flush=True)
+                prev, t0 = cur, t1
+            return 0
+        st = inst.stats()
+    finally:
+        inst.close()
+    print(json.dumps(st, indent=1) if args.json else _stats_table(st))
+    return 0
+
+
+def _edit(args: argparse.Namespace, change: Callable[[cfg.Config], cfg.Config]) -> int:
+    inst = _instance(args)
+    try:
+        new = change(inst.config)
+        # Round-trip through the validator so edits obey the same rules as files.
+        new = cfg.loads(cfg.dump(new), "command line")
+        report = inst.apply(new)
+    finally:
+        inst.close()
+    print(f"applied: {report.writes} change(s)")
+    return 0
+
+
+def _find_vip(c: cfg.Config, address: str, port: int, proto: str) -> int:
+    want = (ipaddress.ip_address(address), port, proto)
+    for i, v in enumerate(c.vips):
+        if v.key == want:
+            return i
+    raise UsageError(f"unknown VIP {address}:{port}/{proto}; `lbctl vip list` shows the VIPs")
+
+
+def cmd_vip(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        inst = _instance(args)
+        try:
+            for v in inst.config.vips:
+                print(f"{v.name}  encap {v.encap}  reals {len(v.reals)}")
+        finally:
+            inst.close()
+        return 0
+
+    def change(c: cfg.Config) -> cfg.Config:
+        if args.action == "add":
+            try:
+                _find_vip(c, args.address, args.port, args.proto)
+            except UsageError:
+                vip = cfg.Vip(address=ipaddress.ip_address(args.address), port=args.port, proto=args.proto,
+                              encap=args.encap, hash=args.hash, lru=not args.no_lru,
+                              outer_src=args.outer_src or ("flow" if args.encap == "ipip" else "fixed"))
+                return dataclasses.replace(c, vips=c.vips + (vip,))
+            raise UsageError(f"VIP {args.address}:{args.port}/{args.proto} exists already") from None
+        i = _find_vip(c, args.address, args.port, args.proto)
+        return dataclasses.replace(c, vips=c.vips[:i] + c.vips[i + 1:])
+
+    return _edit(args, change)
+
+
+def cmd_real(args: argparse.Namespace) -> int:
+    def change(c: cfg.Config) -> cfg.Config:
+        i = _find_vip(c, args.vip, args.port, args.proto)
+        vip = c.vips[i]
+        addr = ipaddress.ip_address(args.real) if args.real else None
+        idx = next((j for j, r in enumerate(vip.reals) if r.address == addr), None)
+        if args.action == "add":
+            if idx is not None:
+                raise UsageError(f"real {addr} is already behind {vip.name}; use `lbctl real set-weight`")
+            reals = vip.reals + (cfg.Real(address=addr, weight=args.weight),)  # type: ignore[arg-type]
+        elif idx is None:
+            raise UsageError(f"real {addr} is not behind {vip.name}; `lbctl real list` shows them")
+        elif args.action == "del":
+            reals = vip.reals[:idx] + vip.reals[idx + 1:]
+        else:
+            reals = vip.reals[:idx] + (dataclasses.replace(vip.reals[idx], weight=args.weight),) \
+                + vip.reals[idx + 1:]
+        vips = list(c.vips)
+        vips[i] = dataclasses.replace(vip, reals=reals)
+        return dataclasses.replace(c, vips=tuple(vips))
+
+    if args.action == "list":
+        inst = _instance(args)
+        try:
+            c = inst.config
+            vip = c.vips[_find_vip(c, args.vip, args.port, args.proto)]
+            for r in vip.reals:
+                print(f"{r.address}  weight {r.weight}  id {inst.state.real_ids.get(str(r.address))}")
+        finally:
+            inst.close()
+        return 0
+    return _edit(args, change)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from balancer.daemon import run  # the daemon pulls in sockets and threads; only `run` needs it
+    return run(args.config, args.instance, interfaces=args.interface, mode=args.mode, obj=args.object)
+
+
+def _weight(text: str) -> int:
+    w = int(text)
+    if not 0 <= w <= 65535:
+        raise argparse.ArgumentTypeError(f"weight must be 0..65535 but got {w}")
+    return w
+
+
+def _port(text: str) -> int:
+    p = int(text)
+    if not 0 <= p <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535 but got {p}")
+    return p
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="lbctl", description="Control an l4lab XDP load balancer instance.")
+    p.add_argument("--instance", default=os.environ.get("LBCTL_INSTANCE", "default"),
+                   help="instance name (pins under /sys/fs/bpf/lbctl/NAME); env LBCTL_INSTANCE")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("load", help="load and attach the balancer")
+    s.add_argument("--interface", "-i", action="append", default=[])
+    s.add_argument("--mode", choices=("native", "generic", "auto"))
+    s.add_argument("--config", "-c")
+    s.add_argument("--object", default=DEFAULT_OBJECT)
+    s.set_defaults(fn=cmd_load)
+    s = sub.add_parser("apply", help="reconcile the datapath with a config file")
+    s.add_argument("file")
+    s.set_defaults(fn=cmd_apply)
+    s = sub.add_parser("unload", help="detach and remove the instance")
+    s.set_defaults(fn=cmd_unload)
+    s = sub.add_parser("status", help="interfaces, attach modes, VIPs and reals")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_status)
+    s = sub.add_parser("stats", help="counters per VIP, real and reason")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--watch", type=float, metavar="SECONDS")
+    s.add_argument("--count", type=int, default=0, help="with --watch: stop after N intervals")
+    s.set_defaults(fn=cmd_stats)
+
+    s = sub.add_parser("vip", help="add, delete or list VIPs")
+    s.add_argument("action", choices=("add", "del", "list"))
+    s.add_argument("address", nargs="?")
+    s.add_argument("port", nargs="?", type=_port)
+    s.add_argument("proto", nargs="?", choices=("tcp", "udp"))
+    s.add_argument("--encap", choices=cfg.ENCAPS, default="ipip")
+    s.add_argument("--hash", choices=cfg.HASHES, default="5tuple")
+    s.add_argument("--no-lru", action="store_true")
+    s.add_argument("--outer-src", choices=cfg.OUTER_SRCS)
+    s.set_defaults(fn=cmd_vip)
+
+    s = sub.add_parser("real", help="add, delete, reweight or list the reals of a VIP")
+    s.add_argument("action", choices=("add", "del", "set-weight", "list"))
+    s.add_argument("vip", help="VIP address")
+    s.add_argument("port", type=_port)
+    s.add_argument("proto", choices=("tcp", "udp"))
+    s.add_argument("real", nargs="?", help="real address")
+    s.add_argument("--weight", type=_weight, default=1)
+    s.set_defaults(fn=cmd_real)
+
+    s = sub.add_parser("run", help="daemon: health checks, metrics, reload on SIGHUP")
+    s.add_argument("--config", "-c", required=True)
+    s.add_argument("--interface", "-i", action="append", default=[])
+    s.add_argument("--mode", choices=("native", "generic", "auto"))
+    s.add_argument("--object", default=DEFAULT_OBJECT)
+    s.set_defaults(fn=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "cmd", "") == "vip" and args.action in ("add", "del") and \
+                (args.address is None or args.port is None or args.proto is None):
+            raise UsageError(f"lbctl vip {args.action} needs ADDRESS PORT PROTO")
+        if getattr(args, "cmd", "") == "real" and args.action != "list" and not args.real:
+            raise UsageError(f"lbctl real {args.action} needs the real's address")
+        result: int = args.fn(args)
+        return result
+    except (UsageError, ConfigError) as exc:
+        print(f"lbctl: {exc}" if not str(exc).startswith("lbctl") else str(exc), file=sys.stderr)
+        return 2
+    except ValueError as exc:  # bad addresses from the command line
+        print(f"lbctl: {exc}", file=sys.stderr)
+        return 2
+    except LbError as exc:
+        print(f"lbctl: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

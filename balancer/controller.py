@@ -1,0 +1,399 @@
+"""controller.py: a running balancer instance — load, apply a config transactionally, status, unload.
+
+An instance is named (`--instance`, default "default"); its maps and links are pinned under
+`/sys/fs/bpf/lbctl/<instance>/` and its controller state (the applied config, VIP numbers, real ids,
+the weights each ring was built from, attach modes) is kept in `/run/lbctl/<instance>.json`. Both
+survive the controller process: forwarding and sessions continue while no controller runs, and a
+later `lbctl` reopens the same instance.
+
+`apply` reconciles the datapath with a config: it computes everything first, then writes settings,
+new reals, the changed ring slots, VIPs, and finally removes what is gone. Every write is logged
+with the value it replaced; on any error the log is replayed backwards, so the datapath keeps the
+previous consistent state, and the error names the VIP or real.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import ipaddress
+import json
+import os
+import socket
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from balancer import _abi, maglev
+from balancer import config as cfg
+from balancer.datapath import Datapath, real_bytes, settings_bytes, vip_key
+from balancer.errors import DatapathError, LbError
+from balancer.libbpf import Map
+
+PIN_ROOT = os.environ.get("LBCTL_PIN_ROOT", "/sys/fs/bpf/lbctl")
+STATE_ROOT = os.environ.get("LBCTL_STATE_ROOT", "/run/lbctl")
+DEFAULT_OBJECT = str(Path(__file__).resolve().parent.parent / "build" / "bpf" / "balancer.o")
+
+_ENCAPS = {"ipip": _abi.Encap.IPIP, "gue1": _abi.Encap.GUE1, "gue0": _abi.Encap.GUE0}
+
+
+def vip_flags(vip: cfg.Vip) -> int:
+    flags = 0
+    if vip.hash == "no-sport":
+        flags |= _abi.VipFlag.HASH_NO_SPORT
+    elif vip.hash == "dport-only":
+        flags |= _abi.VipFlag.HASH_DPORT_ONLY
+    if not vip.lru:
+        flags |= _abi.VipFlag.NO_LRU
+    if vip.outer_src == "flow":
+        flags |= _abi.VipFlag.OUTER_SRC_FLOW
+    return int(flags)
+
+
+@dataclass
+class State:
+    """What the controller remembers about an instance besides the maps themselves."""
+
+    instance: str
+    object: str
+    interfaces: dict[str, str] = field(default_factory=dict)      # ifname -> requested mode
+    config: str = ""                                               # TOML of the applied config
+    vip_nums: dict[str, int] = field(default_factory=dict)         # vip name -> vip_num
+    real_ids: dict[str, int] = field(default_factory=dict)         # address -> real id
+    ring_inputs: dict[str, list[list[Any]]] = field(default_factory=dict)  # vip -> [[addr, weight]]
+    down: dict[str, list[str]] = field(default_factory=dict)       # vip -> reals failed by health checks
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> State:
+        return cls(**json.loads(text))
+
+
+@dataclass
+class ApplyReport:
+    """What one apply wrote: zero everywhere means the datapath already matched."""
+
+    settings: int = 0
+    vips_added: int = 0
+    vips_changed: int = 0
+    vips_removed: int = 0
+    reals_added: int = 0
+    reals_removed: int = 0
+    ring_slots: int = 0
+
+    @property
+    def writes(self) -> int:
+        return sum(self.__dict__.values())
+
+
+class _Txn:
+    """An undo log over raw map writes; rollback() restores every replaced value in reverse."""
+
+    def __init__(self) -> None:
+        self._undo: list[tuple[Map, bytes, bytes | None]] = []
+
+    def put(self, m: Map, key: bytes, value: bytes) -> None:
+        self._undo.append((m, key, m.lookup(key)))
+        m.update(key, value)
+
+    def delete(self, m: Map, key: bytes) -> None:
+        old = m.lookup(key)
+        if old is not None:
+            self._undo.append((m, key, old))
+            m.delete(key)
+
+    def ring(self, m: Map, base: int, slots: maglev.Ring, old: maglev.Ring, new: maglev.Ring) -> None:
+        keys = [(base + int(s)).to_bytes(4, "little") for s in slots]
+        self._undo.append((m, b"ring", b"".join(keys) + b"|" + old[slots].astype("<u4").tobytes()))
+        for start in range(0, len(keys), 8192):
+            m.update_batch(keys[start:start + 8192], [int(v).to_bytes(4, "little")
+                                                      for v in new[slots][start:start + 8192]])
+
+    def rollback(self) -> None:
+        for m, key, old in reversed(self._undo):
+            try:
+                if key == b"ring" and old is not None:
+                    keys_raw, vals_raw = old[: old.rindex(b"|")], old[old.rindex(b"|") + 1:]
+                    keys = [keys_raw[i:i + 4] for i in range(0, len(keys_raw), 4)]
+                    vals = [vals_raw[i:i + 4] for i in range(0, len(vals_raw), 4)]
+                    m.update_batch(keys, vals)
+                elif old is None:
+                    m.delete(key)
+                else:
+                    m.update(key, old)
+            except DatapathError:
+                continue  # best effort: keep restoring the rest
+        self._undo.clear()
+
+
+class Instance:
+    """A loaded balancer instance: its datapath (maps, links) and controller state."""
+
+    def __init__(self, name: str, dp: Datapath, state: State) -> None:
+        self.name = name
+        self.dp = dp
+        self.state = state
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def pin_dir(name: str) -> str:
+        return f"{PIN_ROOT}/{name}"
+
+    @staticmethod
+    def state_path(name: str) -> Path:
+        return Path(STATE_ROOT) / f"{name}.json"
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, name: str, interfaces: Iterable[str], mode: str = "native",
+             config: cfg.Config | None = None, obj: str = DEFAULT_OBJECT) -> Instance:
+        """Load the balancer, attach it to every interface, pin it, then apply config if given."""
+        if cls.state_path(name).exists() or Path(cls.pin_dir(name)).exists():
+            raise DatapathError(f"load instance '{name}'", _errno.EEXIST,
+                                "it is already loaded: use `lbctl apply`, or `lbctl unload` first")
+        c = config or cfg.Config()
+        d = c.datapath
+        ifaces = list(interfaces)  # none: loaded and pinned but not attached (tests, staging)
+        for ifname in ifaces:
+            try:
+                socket.if_nametoindex(ifname)
+            except OSError as exc:
+                raise DatapathError(f"find interface '{ifname}'", _errno.ENODEV,
+                                    "check the name with `ip link`") from exc
+        dp = Datapath.load(obj, max_vips=d.max_vips, max_reals=d.max_reals, ring_size=d.ring_size,
+                           lru_size=d.lru_size, fallback_size=d.fallback_size, udp_timeout_s=d.udp_timeout_s)
+        pin_dir = cls.pin_dir(name)
+        try:
+            dp.pin(pin_dir)
+            for ifname in ifaces:
+                link = dp.attach(ifname, mode, frags=d.frags)
+                link.pin(f"{pin_dir}/link_{ifname}")
+            state = State(instance=name, object=obj, interfaces=dict.fromkeys(ifaces, mode))
+            inst = cls(name, dp, state)
+            inst.save()
+            inst.apply(c)
+            return inst
+        except BaseException:
+            dp.close()
+            Datapath.unpin(pin_dir)
+            cls.state_path(name).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def open(cls, name: str) -> Instance:
+        path = cls.state_path(name)
+        if not path.exists():
+            raise DatapathError(f"find a loaded balancer instance '{name}'", _errno.ENOENT,
+                                "run `lbctl load --interface IF` first")
+        state = State.from_json(path.read_text())
+        return cls(name, Datapath.open_pinned(cls.pin_dir(name)), state)
+
+    def save(self) -> None:
+        path = self.state_path(self.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.state.to_json())
+        tmp.replace(path)
+
+    def unload(self) -> None:
+        self.dp.close()
+        Datapath.unpin(self.pin_dir(self.name))
+        self.state_path(self.name).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.dp.close()
+
+    @property
+    def config(self) -> cfg.Config:
+        return cfg.loads(self.state.config, f"state of instance '{self.name}'") if self.state.config \
+            else cfg.Config()
+
+    # -- apply ---------------------------------------------------------------------------------
+
+    def apply(self, new: cfg.Config, down: Mapping[str, Iterable[str]] | None = None) -> ApplyReport:
+        """Make the datapath match new (minus reals marked down); all or nothing."""
+        down_sets = {k: set(v) for k, v in (down if down is not None else self.state.down).items()}
+        old_cfg = self.config
+        _check_fits(new, self.dp)
+        report = ApplyReport()
+        st = self.state
+        vip_nums = dict(st.vip_nums)
+        real_ids = dict(st.real_ids)
+        new_vips = {v.name: v for v in new.vips}
+        old_vips = {v.name: v for v in old_cfg.vips} if st.config else {}
+
+        # Numbers: keep existing ones, hand out the smallest free ones. A number freed by this
+        # apply is not handed out again in the same apply: its ring slots are being cleared, and
+        # sessions may still name a freed real id until the next apply.
+        for gone in set(vip_nums) - set(new_vips):
+            del vip_nums[gone]
+        for vname in new_vips:
+            if vname not in vip_nums:
+                vip_nums[vname] = _smallest_free([*vip_nums.values(), *st.vip_nums.values()], 0)
+        wanted_reals = {str(r.address) for v in new.vips for r in v.reals}
+        for addr in set(real_ids) - wanted_reals:
+            del real_ids[addr]
+        for addr in sorted(wanted_reals, key=_addr_sort):
+            if addr not in real_ids:
+                real_ids[addr] = _smallest_free([*real_ids.values(), *st.real_ids.values()], 1)
+        if vip_nums and max(vip_nums.values()) >= self.dp.maps["lb_vips"].max_entries:
+            raise LbError(f"cannot number {len(vip_nums)} VIPs: the datapath holds "
+                          f"{self.dp.maps['lb_vips'].max_entries}; raise datapath.max_vips and reload")
+        if real_ids and max(real_ids.values()) >= self.dp.maps["lb_reals"].max_entries:
+            raise LbError(f"cannot number {len(real_ids)} reals: the datapath holds "
+                          f"{self.dp.maps['lb_reals'].max_entries}; raise datapath.max_reals and reload")
+
+        txn = _Txn()
+        try:
+            if st.config == "" or old_cfg.encap != new.encap or old_cfg.datapath.mtu != new.datapath.mtu:
+                txn.put(self.dp.maps["lb_settings"], b"\0" * 4, settings_bytes(
+                    nexthop_mac=new.encap.nexthop_mac, src4=str(new.encap.src4), src6=str(new.encap.src6),
+                    gue_port=new.encap.gue_port, mtu=new.datapath.mtu))
+                report.settings = 1
+            for addr, rid in real_ids.items():
+                if st.real_ids.get(addr) != rid:
+                    txn.put(self.dp.maps["lb_reals"], rid.to_bytes(4, "little"), real_bytes(addr))
+                    report.reals_added += 1
+            ring_inputs: dict[str, list[list[Any]]] = {}
+            for vname, vip in new_vips.items():
+                num = vip_nums[vname]
+                inputs = [[str(r.address), 0 if str(r.address) in down_sets.get(vname, set()) else r.weight]
+                          for r in vip.reals]
+                ring_inputs[vname] = inputs
+                new_ring = _ring(inputs, real_ids, self.dp.ring_size)
+                if vname in st.ring_inputs and st.vip_nums.get(vname) == num:
+                    old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size)
+                else:  # a new or renumbered VIP: diff against what the slots hold now
+                    old_ring = np.array(self.dp.ring(num), dtype=np.uint32)
+                slots, _vals = maglev.ring_diff(old_ring, new_ring)
+                if len(slots):
+                    txn.ring(self.dp.maps["lb_ring"], num * self.dp.ring_size, slots, old_ring, new_ring)
+                    report.ring_slots += len(slots)
+                meta = bytes(_abi.VipMeta(vip_num=num, flags=vip_flags(vip), encap=int(_ENCAPS[vip.encap])))
+                key = vip_key(str(vip.address), vip.port, vip.proto)
+                if self.dp.maps["lb_vips"].lookup(key) != meta:
+                    txn.put(self.dp.maps["lb_vips"], key, meta)
+                    if vname in old_vips:
+                        report.vips_changed += 1
+                    else:
+                        report.vips_added += 1
+            # One address-only entry (port 0, proto 0) per VIP address: it makes the address a VIP
+            # for ICMP echo and for the fragment / options / malformed drops.
+            addr_keys: dict[bytes, int] = {}
+            for vname, vip in new_vips.items():
+                addr_keys.setdefault(vip_key(str(vip.address), 0, 0), vip_nums[vname])
+            for key, num in addr_keys.items():
+                meta = bytes(_abi.VipMeta(vip_num=num))
+                if self.dp.maps["lb_vips"].lookup(key) != meta:
+                    txn.put(self.dp.maps["lb_vips"], key, meta)
+            for key in {vip_key(str(v.address), 0, 0) for v in old_vips.values()} - set(addr_keys):
+                txn.delete(self.dp.maps["lb_vips"], key)
+            for vname, vip in old_vips.items():
+                if vname not in new_vips:
+                    txn.delete(self.dp.maps["lb_vips"], vip_key(str(vip.address), vip.port, vip.proto))
+                    num = st.vip_nums[vname]
+                    old_ring = _ring(st.ring_inputs.get(vname, []), st.real_ids, self.dp.ring_size)
+                    slots = np.flatnonzero(old_ring).astype(np.uint32)
+                    if len(slots):
+                        txn.ring(self.dp.maps["lb_ring"], num * self.dp.ring_size, slots, old_ring,
+                                 np.zeros(self.dp.ring_size, dtype=np.uint32))
+                    report.vips_removed += 1
+            for addr, rid in st.real_ids.items():
+                if real_ids.get(addr) != rid and rid not in real_ids.values():
+                    txn.put(self.dp.maps["lb_reals"], rid.to_bytes(4, "little"), bytes(_abi.Real()))
+                    report.reals_removed += 1
+        except BaseException:
+            txn.rollback()
+            raise
+        st.config = cfg.dump(new)
+        st.vip_nums = vip_nums
+        st.real_ids = real_ids
+        st.ring_inputs = ring_inputs
+        st.down = {k: sorted(v) for k, v in down_sets.items() if v and k in new_vips}
+        self.save()
+        return report
+
+    # -- views ---------------------------------------------------------------------------------
+
+    def attach_modes(self) -> dict[str, str]:
+        """The XDP mode each interface really runs in: driver, generic, offload or none."""
+        out = {}
+        try:
+            from pyroute2 import IPRoute  # imported here: only status needs netlink
+        except ImportError:
+            return dict.fromkeys(self.state.interfaces, "unknown")
+        # pyroute2 decodes IFLA_XDP_ATTACHED as the kernel's number or as iproute2's word.
+        names: dict[object, str] = {1: "native", 2: "generic", 3: "offload", 4: "multi",
+                                    "xdp": "native", "xdpgeneric": "generic", "xdpoffload": "offload",
+                                    "xdpmulti": "multi"}
+        with IPRoute() as ipr:
+            for ifname in self.state.interfaces:
+                idx = ipr.link_lookup(ifname=ifname)
+                if not idx:
+                    out[ifname] = "missing"
+                    continue
+                link = ipr.get_links(idx[0])[0]
+                xdp = link.get_attr("IFLA_XDP")
+                attached = xdp.get_attr("IFLA_XDP_ATTACHED") if xdp is not None else 0
+                out[ifname] = names.get(attached or 0, "none")
+        return out
+
+    def status(self) -> dict[str, Any]:
+        c = self.config
+        vips = []
+        for v in c.vips:
+            num = self.state.vip_nums.get(v.name)
+            down = set(self.state.down.get(v.name, []))
+            reals = [{"address": str(r.address), "weight": r.weight,
+                      "id": self.state.real_ids.get(str(r.address)),
+                      "healthy": str(r.address) not in down} for r in v.reals]
+            vips.append({"vip": v.name, "vip_num": num, "encap": v.encap, "hash": v.hash, "lru": v.lru,
+                         "outer_src": v.outer_src, "reals": reals})
+        return {"instance": self.name, "object": self.state.object, "interfaces": self.attach_modes(),
+                "requested_modes": self.state.interfaces, "vips": vips}
+
+    def stats(self) -> dict[str, Any]:
+        c = self.config
+        vips = {}
+        for v in c.vips:
+            num = self.state.vip_nums.get(v.name)
+            if num is not None:
+                p, b = self.dp.vip_stats(num)
+                vips[v.name] = {"packets": p, "bytes": b}
+        reals = {}
+        for addr, rid in sorted(self.state.real_ids.items(), key=lambda kv: kv[1]):
+            p, b = self.dp.real_stats(rid)
+            reals[addr] = {"id": rid, "packets": p, "bytes": b}
+        reasons = {k: {"packets": p, "bytes": b} for k, (p, b) in self.dp.reason_counters().items()}
+        return {"vips": vips, "reals": reals, "reasons": reasons, "events": self.dp.events()}
+
+
+def _check_fits(c: cfg.Config, dp: Datapath) -> None:
+    if c.datapath.ring_size != dp.ring_size:
+        raise LbError(f"cannot change ring_size from {dp.ring_size} to {c.datapath.ring_size} "
+                      "while loaded; run `lbctl unload` and `lbctl load` again")
+
+
+def _smallest_free(used: Iterable[int], start: int) -> int:
+    taken = set(used)
+    n = start
+    while n in taken:
+        n += 1
+    return n
+
+
+def _addr_sort(addr: str) -> tuple[int, bytes]:
+    ip = ipaddress.ip_address(addr)
+    return ip.version, ip.packed
+
+
+def _ring(inputs: list[list[Any]], real_ids: Mapping[str, int], size: int) -> maglev.Ring:
+    reals = {real_ids[a]: (a, int(w)) for a, w in inputs if a in real_ids}
+    return maglev.build_ring(reals, size)
+

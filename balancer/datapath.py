@@ -1,0 +1,390 @@
+"""datapath.py: the loaded balancer and decap programs, and typed access to their maps.
+
+`Datapath` owns one loaded balancer object: load-time settings go into `.rodata` and map sizes,
+the per-CPU session tables are created and slotted into `lb_sessions`, then VIPs, reals, rings,
+settings and counters are read and written through the generated `_abi` structures. `Decap` does
+the same for the real-server decap program. Both can pin their maps and links under a bpffs
+directory and be reopened from it by a later process (`Datapath.open_pinned`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+import ipaddress
+import os
+import shutil
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from balancer import _abi
+from balancer.btf import read_contract
+from balancer.errors import AbiMismatchError, DatapathError
+from balancer.libbpf import BpfObject, Link, Map, MapType, Program, RunResult, map_from_pin, num_possible_cpus
+
+Encap = _abi.Encap
+Reason = _abi.Reason
+Event = _abi.Event
+VipFlag = _abi.VipFlag
+
+PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
+XDP_ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
+BALANCER_MAPS = ("lb_vips", "lb_reals", "lb_ring", "lb_settings", "lb_sessions", "lb_fallback",
+                 "lb_vip_stats", "lb_real_stats", "lb_reasons", "lb_events")
+DECAP_MAPS = ("dc_local", "dc_reasons")
+
+
+def addr_words(address: str) -> tuple[bytes, int]:
+    """16 bytes in network order (IPv4 in the first 4) and the lb_family of an address."""
+    ip = ipaddress.ip_address(address)
+    fam = _abi.Family.INET if ip.version == 4 else _abi.Family.INET6
+    return ip.packed.ljust(16, b"\0"), int(fam)
+
+
+def words_addr(raw: bytes, family: int) -> str:
+    if family == _abi.Family.INET:
+        return str(ipaddress.IPv4Address(raw[:4]))
+    return str(ipaddress.IPv6Address(raw[:16]))
+
+
+def _u32x4(raw16: bytes) -> ctypes.Array[ctypes.c_uint32]:
+    return (ctypes.c_uint32 * 4).from_buffer_copy(raw16)
+
+
+def proto_number(proto: str | int) -> int:
+    if isinstance(proto, int):
+        return proto
+    if proto not in PROTOS:
+        raise DatapathError(f"use protocol '{proto}'", _errno.EINVAL, "use tcp or udp")
+    return PROTOS[proto]
+
+
+def vip_key(address: str, port: int, proto: str | int) -> bytes:
+    raw, fam = addr_words(address)
+    key = _abi.VipKey(addr=_u32x4(raw), port=socket.htons(port), proto=proto_number(proto), family=fam)
+    return bytes(key)
+
+
+def settings_bytes(*, nexthop_mac: str, src4: str = "0.0.0.0/32", src6: str = "::/128",
+                   gue_port: int = _abi.Limits.DEFAULT_GUE_PORT, mtu: int = _abi.Limits.DEFAULT_MTU) -> bytes:
+    """struct lb_settings: next-hop MAC, outer source prefixes (host bits = flow-derived), GUE port, MTU."""
+    s = _abi.Settings()
+    ctypes.memmove(ctypes.addressof(s) + _abi.Settings.nexthop_mac.offset,
+                   bytes.fromhex(nexthop_mac.replace(":", "")), 6)
+    s.gue_port = socket.htons(gue_port)
+    net4 = ipaddress.IPv4Network(src4, strict=False)
+    net6 = ipaddress.IPv6Network(src6, strict=False)
+    s.src4 = int.from_bytes(net4.network_address.packed, "little")
+    s.src4_mask = int.from_bytes(net4.hostmask.packed, "little")
+    s.src6 = _u32x4(net6.network_address.packed)
+    s.src6_mask = _u32x4(net6.hostmask.packed)
+    s.mtu = mtu
+    s.configured = 1
+    return bytes(s)
+
+
+def real_bytes(address: str, flags: int = _abi.RealFlag.PRESENT) -> bytes:
+    raw, fam = addr_words(address)
+    return bytes(_abi.Real(addr=_u32x4(raw), family=fam, flags=int(flags)))
+
+
+def verify_abi(path: str) -> None:
+    """Refuse an object whose BTF contract differs from the generated balancer/_abi.py."""
+    name = Path(path).stem.removesuffix(".bpf")
+    want = _abi.DIGESTS.get(name)
+    got = read_contract(path).digest()
+    if want is None or want != got:
+        raise AbiMismatchError(f"load '{path}': its BTF contract ({got}) differs from balancer/_abi.py "
+                               f"({want})", 0, "run `make abi` and commit balancer/_abi.py, or `make bpf`")
+
+
+def _patch_rodata(obj: BpfObject, name: str, values: dict[str, int]) -> None:
+    table = _abi.RODATA[name]
+    image = obj.rodata()
+    for var, value in values.items():
+        off, size = table[var]
+        image[off: off + size] = int(value).to_bytes(size, "little")
+    obj.set_rodata(bytes(image))
+
+
+def _sum_counters(m: Map, index: int) -> tuple[int, int]:
+    vals = m.lookup_percpu(index.to_bytes(4, "little")) or []
+    packets = sum(_abi.Counter.from_buffer_copy(v).packets for v in vals)
+    nbytes = sum(_abi.Counter.from_buffer_copy(v).bytes for v in vals)
+    return packets, nbytes
+
+
+class Datapath:
+    """One loaded balancer: programs, maps, optional attachment links."""
+
+    def __init__(self, maps: dict[str, Map], programs: dict[str, Program], ring_size: int,
+                 obj: BpfObject | None = None) -> None:
+        self.maps = maps
+        self.programs = programs
+        self.ring_size = ring_size
+        self.links: list[Link] = []
+        self._obj = obj
+        self._inner: list[Map] = []
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, obj_path: str = "build/bpf/balancer.o", *, max_vips: int = _abi.Limits.DEFAULT_MAX_VIPS,
+             max_reals: int = _abi.Limits.DEFAULT_MAX_REALS, ring_size: int = _abi.Limits.DEFAULT_RING_SIZE,
+             lru_size: int = _abi.Limits.DEFAULT_LRU_SIZE,
+             fallback_size: int = _abi.Limits.DEFAULT_FALLBACK_SIZE,
+             udp_timeout_s: float = _abi.Limits.DEFAULT_UDP_TIMEOUT_S) -> Datapath:
+        verify_abi(obj_path)
+        obj = BpfObject(obj_path)
+        try:
+            _patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size,
+                                            "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9)})
+            obj.set_max_entries("lb_vips", max_vips)
+            obj.set_max_entries("lb_vip_stats", max_vips)
+            obj.set_max_entries("lb_reals", max_reals)
+            obj.set_max_entries("lb_real_stats", max_reals)
+            obj.set_max_entries("lb_ring", max_vips * ring_size)
+            obj.set_max_entries("lb_fallback", fallback_size)
+            obj.load()
+            maps = {n: obj.map(n) for n in BALANCER_MAPS}
+            progs = {n: obj.program(n) for n in ("balancer_xdp", "balancer_xdp_frags")}
+            dp = cls(maps, progs, ring_size, obj)
+            dp._create_sessions(lru_size)
+            return dp
+        except BaseException:
+            obj.close()
+            raise
+
+    def _create_sessions(self, lru_size: int) -> None:
+        outer = self.maps["lb_sessions"]
+        key, value = ctypes.sizeof(_abi.Flow), ctypes.sizeof(_abi.Session)
+        for cpu in range(min(num_possible_cpus(), _abi.Limits.MAX_CPUS)):
+            inner = Map.create(MapType.LRU_HASH, f"lb_lru_{cpu}", key, value, lru_size)
+            self._inner.append(inner)
+            outer.update(cpu.to_bytes(4, "little"), inner.fd.to_bytes(4, "little"))
+
+    @classmethod
+    def open_pinned(cls, pin_dir: str) -> Datapath:
+        """Reopen a datapath that an earlier process loaded and pinned (maps and links)."""
+        d = Path(pin_dir)
+        if not (d / "lb_vips").exists():
+            raise DatapathError(f"find a loaded balancer under {pin_dir}", _errno.ENOENT,
+                                "run `lbctl load --interface IF` first")
+        maps = {n: map_from_pin(str(d / n)) for n in BALANCER_MAPS}
+        ring_size = maps["lb_ring"].max_entries // max(1, maps["lb_vips"].max_entries)
+        dp = cls(maps, {}, ring_size)
+        dp.links = [Link.from_pin(str(p)) for p in sorted(d.glob("link_*"))]
+        return dp
+
+    def pin(self, pin_dir: str) -> None:
+        d = Path(pin_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        for name, m in self.maps.items():
+            if not (d / name).exists():
+                m.pin(str(d / name))
+
+    @staticmethod
+    def unpin(pin_dir: str) -> None:
+        """Remove every pin (which detaches pinned links once no process holds them)."""
+        d = Path(pin_dir)
+        if d.exists():
+            for p in d.iterdir():
+                p.unlink()
+            shutil.rmtree(d, ignore_errors=True)
+
+    def close(self) -> None:
+        for link in self.links:
+            link.close()
+        for m in list(self.maps.values()) + self._inner:
+            m.close()
+        if self._obj is not None:
+            self._obj.close()
+            self._obj = None
+
+    def __enter__(self) -> Datapath:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- attachment ---------------------------------------------------------------------------
+
+    def attach(self, ifname: str, mode: str = "native", frags: bool = False) -> Link:
+        prog = self.programs["balancer_xdp_frags" if frags else "balancer_xdp"]
+        ifindex = socket.if_nametoindex(ifname) if ifname else 0
+        link = prog.attach_xdp(ifindex, mode, ifname)
+        self.links.append(link)
+        return link
+
+    # -- settings, VIPs, reals, rings --------------------------------------------------------
+
+    def set_settings(self, **kwargs: Any) -> None:
+        """Write the runtime settings (see settings_bytes for the arguments)."""
+        self.maps["lb_settings"].update(b"\0" * 4, settings_bytes(**kwargs))
+
+    def settings(self) -> _abi.Settings:
+        raw = self.maps["lb_settings"].lookup(b"\0" * 4) or b"\0" * ctypes.sizeof(_abi.Settings)
+        return _abi.Settings.from_buffer_copy(raw)
+
+    def put_vip(self, address: str, port: int, proto: str | int, *, vip_num: int, flags: int = 0,
+                encap: int = Encap.IPIP) -> None:
+        meta = _abi.VipMeta(vip_num=vip_num, flags=int(flags), encap=int(encap))
+        self.maps["lb_vips"].update(vip_key(address, port, proto), bytes(meta))
+
+    def del_vip(self, address: str, port: int, proto: str | int) -> bool:
+        return self.maps["lb_vips"].delete(vip_key(address, port, proto))
+
+    def vips(self) -> dict[tuple[str, int, int], _abi.VipMeta]:
+        out = {}
+        for k, v in self.maps["lb_vips"].items():
+            key = _abi.VipKey.from_buffer_copy(k)
+            addr = words_addr(bytes(key.addr), key.family)
+            out[(addr, socket.ntohs(key.port), key.proto)] = _abi.VipMeta.from_buffer_copy(v)
+        return out
+
+    def put_real(self, real_id: int, address: str, flags: int = _abi.RealFlag.PRESENT) -> None:
+        if real_id <= 0:
+            raise DatapathError(f"store real {address} under id {real_id}", _errno.EINVAL,
+                                "real id 0 is reserved for 'no real'")
+        self.maps["lb_reals"].update(real_id.to_bytes(4, "little"), real_bytes(address, flags))
+
+    def del_real(self, real_id: int) -> None:
+        self.maps["lb_reals"].update(real_id.to_bytes(4, "little"), bytes(_abi.Real()))
+
+    def real(self, real_id: int) -> tuple[str, int] | None:
+        raw = self.maps["lb_reals"].lookup(real_id.to_bytes(4, "little"))
+        if raw is None:
+            return None
+        r = _abi.Real.from_buffer_copy(raw)
+        if not r.flags & _abi.RealFlag.PRESENT:
+            return None
+        return words_addr(bytes(r.addr), r.family), r.flags
+
+    def write_ring(self, vip_num: int, ring: Sequence[int]) -> None:
+        """Write a whole ring (ring_size real ids) in one batch."""
+        self.write_ring_slots(vip_num, range(len(ring)), ring)
+
+    def write_ring_slots(self, vip_num: int, slots: Sequence[int], ids: Sequence[int]) -> None:
+        """Write only the given slots of a VIP's ring (the diff of a change), batched."""
+        if len(slots) == 0:
+            return
+        base = vip_num * self.ring_size
+        keys = [(base + int(s)).to_bytes(4, "little") for s in slots]
+        vals = [int(i).to_bytes(4, "little") for i in ids]
+        m = self.maps["lb_ring"]
+        for start in range(0, len(keys), 8192):
+            m.update_batch(keys[start: start + 8192], vals[start: start + 8192])
+
+    def ring(self, vip_num: int) -> list[int]:
+        m = self.maps["lb_ring"]
+        base = vip_num * self.ring_size
+        return [int.from_bytes(m.lookup((base + i).to_bytes(4, "little")) or b"\0" * 4, "little")
+                for i in range(self.ring_size)]
+
+    # -- counters -----------------------------------------------------------------------------
+
+    def reasons(self) -> dict[str, int]:
+        m = self.maps["lb_reasons"]
+        return {r.name: _sum_counters(m, r.value)[0] for r in Reason if r.name != "REASON_COUNT"}
+
+    def reason_counters(self) -> dict[str, tuple[int, int]]:
+        m = self.maps["lb_reasons"]
+        return {r.name: _sum_counters(m, r.value) for r in Reason if r.name != "REASON_COUNT"}
+
+    def events(self) -> dict[str, int]:
+        m = self.maps["lb_events"]
+        out = {}
+        for e in Event:
+            if e.name.endswith("COUNT"):
+                continue
+            vals = m.lookup_percpu(e.value.to_bytes(4, "little")) or []
+            out[e.name] = sum(int.from_bytes(v[:8], "little") for v in vals)
+        return out
+
+    def vip_stats(self, vip_num: int) -> tuple[int, int]:
+        return _sum_counters(self.maps["lb_vip_stats"], vip_num)
+
+    def real_stats(self, real_id: int) -> tuple[int, int]:
+        return _sum_counters(self.maps["lb_real_stats"], real_id)
+
+    # -- test runs ----------------------------------------------------------------------------
+
+    def run(self, frame: bytes, frags: bool = False) -> tuple[int, bytes]:
+        """One BPF_PROG_TEST_RUN of the balancer on frame: (XDP action, output frame)."""
+        res = self.run_result(frame, frags=frags)
+        return res.retval, res.data
+
+    def run_result(self, frame: bytes, repeat: int = 1, frags: bool = False) -> RunResult:
+        prog = self.programs["balancer_xdp_frags" if frags else "balancer_xdp"]
+        return prog.test_run(frame, repeat=repeat)
+
+
+class Decap:
+    """The real-server decap program (XDP and tc variants) and its local-address table."""
+
+    def __init__(self, obj: BpfObject, maps: dict[str, Map], programs: dict[str, Program]) -> None:
+        self._obj = obj
+        self.maps = maps
+        self.programs = programs
+        self.links: list[Link] = []
+
+    @classmethod
+    def load(cls, obj_path: str = "build/bpf/decap.o", gue_port: int = _abi.Limits.DEFAULT_GUE_PORT) -> Decap:
+        verify_abi(obj_path)
+        obj = BpfObject(obj_path)
+        try:
+            _patch_rodata(obj, "decap", {"cfg_gue_port": gue_port})
+            obj.load()
+            maps = {n: obj.map(n) for n in DECAP_MAPS}
+            progs = {n: obj.program(n) for n in ("decap_xdp", "decap_tc")}
+            return cls(obj, maps, progs)
+        except BaseException:
+            obj.close()
+            raise
+
+    def add_local(self, address: str) -> None:
+        raw, fam = addr_words(address)
+        key = _abi.AddrKey(addr=_u32x4(raw), family=fam)
+        self.maps["dc_local"].update(bytes(key), (1).to_bytes(4, "little"))
+
+    def attach_tc(self, ifname: str) -> Link:
+        link = self.programs["decap_tc"].attach_tcx(socket.if_nametoindex(ifname), "ingress", ifname)
+        self.links.append(link)
+        return link
+
+    def attach_xdp(self, ifname: str, mode: str = "native") -> Link:
+        link = self.programs["decap_xdp"].attach_xdp(socket.if_nametoindex(ifname), mode, ifname)
+        self.links.append(link)
+        return link
+
+    def pin(self, pin_dir: str) -> None:
+        d = Path(pin_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        for name, m in self.maps.items():
+            m.pin(str(d / name))
+        for i, link in enumerate(self.links):
+            link.pin(str(d / f"link_{i}"))
+
+    def reasons(self) -> dict[str, int]:
+        m = self.maps["dc_reasons"]
+        return {r.name: _sum_counters(m, r.value)[0] for r in _abi.DecapReason
+                if not r.name.endswith("COUNT")}
+
+    def run_xdp(self, frame: bytes) -> tuple[int, bytes]:
+        res = self.programs["decap_xdp"].test_run(frame)
+        return res.retval, res.data
+
+    def run_tc(self, frame: bytes) -> tuple[int, bytes]:
+        res = self.programs["decap_tc"].test_run(frame)
+        return res.retval, res.data
+
+    def close(self) -> None:
+        for link in self.links:
+            link.close()
+        self._obj.close()
+
+
+def bpffs_ready(path: str = "/sys/fs/bpf") -> bool:
+    return os.path.ismount(path)

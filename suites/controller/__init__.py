@@ -1,0 +1,1 @@
+"""Tests of the controller's pure parts: errors, Maglev rings, configuration."""

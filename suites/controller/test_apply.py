@@ -1,0 +1,232 @@
+"""Apply and reconcile against a loaded datapath: maps read back, idempotence, diffs, transactions."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from balancer import _abi, controller, maglev
+from balancer import config as cfg
+from balancer.controller import Instance
+from balancer.datapath import vip_key
+from balancer.errors import DatapathError, LbError
+from balancer.libbpf import Map
+
+REPO = Path(__file__).resolve().parents[2]
+OBJ = str(REPO / "build" / "bpf" / "balancer.o")
+RING = 251  # a small prime ring keeps full read-backs fast
+
+
+def _config(reals: list[tuple[str, int]], *, vip2: bool = True) -> cfg.Config:
+    vips = [
+        cfg.Vip(
+            address=ipaddress.ip_address("198.51.100.100"),
+            port=80,
+            proto="tcp",
+            reals=tuple(cfg.Real(ipaddress.ip_address(a), w) for a, w in reals),
+        )
+    ]
+    if vip2:
+        vips.append(
+            cfg.Vip(
+                address=ipaddress.ip_address("198.51.100.100"),
+                port=9000,
+                proto="udp",
+                encap="gue1",
+                outer_src="fixed",
+                reals=tuple(cfg.Real(ipaddress.ip_address(a), 1) for a, _ in reals[:2]),
+            )
+        )
+    return cfg.Config(
+        datapath=cfg.DatapathConfig(
+            ring_size=RING, max_vips=8, max_reals=16, lru_size=256, fallback_size=256
+        ),
+        encap=cfg.EncapConfig(nexthop_mac="02:00:00:00:00:01"),
+        vips=tuple(vips),
+    )
+
+
+REALS = [("203.0.113.18", 1), ("203.0.113.34", 1), ("203.0.113.50", 2)]
+
+
+@pytest.fixture
+def instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Instance]:
+    """Name: instance. Scope: function. Depends: built balancer object, bpffs.
+
+    A balancer instance loaded (not attached) under a unique pin directory, unloaded afterwards::
+
+        def test_x(instance):
+            instance.apply(config)
+            assert instance.dp.vips()
+    """
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setattr(controller, "PIN_ROOT", "/sys/fs/bpf/lbctl-test")
+    monkeypatch.setattr(controller, "STATE_ROOT", str(tmp_path / "state"))
+    inst = Instance.load(name, [], config=_config(REALS), obj=OBJ)
+    try:
+        yield inst
+    finally:
+        inst.unload()
+        assert not Path(Instance.pin_dir(name)).exists()
+
+
+def _dump(m: Map) -> dict[bytes, bytes]:
+    return dict(m.items())
+
+
+def _snapshot(inst: Instance) -> dict[str, object]:
+    return {
+        "vips": _dump(inst.dp.maps["lb_vips"]),
+        "reals": _dump(inst.dp.maps["lb_reals"]),
+        "settings": inst.dp.maps["lb_settings"].lookup(b"\0" * 4),
+        "rings": [inst.dp.ring(n) for n in range(3)],
+    }
+
+
+def test_apply_writes_what_the_config_says(instance: Instance) -> None:
+    st = instance.state
+    vips = instance.dp.vips()
+    assert set(vips) == {("198.51.100.100", 80, 6), ("198.51.100.100", 9000, 17), ("198.51.100.100", 0, 0)}
+    assert vips[("198.51.100.100", 9000, 17)].encap == _abi.Encap.GUE1
+    assert vips[("198.51.100.100", 80, 6)].flags & _abi.VipFlag.OUTER_SRC_FLOW
+    assert not vips[("198.51.100.100", 9000, 17)].flags & _abi.VipFlag.OUTER_SRC_FLOW
+    for addr, rid in st.real_ids.items():
+        assert instance.dp.real(rid) == (addr, int(_abi.RealFlag.PRESENT))
+    num = st.vip_nums["198.51.100.100:80/tcp"]
+    want = maglev.build_ring({st.real_ids[a]: (a, w) for a, w in REALS}, RING)
+    assert instance.dp.ring(num) == want.tolist()
+    counts = maglev.slot_counts(want)
+    assert counts[st.real_ids["203.0.113.50"]] in (125, 126)  # weight 2 of 4 owns half the ring
+    s = instance.dp.settings()
+    assert bytes(s.nexthop_mac) == bytes.fromhex("020000000001") and s.configured == 1
+    assert s.mtu == 1500
+
+
+def test_second_apply_writes_nothing(instance: Instance) -> None:
+    before = _snapshot(instance)
+    report = instance.apply(_config(REALS))
+    assert report.writes == 0
+    assert _snapshot(instance) == before
+
+
+def test_removing_a_real_rewrites_only_its_slots(instance: Instance) -> None:
+    st = instance.state
+    num = st.vip_nums["198.51.100.100:80/tcp"]
+    old = np.array(instance.dp.ring(num))
+    gone = st.real_ids["203.0.113.34"]
+    report = instance.apply(_config([REALS[0], REALS[2]], vip2=False))
+    new = np.array(instance.dp.ring(num))
+    changed = np.flatnonzero(old != new)
+    owned = np.flatnonzero(old == gone)
+    assert gone not in new
+    assert set(owned) <= set(changed)
+    assert len(changed) - len(owned) <= RING * 0.05  # small ring: a few slots of collateral at most
+    assert report.vips_removed == 1 and report.reals_removed == 1
+    assert instance.dp.real(gone) is None
+    assert ("198.51.100.100", 9000, 17) not in instance.dp.vips()
+
+
+def test_ids_are_recycled_and_shared_across_vips(instance: Instance) -> None:
+    st = instance.state
+    first = dict(st.real_ids)
+    assert sorted(first.values()) == [1, 2, 3]
+    instance.apply(_config([REALS[0], REALS[2]], vip2=False))
+    instance.apply(_config([REALS[0], REALS[2], ("203.0.113.66", 1)], vip2=False))
+    assert instance.state.real_ids["203.0.113.66"] == first["203.0.113.34"]  # the freed id is reused
+
+
+def test_replacing_every_vip_keeps_the_new_rings(instance: Instance) -> None:
+    """VIPs removed and others added in one apply: the new rings survive the old ones' clearing."""
+    v6 = cfg.Vip(address=ipaddress.ip_address("2001:db8:100::100"), port=80, proto="tcp",
+                 reals=(cfg.Real(ipaddress.ip_address("2001:db8:e1::2")),
+                        cfg.Real(ipaddress.ip_address("2001:db8:e2::2"))))
+    instance.apply(dataclasses.replace(_config(REALS), vips=(v6,)))
+    num = instance.state.vip_nums[v6.name]
+    ids = {instance.state.real_ids[str(r.address)] for r in v6.reals}
+    assert set(instance.dp.ring(num)) == ids
+    instance.apply(_config(REALS))  # and back: the IPv4 VIPs again, the IPv6 one gone
+    for vname, n in instance.state.vip_nums.items():
+        assert 0 not in instance.dp.ring(n), vname
+
+
+def test_weight_zero_drains_a_real(instance: Instance) -> None:
+    st = instance.state
+    num = st.vip_nums["198.51.100.100:80/tcp"]
+    instance.apply(_config([REALS[0], (REALS[1][0], 0), REALS[2]]))
+    assert st.real_ids["203.0.113.34"] not in instance.dp.ring(num)
+    assert instance.dp.real(st.real_ids["203.0.113.34"]) is not None  # still known: sessions continue
+
+
+def test_all_reals_down_leaves_an_empty_ring(instance: Instance) -> None:
+    num = instance.state.vip_nums["198.51.100.100:80/tcp"]
+    instance.apply(_config(REALS), down={"198.51.100.100:80/tcp": [a for a, _ in REALS]})
+    assert set(instance.dp.ring(num)) == {0}  # the datapath drops with reason NO_REAL
+
+
+def test_failed_apply_leaves_every_map_unchanged(instance: Instance, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = _snapshot(instance)
+    calls = {"n": 0}
+    real_batch = Map.update_batch
+
+    def failing_batch(self: Map, keys: list[bytes], values: list[bytes], flags: int = 0) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # settings, reals and the first VIP's ring are written by now
+            raise DatapathError(f"batch-update map '{self.name}'", 28)
+        real_batch(self, keys, values, flags)
+
+    monkeypatch.setattr(Map, "update_batch", failing_batch)
+    new = _config([REALS[0], ("203.0.113.66", 3), ("203.0.113.82", 1)])
+    new = dataclasses.replace(new, encap=dataclasses.replace(new.encap, gue_port=7000))
+    with pytest.raises(DatapathError, match="No space left on device"):
+        instance.apply(new)
+    monkeypatch.setattr(Map, "update_batch", real_batch)
+    assert calls["n"] > 2  # the rollback rewrote the first ring's slots through update_batch too
+    assert _snapshot(instance) == before
+    assert instance.apply(_config(REALS)).writes == 0  # the state file was not advanced either
+
+
+def test_too_many_vips_is_refused_before_any_write(instance: Instance) -> None:
+    before = _snapshot(instance)
+    vips = tuple(
+        cfg.Vip(
+            address=ipaddress.ip_address(f"198.51.100.{10 + i}"),
+            port=80,
+            proto="tcp",
+            reals=(cfg.Real(ipaddress.ip_address("203.0.113.18")),),
+        )
+        for i in range(9)
+    )
+    with pytest.raises(LbError, match="raise datapath.max_vips"):
+        instance.apply(dataclasses.replace(_config(REALS), vips=vips))
+    assert _snapshot(instance) == before
+
+
+def test_reopened_instance_sees_the_running_state(instance: Instance) -> None:
+    again = Instance.open(instance.name)
+    try:
+        assert again.state.real_ids == instance.state.real_ids
+        assert {k: bytes(v) for k, v in again.dp.vips().items()} == {
+            k: bytes(v) for k, v in instance.dp.vips().items()
+        }
+        assert again.apply(_config(REALS)).writes == 0
+    finally:
+        again.close()
+
+
+def test_loading_twice_is_refused(instance: Instance) -> None:
+    with pytest.raises(DatapathError, match="already loaded"):
+        Instance.load(instance.name, [], config=_config(REALS), obj=OBJ)
+
+
+def test_address_only_entry_follows_the_vips(instance: Instance) -> None:
+    key = vip_key("198.51.100.100", 0, 0)
+    assert instance.dp.maps["lb_vips"].lookup(key) is not None
+    instance.apply(dataclasses.replace(_config(REALS), vips=()))
+    assert instance.dp.maps["lb_vips"].lookup(key) is None
+    assert instance.dp.vips() == {}

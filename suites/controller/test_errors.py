@@ -1,0 +1,85 @@
+"""The error tree of balancer/errors.py: its shape, and the exact messages users and tests rely on."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from balancer import errors
+from balancer.errors import AbiMismatchError, ConfigError, DatapathError, LbError, RingError, show_value
+
+
+def test_public_surface_is_the_documented_tree() -> None:
+    assert sorted(errors.__all__) == [
+        "AbiMismatchError",
+        "ConfigError",
+        "DatapathError",
+        "LbError",
+        "RingError",
+        "show_value",
+    ]
+    assert issubclass(ConfigError, LbError)
+    assert issubclass(DatapathError, LbError)
+    assert issubclass(AbiMismatchError, DatapathError)
+    assert issubclass(RingError, LbError)
+    assert issubclass(RingError, ValueError)
+    assert not issubclass(ConfigError, DatapathError)
+
+
+def test_config_error_message_names_file_key_value_and_expectation() -> None:
+    e = ConfigError("lb.toml", "vips[2].port", 0, "1..65535")
+    assert str(e) == "lb.toml: vips[2].port must be 1..65535 but got 0"
+    assert (e.file, e.key, e.value, e.expected) == ("lb.toml", "vips[2].port", 0, "1..65535")
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("gue", '"gue"'),
+        (True, "true"),
+        (False, "false"),
+        (1.5, "1.5"),
+        (["a", 1], '["a", 1]'),
+        ({"address": "x"}, '{ address = "x" }'),
+        ('say "hi"', '"say \\"hi\\""'),
+        ("tab\there\x7f\\", '"tab\\u0009here\\u007f\\\\"'),
+        ("é", '"é"'),
+    ],
+)
+def test_values_are_shown_as_toml_writes_them(value: object, shown: str) -> None:
+    assert show_value(value) == shown
+    assert str(ConfigError("f", "k", value, "x")) == f"f: k must be x but got {shown}"
+
+
+def test_config_error_with_free_message() -> None:
+    e = ConfigError("lb.toml", "vips[0].prot", None, "", message="vips[0].prot is not a known key")
+    assert str(e) == "lb.toml: vips[0].prot is not a known key"
+
+
+def test_datapath_error_message_has_cause_and_hint() -> None:
+    e = DatapathError("attach XDP program to 'lb-rt'", errno.EOPNOTSUPP, "try --mode generic")
+    assert str(e) == "cannot attach XDP program to 'lb-rt': Operation not supported; try --mode generic"
+    assert e.errno == errno.EOPNOTSUPP
+
+
+def test_datapath_error_accepts_negative_errno_as_libbpf_returns_it() -> None:
+    e = DatapathError("update map 'lb_vips'", -errno.E2BIG)
+    assert str(e) == "cannot update map 'lb_vips': Argument list too long"
+    assert e.errno == errno.E2BIG
+
+
+def test_datapath_error_parts_are_optional() -> None:
+    assert str(DatapathError("find map 'lb_ring'")) == "cannot find map 'lb_ring'"
+    assert str(DatapathError("load 'x.o'", hint="run make bpf")) == "cannot load 'x.o'; run make bpf"
+
+
+def test_abi_mismatch_is_caught_as_datapath_error() -> None:
+    with pytest.raises(DatapathError) as info:
+        raise AbiMismatchError(
+            "load 'balancer.o'", hint="its BTF digest differs from balancer/_abi.py; run make abi"
+        )
+    assert (
+        str(info.value)
+        == "cannot load 'balancer.o'; its BTF digest differs from balancer/_abi.py; run make abi"
+    )
