@@ -1,0 +1,201 @@
+"""The `l4lab` command: a table of verbs (up, down, status, exec, shell), each a parser and a function.
+
+Add a verb by writing `_add_<verb>(parser)` and `_run_<verb>(args) -> int` and one row in VERBS.
+Usage and configuration errors print one line on stderr and exit 2; runtime errors exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from lab import status as lab_status
+from lab import topology
+from lab.errors import LabError, UsageError
+from lab.nsexec import nsenter_argv
+from lab.state import DEFAULT_LAB, LabState, check_name, netns_name
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line and a UsageError (exit 2), not a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+@dataclass(frozen=True)
+class Verb:
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _add_name(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", default=DEFAULT_LAB, help=f"lab name (default {DEFAULT_LAB})")
+
+
+def _add_up(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topology", nargs="?", default="default", help="a name from lab/topologies or a path")
+    _add_name(parser)
+    parser.add_argument("--no-bpf", action="store_true", help="do not attach the lab's BPF programs")
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    from lab import netns
+
+    topo = topology.load(args.topology)
+    started = time.monotonic()
+    netns.build(topo, check_name(args.name), programs=not args.no_bpf)
+    took = time.monotonic() - started
+    size = f"{len(topo.nodes)} nodes, {len(topo.links)} links"
+    print(f"lab '{args.name}' up ({topo.name}: {size}) in {took:.2f} s")
+    return 0
+
+
+def _add_down(parser: argparse.ArgumentParser) -> None:
+    _add_name(parser)
+
+
+def _run_down(args: argparse.Namespace) -> int:
+    from lab import netns
+
+    started = time.monotonic()
+    netns.teardown(check_name(args.name))
+    print(f"lab '{args.name}' down in {time.monotonic() - started:.2f} s")
+    return 0
+
+
+def _add_status(parser: argparse.ArgumentParser) -> None:
+    _add_name(parser)
+    parser.add_argument("--json", action="store_true", help="print the status as JSON")
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    report = lab_status.collect(check_name(args.name))
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(lab_status.render(report))
+    return 0
+
+
+def _add_exec(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("node")
+    _add_name(parser)
+    parser.epilog = "the command follows `--`: l4lab exec client -- ping -c1 203.0.113.18"
+
+
+def _node_netns(args: argparse.Namespace) -> str:
+    state = LabState.load(check_name(args.name))
+    topo = topology.load(Path(state.topology_path))
+    return netns_name(args.name, topo.node(args.node).name)
+
+
+def _run_exec(args: argparse.Namespace) -> int:
+    command: list[str] = args.command
+    if not command:
+        raise UsageError(
+            "l4lab exec: give a command after --, e.g. l4lab exec client -- ping -c1 203.0.113.18"
+        )
+    ns = _node_netns(args)
+    try:
+        return subprocess.run(nsenter_argv(ns, command), check=False).returncode
+    except OSError as exc:
+        raise LabError(f"cannot run {command[0]} in {ns}: {exc.strerror}", command=" ".join(command)) from exc
+
+
+def _add_shell(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("node")
+    _add_name(parser)
+
+
+def _run_shell(args: argparse.Namespace) -> int:
+    ns = _node_netns(args)
+    shell = os.environ.get("SHELL", "/bin/bash")
+    argv = nsenter_argv(ns, [shell])
+    os.execv(argv[0], argv)
+
+
+def _add_passthrough(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="options of the verb (see VERB --help)")
+
+
+PASSTHROUGH = ("demo", "report", "bench")
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from lab import demo
+
+    return demo.main(args.args)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from reports import render
+
+    return render.main(args.args)
+
+
+VERBS: dict[str, Verb] = {
+    "up": Verb("build a lab from a topology", _add_up, _run_up),
+    "down": Verb("remove a lab", _add_down, _run_down),
+    "status": Verb("show a lab's nodes, links, addresses, programs and VIPs", _add_status, _run_status),
+    "exec": Verb("run a command in a node: l4lab exec NODE -- CMD...", _add_exec, _run_exec),
+    "shell": Verb("open a shell in a node", _add_shell, _run_shell),
+    "demo": Verb("balance real traffic through the default lab in every encap mode", _add_passthrough,
+                 _run_demo),
+    "report": Verb("render results JSON into one HTML report", _add_passthrough, _run_report),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = _Parser(prog="l4lab", description="the l4lab lab: netns topologies for the XDP load balancer")
+    sub = top.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    sub.required = True
+    for name, verb in VERBS.items():
+        verb.add_arguments(sub.add_parser(name, help=verb.help, description=verb.help))
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `l4lab ARGV`; return the exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first `--` is a command for `exec`, never options of l4lab.
+    head, tail = (
+        (args_list[: args_list.index("--")], args_list[args_list.index("--") + 1 :])
+        if "--" in args_list
+        else (args_list, [])
+    )
+    try:
+        if args_list and args_list[0] in PASSTHROUGH:
+            # Verbs with options of their own: everything after the verb is theirs.
+            return VERBS[args_list[0]].run(argparse.Namespace(args=args_list[1:]))
+        args = parser().parse_args(head)
+        args.command = tail
+        return VERBS[args.verb].run(args)
+    except LabError as exc:
+        print(f"l4lab: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:
+        print("l4lab: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a failure of the controller's own errors, shown in one line
+        from balancer.errors import LbError
+
+        if isinstance(exc, LbError):
+            print(f"l4lab: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

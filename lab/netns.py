@@ -1,0 +1,473 @@
+"""The netns lab builder: turns a Topology into namespaces, veths, addresses, routes, programs and services.
+
+Every step that creates something registers its undo in an ExitStack and in the lab's persisted
+journal (lab.state) the moment it succeeds; a failure or KeyboardInterrupt at any step unwinds
+everything already made, and `teardown()` replays the journal of a lab built by another process.
+Undo tolerates only "already gone" (ENOENT, ENODEV, ESRCH) and re-raises the rest.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from pyroute2 import IPRoute, netns
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD, IFA_F_TENTATIVE
+
+from balancer.errors import LbError
+from lab import programs, services
+from lab.errors import LabError, LabExistsError
+from lab.nsexec import entered, netns_path
+from lab.state import (
+    BPF_DIR,
+    RUN_DIR,
+    LabState,
+    Undo,
+    check_name,
+    netns_name,
+    pin_dir,
+    state_dir,
+)
+from lab.topology import Endpoint, Node, Topology
+
+GONE = (errno.ENOENT, errno.ENODEV, errno.ESRCH)
+READY_TIMEOUT_S = 5.0
+FIRST_IFINDEX = 1000  # the first end of link k is ifindex FIRST_IFINDEX + k (see Builder._make_veth)
+_MNT_DETACH = 2
+_SIOCETHTOOL = 0x8946
+_ETHTOOL_GTXCSUM = 0x16
+_ETHTOOL_STXCSUM = 0x17
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class InjectedFailure(LabError):
+    """Raised by a build told to fail at a given step (tests of the unwinding)."""
+
+
+class Builder:
+    """Builds one lab; `build()` returns its state or leaves nothing behind."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        lab: str,
+        *,
+        programs: bool = True,
+        fail_at: int | None = None,
+        interrupt_at: int | None = None,
+    ) -> None:
+        self.topo = topology
+        self.lab = check_name(lab)
+        self.with_programs = programs
+        self.fail_at = fail_at
+        self.interrupt_at = interrupt_at
+        self.steps = 0
+        self.state = LabState(lab, topology.name, str(topology.path), time.time())
+        self.ipr: dict[str, IPRoute] = {}
+
+    # ---- step and journal machinery
+
+    @contextmanager
+    def _step(self, what: str) -> Iterator[None]:
+        """One build step: counts it, injects the requested failure, names it in any error."""
+        self.steps += 1
+        if self.steps == self.fail_at:
+            raise InjectedFailure(f"injected failure at step {self.steps}: {what}", step=what)
+        if self.steps == self.interrupt_at:
+            raise KeyboardInterrupt(f"injected interrupt at step {self.steps}: {what}")
+        try:
+            yield
+        except NetlinkError as exc:
+            raise LabError(f"{what}: {os.strerror(exc.code)} (netlink error {exc.code})", step=what) from exc
+        except OSError as exc:
+            raise LabError(f"{what}: {exc.strerror or exc}", step=what) from exc
+        except LbError as exc:
+            raise LabError(f"{what}: {exc}", step=what) from exc
+
+    def _register(self, stack: ExitStack, undo: Undo) -> None:
+        stack.callback(undo_one, undo)
+        self.state.undo.append(undo)
+        self.state.save()
+
+    # ---- the build
+
+    def build(self) -> LabState:
+        """Build the whole lab; on any failure (or KeyboardInterrupt) remove what was made, then raise."""
+        with ExitStack() as stack:
+            stack.callback(self._close_sockets)
+            self._make_state_dir(stack)
+            for node in self.topo.nodes:
+                self._make_node(stack, node)
+            for k, link in enumerate(self.topo.links):
+                self._make_veth(stack, link.a, link.b, link.mtu, FIRST_IFINDEX + k)
+            for node in self.topo.nodes:
+                self._configure_node(node)
+            for node in self.topo.nodes:
+                self._links_up(node)
+            self._wait_links_ready()
+            for node in self.topo.nodes:
+                self._add_routes(node)
+            for link in self.topo.links:
+                for ep in link.endpoints:
+                    self._set_offloads(ep)
+            if self.with_programs:
+                self._attach_programs(stack)
+            self._start_services(stack)
+            with self._step("record the lab as complete"):
+                self.state.complete = True
+                self.state.save()
+            stack.pop_all()
+            self._close_sockets()
+        return self.state
+
+    def _close_sockets(self) -> None:
+        for ipr in self.ipr.values():
+            ipr.close()
+        self.ipr.clear()
+
+    def _make_state_dir(self, stack: ExitStack) -> None:
+        path = state_dir(self.lab)
+        with self._step(f"create the state directory {path}"):
+            RUN_DIR.mkdir(parents=True, exist_ok=True)
+            taken = [
+                netns_name(self.lab, n.name)
+                for n in self.topo.nodes
+                if netns_path(netns_name(self.lab, n.name)).exists()
+            ]
+            try:
+                path.mkdir()
+            except FileExistsError as exc:
+                raise LabExistsError(
+                    f"a lab named '{self.lab}' is already up ({path} exists); "
+                    f"run `l4lab down --name {self.lab}` first"
+                ) from exc
+            if taken:
+                path.rmdir()
+                raise LabExistsError(
+                    f"network namespace {taken[0]} already exists but belongs to no running lab; "
+                    f"remove it with `ip netns del {taken[0]}`"
+                )
+        self._register(stack, Undo("state-dir", str(path)))
+
+    def _make_node(self, stack: ExitStack, node: Node) -> None:
+        ns = netns_name(self.lab, node.name)
+        with self._step(f"create network namespace {ns}"):
+            netns.create(ns)
+        self._register(stack, Undo("netns", ns))
+        with self._step(f"open a netlink socket in {ns}"), entered(ns):
+            self.ipr[node.name] = IPRoute()
+        for key, value in node.sysctls:
+            if ".*." not in key:
+                with self._step(f"set {key}={value} in {ns}"):
+                    _write_sysctl(ns, key, value)
+
+    def _make_veth(self, stack: ExitStack, a: Endpoint, b: Endpoint, mtu: int, index: int) -> None:
+        """A veth pair; end a gets ifindex `index`, which never equals its peer's.
+
+        The two ends of a veth in fresh namespaces both get ifindex 2; the kernel then takes the
+        pair for a device linked to itself and delays its carrier events by up to a second
+        (linkwatch's non-urgent path). Distinct indexes make `up` 0.8 s faster.
+        """
+        ns_a, ns_b = netns_name(self.lab, a.node), netns_name(self.lab, b.node)
+        with self._step(f"create veth {a.ifname} in {ns_a} with peer {b.ifname} in {ns_b}"):
+            fd = os.open(netns_path(ns_b), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self.ipr[a.node].link(
+                    "add",
+                    index=index,
+                    ifname=a.ifname,
+                    kind="veth",
+                    mtu=mtu,
+                    peer={"ifname": b.ifname, "net_ns_fd": fd},
+                )
+            finally:
+                os.close(fd)
+        self._register(stack, Undo("veth", a.ifname, netns=ns_a))
+        with self._step(f"set MTU {mtu} on {b.ifname} in {ns_b}"):
+            ipr = self.ipr[b.node]
+            ipr.link("set", index=_index(ipr, b.ifname, ns_b), mtu=mtu)
+
+    def _configure_node(self, node: Node) -> None:
+        ns = netns_name(self.lab, node.name)
+        ipr = self.ipr[node.name]
+        ifnames = [ep.ifname for ep in self.topo.endpoints_of(node.name)]
+        for key, value in node.sysctls:
+            if ".*." in key:
+                for ifname in ("all", "default", "lo", *ifnames):
+                    concrete = key.replace(".*.", f".{ifname}.")
+                    with self._step(f"set {concrete}={value} in {ns}"):
+                        _write_sysctl(ns, concrete, value)
+        for ep in self.topo.endpoints_of(node.name):
+            index = _index(ipr, ep.ifname, ns)
+            for addr in ep.all_addresses:
+                with self._step(f"add address {addr} to {ep.ifname} in {ns}"):
+                    flags = IFA_F_NODAD if addr.version == 6 else 0
+                    ipr.addr(
+                        "add",
+                        index=index,
+                        address=str(addr.ip),
+                        prefixlen=addr.network.prefixlen,
+                        flags=flags,
+                    )
+        if node.role == "real":
+            lo = _index(ipr, "lo", ns)
+            for vip in self.topo.vips:
+                plen = vip.address.max_prefixlen
+                with self._step(f"add VIP {vip.address}/{plen} to lo in {ns}"):
+                    flags = IFA_F_NODAD if vip.address.version == 6 else 0
+                    ipr.addr("add", index=lo, address=str(vip.address), prefixlen=plen, flags=flags)
+
+    def _links_up(self, node: Node) -> None:
+        ns = netns_name(self.lab, node.name)
+        ipr = self.ipr[node.name]
+        for ifname in ("lo", *[ep.ifname for ep in self.topo.endpoints_of(node.name)]):
+            with self._step(f"set {ifname} up in {ns}"):
+                ipr.link("set", index=_index(ipr, ifname, ns), state="up")
+
+    def _wait_links_ready(self) -> None:
+        """Poll until every lab interface has carrier and no address is tentative."""
+        with self._step("wait for links up and addresses usable"):
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while True:
+                pending = [f"{netns_name(self.lab, n)}/{what}" for n, what in self._not_ready()]
+                if not pending:
+                    return
+                if time.monotonic() > deadline:
+                    raise LabError(
+                        f"links or addresses not ready within {READY_TIMEOUT_S:g} s: {', '.join(pending[:5])}"
+                    )
+                time.sleep(0.001)  # polling interval, not synchronisation: the loop re-checks state
+
+    def _not_ready(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for node in self.topo.nodes:
+            ipr = self.ipr[node.name]
+            mine = {ep.ifname for ep in self.topo.endpoints_of(node.name)}
+            names = {}
+            for link in ipr.get_links():
+                name = link.get_attr("IFLA_IFNAME")
+                names[link["index"]] = name
+                if name in mine and link.get_attr("IFLA_OPERSTATE") != "UP":
+                    out.append((node.name, f"{name} is {link.get_attr('IFLA_OPERSTATE')}"))
+            for addr in ipr.get_addr():
+                flags = addr.get_attr("IFA_FLAGS") or addr["flags"]
+                if flags & IFA_F_TENTATIVE:
+                    out.append(
+                        (
+                            node.name,
+                            f"{addr.get_attr('IFA_ADDRESS')} on {names.get(addr['index'])} is tentative",
+                        )
+                    )
+        return out
+
+    def _add_routes(self, node: Node) -> None:
+        ns = netns_name(self.lab, node.name)
+        ipr = self.ipr[node.name]
+        for route in node.routes:
+            with self._step(f"add route {route.describe()} in {ns}"):
+                dst = (
+                    str(route.dst)
+                    if route.dst is not None
+                    else ("0.0.0.0/0" if route.family == 4 else "::/0")
+                )
+                family = socket.AF_INET if route.family == 4 else socket.AF_INET6
+                ipr.route("add", family=family, dst=dst, gateway=str(route.via))
+
+    def _set_offloads(self, ep: Endpoint) -> None:
+        ns = netns_name(self.lab, ep.node)
+        for feature, on in ep.offloads:
+            with self._step(f"set {feature} checksum offload {'on' if on else 'off'} on {ep.ifname} in {ns}"):
+                set_tx_checksum(ns, ep.ifname, on)
+
+    def _attach_programs(self, stack: ExitStack) -> None:
+        root = pin_dir(self.lab)
+        with self._step(f"create the pin directory {root}"):
+            programs.require_bpffs()
+            BPF_DIR.mkdir(exist_ok=True)
+            root.mkdir()
+        self._register(stack, Undo("pin-dir", str(root)))
+
+        def journal(kind: str, path: str) -> None:
+            self._register(stack, Undo(kind, path))
+
+        for node in self.topo.nodes:
+            ns = netns_name(self.lab, node.name)
+            xdp_eps = [ep for ep in self.topo.endpoints_of(node.name) if ep.xdp is not None]
+            if not xdp_eps and node.decap is None:
+                continue
+            node_dir = root / node.name
+            with self._step(f"create the pin directory {node_dir}"):
+                node_dir.mkdir()
+            self._register(stack, Undo("pin-dir", str(node_dir)))
+            for ep in xdp_eps:
+                assert ep.xdp is not None
+                with self._step(f"attach XDP {ep.xdp.program} ({ep.xdp.object}) to {ep.ifname} in {ns}"):
+                    self.state.programs.append(
+                        programs.attach_xdp(ns, ep.ifname, ep.xdp, node_dir, node.name, journal)
+                    )
+            if node.decap is not None:
+                addrs = [a.ip for ep in self.topo.endpoints_of(node.name) for a in ep.all_addresses]
+                with self._step(f"attach decap ({node.decap.attach}) to {node.decap.ifname} in {ns}"):
+                    self.state.programs.append(
+                        programs.attach_decap(ns, node.decap, addrs, node_dir, node.name, journal)
+                    )
+            self.state.save()
+
+    def _start_services(self, stack: ExitStack) -> None:
+        run_dir = state_dir(self.lab)
+        started = []
+        for node in self.topo.nodes_with_role("real"):
+            binds = [
+                (port.service, str(vip.address), port.port) for vip in self.topo.vips for port in vip.ports
+            ]
+            if not binds:
+                continue
+            ns = netns_name(self.lab, node.name)
+            with self._step(f"start the services of {node.name} in {ns}"):
+                proc = services.start(self.lab, ns, node.name, binds, run_dir)
+            self.state.processes.append(proc)
+            self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
+            started.append(proc)
+        with self._step("wait for the services to listen"):
+            services.wait_ready(started, run_dir)
+
+
+def build(
+    topology: Topology,
+    lab: str,
+    *,
+    programs: bool = True,
+    fail_at: int | None = None,
+    interrupt_at: int | None = None,
+) -> LabState:
+    """Build `topology` as lab `lab`; see Builder."""
+    return Builder(topology, lab, programs=programs, fail_at=fail_at, interrupt_at=interrupt_at).build()
+
+
+def teardown(lab: str) -> None:
+    """Remove lab `lab` as its journal records it (in reverse order)."""
+    directory = state_dir(lab)
+    if directory.is_dir() and not (directory / "state.json").exists():
+        shutil.rmtree(directory)  # a build that died before its first journal entry
+        return
+    state = LabState.load(lab)
+    with ExitStack() as stack:
+        for undo in state.undo:
+            stack.callback(undo_one, undo)
+
+
+def undo_one(undo: Undo) -> None:
+    """Remove one journaled resource; a resource already gone is fine, any other error is raised."""
+    handlers: dict[str, Callable[[Undo], None]] = {
+        "state-dir": _undo_state_dir,
+        "netns": _undo_netns,
+        "veth": _undo_veth,
+        "pin-dir": _undo_pin_dir,
+        "pin": _undo_pin,
+        "process": _undo_process,
+    }
+    try:
+        handlers[undo.kind](undo)
+    except NetlinkError as exc:
+        if exc.code not in GONE:
+            raise LabError(f"cannot remove {undo.kind} {undo.target}: {os.strerror(exc.code)}") from exc
+    except OSError as exc:
+        if exc.errno not in GONE:
+            raise LabError(f"cannot remove {undo.kind} {undo.target}: {exc.strerror or exc}") from exc
+
+
+def _undo_state_dir(undo: Undo) -> None:
+    shutil.rmtree(undo.target)
+
+
+def _undo_netns(undo: Undo) -> None:
+    path = bytes(netns_path(undo.target))
+    if _libc.umount2(path, _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOENT):  # EINVAL: the file is no longer a mount point
+            raise OSError(err, f"umount {path.decode()}: {os.strerror(err)}")
+    os.unlink(path)
+
+
+def _undo_veth(undo: Undo) -> None:
+    assert undo.netns is not None
+    with entered(undo.netns), IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=undo.target)
+        if found:
+            ipr.link("del", index=found[0])
+
+
+def _undo_pin_dir(undo: Undo) -> None:
+    os.rmdir(undo.target)
+
+
+def _undo_pin(undo: Undo) -> None:
+    os.unlink(undo.target)
+
+
+def _undo_process(undo: Undo) -> None:
+    from lab.state import Process
+
+    assert undo.starttime is not None
+    services.stop(Process(node="?", pid=int(undo.target), starttime=undo.starttime, argv=[], log=""))
+
+
+# ---- small helpers that act inside a namespace
+
+
+def _index(ipr: IPRoute, ifname: str, ns: str) -> int:
+    found = ipr.link_lookup(ifname=ifname)
+    if not found:
+        raise OSError(errno.ENODEV, f"no interface {ifname} in {ns}")
+    return int(found[0])
+
+
+def _write_sysctl(ns: str, key: str, value: str) -> None:
+    path = Path("/proc/sys") / key.replace(".", "/")
+    with entered(ns):
+        fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def read_sysctl(ns: str, key: str) -> str:
+    """The value of sysctl `key` inside namespace `ns`."""
+    with entered(ns):
+        fd = os.open(Path("/proc/sys") / key.replace(".", "/"), os.O_RDONLY)
+    try:
+        return os.read(fd, 4096).decode().strip()
+    finally:
+        os.close(fd)
+
+
+def _ethtool_value(ns: str, ifname: str, cmd: int, data: int = 0) -> int:
+    value = ctypes.create_string_buffer(struct.pack("II", cmd, data), 8)
+    ifreq = struct.pack("16sP", ifname.encode(), ctypes.addressof(value)).ljust(40, b"\0")
+    with entered(ns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with sock:
+        fcntl.ioctl(sock.fileno(), _SIOCETHTOOL, ifreq)
+    return int(struct.unpack("II", value.raw)[1])
+
+
+def set_tx_checksum(ns: str, ifname: str, on: bool) -> None:
+    """`ethtool -K IFNAME tx on|off` inside `ns` (the legacy ioctl; it also drops dependent offloads)."""
+    _ethtool_value(ns, ifname, _ETHTOOL_STXCSUM, int(on))
+
+
+def tx_checksum(ns: str, ifname: str) -> bool:
+    """Whether tx checksum offload is on for IFNAME inside `ns`."""
+    return _ethtool_value(ns, ifname, _ETHTOOL_GTXCSUM) != 0

@@ -1,0 +1,503 @@
+"""Lab topologies: load a TOML file into validated, immutable data (nodes, links, routes, VIPs).
+
+The file format (see lab/topologies/default.toml for a complete example):
+
+    description = "one line"
+    lb_source_prefixes = ["198.51.100.128/25", ...]      # recorded for the balancer config only
+    [node_defaults] sysctls = {...}                       # every node
+    [roles.<role>]  sysctls = {...}                       # every node of that role
+    [[nodes]]  name, role (client|router|lb|real), kind ("netns"), sysctls, routes = [{dst, via}],
+               decap = {mode = "bpf", ifname, attach = "tc"|"xdp"}         (reals only)
+    [[links]]  mtu, a = {endpoint}, b = {endpoint}; endpoint = {node, ifname, addresses,
+               extra_addresses, offloads = {tx = false}, xdp = {object, program, mode}}
+    [[vips]]   address, ports = [{proto = "tcp"|"udp", port, service = "http"|"udp-echo"}]
+
+A sysctl key with `*` in the interface position (`net.ipv4.conf.*.rp_filter`) applies to `all`,
+`default`, `lo` and every lab interface of the node. Every real holds every VIP on its loopback
+and runs the VIPs' services bound to them. Every error names the file, the key, the value and
+what was expected.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lab.errors import TopologyError, UsageError
+
+TOPOLOGY_DIR = Path(__file__).resolve().parent / "topologies"
+
+ROLES = ("client", "router", "lb", "real")
+KINDS = ("netns",)
+SERVICES = {"http": "tcp", "udp-echo": "udp"}
+DECAP_MODES = ("bpf",)
+DECAP_ATTACH = ("tc", "xdp")
+XDP_MODES = ("native", "generic")
+OFFLOADS = ("tx",)
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,15}$")
+_SYSCTL_RE = re.compile(r"^net(\.[A-Za-z0-9_*-]+)+$")
+
+IpInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class XdpProgram:
+    """An XDP program attached to an endpoint (e.g. XDP_PASS on the peer of the LB's veth)."""
+
+    object: str  # file name under build/bpf/
+    program: str
+    mode: str
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One end of a veth link: the node, its interface name and what is set on it."""
+
+    node: str
+    ifname: str
+    addresses: tuple[IpInterface, ...]
+    extra_addresses: tuple[IpInterface, ...]
+    offloads: tuple[tuple[str, bool], ...]
+    xdp: XdpProgram | None
+
+    @property
+    def all_addresses(self) -> tuple[IpInterface, ...]:
+        return self.addresses + self.extra_addresses
+
+
+@dataclass(frozen=True)
+class Link:
+    """A point-to-point veth pair between two nodes."""
+
+    a: Endpoint
+    b: Endpoint
+    mtu: int
+
+    @property
+    def endpoints(self) -> tuple[Endpoint, Endpoint]:
+        return (self.a, self.b)
+
+
+@dataclass(frozen=True)
+class Route:
+    """A route in a node: `dst` (a network, or None for the default) via the gateway `via`."""
+
+    dst: IpNetwork | None
+    via: IpAddress
+
+    @property
+    def family(self) -> int:
+        return self.via.version
+
+    def describe(self) -> str:
+        return f"{self.dst if self.dst is not None else 'default'} via {self.via}"
+
+
+@dataclass(frozen=True)
+class Decap:
+    """How a real removes the LB's encapsulation."""
+
+    mode: str
+    ifname: str
+    attach: str
+
+
+@dataclass(frozen=True)
+class Node:
+    """A machine of the lab (a network namespace for kind = "netns")."""
+
+    name: str
+    role: str
+    kind: str
+    sysctls: tuple[tuple[str, str], ...]
+    routes: tuple[Route, ...]
+    decap: Decap | None
+
+
+@dataclass(frozen=True)
+class VipPort:
+    """One (protocol, port) served on a VIP, and the service the reals run for it."""
+
+    proto: str
+    port: int
+    service: str
+
+
+@dataclass(frozen=True)
+class Vip:
+    """A virtual IP address and its ports."""
+
+    address: IpAddress
+    ports: tuple[VipPort, ...]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A whole lab topology, validated."""
+
+    name: str
+    path: Path
+    description: str
+    nodes: tuple[Node, ...]
+    links: tuple[Link, ...]
+    vips: tuple[Vip, ...]
+    lb_source_prefixes: tuple[IpNetwork, ...]
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        known = ", ".join(n.name for n in self.nodes)
+        raise UsageError(f"topology '{self.name}' has no node '{name}' (nodes: {known})")
+
+    def endpoints_of(self, node: str) -> list[Endpoint]:
+        return [ep for link in self.links for ep in link.endpoints if ep.node == node]
+
+    def nodes_with_role(self, role: str) -> list[Node]:
+        return [n for n in self.nodes if n.role == role]
+
+
+def shipped() -> list[str]:
+    """Names of the topologies shipped in lab/topologies."""
+    return sorted(p.stem for p in TOPOLOGY_DIR.glob("*.toml"))
+
+
+def resolve(spec: str) -> Path:
+    """Turn a topology name (from lab/topologies) or a path into the file's path."""
+    if "/" in spec or spec.endswith(".toml"):
+        path = Path(spec)
+        if not path.is_file():
+            raise UsageError(
+                f"topology file '{spec}' does not exist; give a path or one of: {', '.join(shipped())}"
+            )
+        return path
+    path = TOPOLOGY_DIR / f"{spec}.toml"
+    if not path.is_file():
+        raise UsageError(f"unknown topology '{spec}'; shipped topologies: {', '.join(shipped())}")
+    return path
+
+
+def load(spec: str | Path) -> Topology:
+    """Load and validate a topology given by name or path."""
+    path = spec if isinstance(spec, Path) else resolve(spec)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise TopologyError(str(path), "(file)", str(exc), "valid TOML") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read topology '{path}': {exc.strerror}") from exc
+    return _Reader(str(path)).topology(raw, path)
+
+
+class _Reader:
+    """Validating accessors that know the file and the key path of every value."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, key: str, value: object, expected: str) -> TopologyError:
+        return TopologyError(self.file, key, value, expected)
+
+    def table(self, raw: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> dict[str, Any]:
+        value = raw.get(key)
+        if value is None and not required:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(_join(where, key), value, "a table")
+        return value
+
+    def array(self, raw: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> list[Any]:
+        value = raw.get(key)
+        if value is None and not required:
+            return []
+        if not isinstance(value, list):
+            raise self.fail(_join(where, key), value, "an array")
+        return value
+
+    def string(
+        self,
+        raw: Mapping[str, Any],
+        key: str,
+        where: str,
+        *,
+        choices: Sequence[str] = (),
+        default: str | None = None,
+    ) -> str:
+        value = raw.get(key, default)
+        expected = "one of " + ", ".join(repr(c) for c in choices) if choices else "a string"
+        if not isinstance(value, str) or (choices and value not in choices):
+            raise self.fail(_join(where, key), value, expected)
+        return value
+
+    def integer(
+        self, raw: Mapping[str, Any], key: str, where: str, lo: int, hi: int, default: int | None = None
+    ) -> int:
+        value = raw.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            raise self.fail(_join(where, key), value, f"an integer {lo}..{hi}")
+        return value
+
+    def unknown_keys(self, raw: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
+        for key in raw:
+            if key not in allowed:
+                raise self.fail(
+                    _join(where, key), raw[key], "absent (known keys: " + ", ".join(allowed) + ")"
+                )
+
+    def interface(self, value: object, key: str) -> IpInterface:
+        if not isinstance(value, str) or "/" not in value:
+            raise self.fail(key, value, "an address with prefix length like '192.0.2.1/28'")
+        try:
+            return ipaddress.ip_interface(value)
+        except ValueError as exc:
+            raise self.fail(key, value, "an address with prefix length like '192.0.2.1/28'") from exc
+
+    def address(self, value: object, key: str) -> IpAddress:
+        try:
+            return ipaddress.ip_address(value)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise self.fail(key, value, "an IPv4 or IPv6 address") from exc
+
+    def network(self, value: object, key: str) -> IpNetwork:
+        try:
+            return ipaddress.ip_network(value)  # type: ignore[arg-type]
+        except (ValueError, TypeError) as exc:
+            raise self.fail(key, value, "a network like '198.51.100.128/25' with no host bits set") from exc
+
+    def sysctls(self, raw: Mapping[str, Any], where: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for key, value in raw.items():
+            path = f"{where}.{key!r}" if "." in key else _join(where, key)
+            if not _SYSCTL_RE.match(key):
+                raise self.fail(path, key, "a sysctl name under net. like 'net.ipv4.ip_forward'")
+            if isinstance(value, bool) or not isinstance(value, int | str):
+                raise self.fail(path, value, "an integer or a string")
+            out[key] = str(value)
+        return out
+
+    # ---- the sections
+
+    def topology(self, raw: dict[str, Any], path: Path) -> Topology:
+        self.unknown_keys(
+            raw, ("description", "lb_source_prefixes", "node_defaults", "roles", "nodes", "links", "vips"), ""
+        )
+        description = self.string(raw, "description", "")
+        prefixes = tuple(
+            self.network(p, f"lb_source_prefixes[{i}]")
+            for i, p in enumerate(self.array(raw, "lb_source_prefixes", "", required=False))
+        )
+        defaults = self.table(raw, "node_defaults", "", required=False)
+        self.unknown_keys(defaults, ("sysctls",), "node_defaults")
+        base_sysctls = self.sysctls(
+            self.table(defaults, "sysctls", "node_defaults", required=False), "node_defaults.sysctls"
+        )
+        roles = self.table(raw, "roles", "", required=False)
+        role_sysctls: dict[str, dict[str, str]] = {}
+        for role, body in roles.items():
+            if role not in ROLES:
+                raise self.fail(f"roles.{role}", role, "a role: " + ", ".join(ROLES))
+            if not isinstance(body, dict):
+                raise self.fail(f"roles.{role}", body, "a table")
+            self.unknown_keys(body, ("sysctls",), f"roles.{role}")
+            role_sysctls[role] = self.sysctls(
+                self.table(body, "sysctls", f"roles.{role}", required=False), f"roles.{role}.sysctls"
+            )
+
+        raw_nodes = self.array(raw, "nodes", "")
+        if not raw_nodes:
+            raise self.fail("nodes", raw_nodes, "at least one [[nodes]] entry")
+        names: set[str] = set()
+        node_tables: list[tuple[str, dict[str, Any]]] = []
+        for i, body in enumerate(raw_nodes):
+            where = f"nodes[{i}]"
+            if not isinstance(body, dict):
+                raise self.fail(where, body, "a table")
+            name = self.string(body, "name", where)
+            if not _NAME_RE.match(name):
+                raise self.fail(
+                    f"{where}.name", name, "lower-case letters, digits and '-', starting with a letter"
+                )
+            if name in names:
+                raise self.fail(f"{where}.name", name, "a name not used by another node")
+            names.add(name)
+            node_tables.append((where, body))
+
+        links = tuple(
+            self.link(body, f"links[{i}]", names) for i, body in enumerate(self.array(raw, "links", ""))
+        )
+        seen_if: dict[tuple[str, str], str] = {}
+        for i, link in enumerate(links):
+            for side, ep in (("a", link.a), ("b", link.b)):
+                if (ep.node, ep.ifname) in seen_if:
+                    raise self.fail(
+                        f"links[{i}].{side}.ifname",
+                        ep.ifname,
+                        f"an interface name not already used in node '{ep.node}'",
+                    )
+                seen_if[(ep.node, ep.ifname)] = f"links[{i}].{side}"
+            if link.a.node == link.b.node:
+                raise self.fail(f"links[{i}].b.node", link.b.node, "a node other than a.node")
+            if link.mtu < 1280 and any(a.version == 6 for ep in link.endpoints for a in ep.all_addresses):
+                raise self.fail(f"links[{i}].mtu", link.mtu, "at least 1280 on a link with IPv6 addresses")
+
+        nodes = tuple(
+            self.node(body, where, base_sysctls, role_sysctls, links) for where, body in node_tables
+        )
+        vips = tuple(
+            self.vip(body, f"vips[{i}]") for i, body in enumerate(self.array(raw, "vips", "", required=False))
+        )
+        return Topology(path.stem, path, description, nodes, links, vips, prefixes)
+
+    def endpoint(self, raw: object, where: str, nodes: set[str]) -> Endpoint:
+        if not isinstance(raw, dict):
+            raise self.fail(where, raw, "a table {node, ifname, addresses}")
+        self.unknown_keys(raw, ("node", "ifname", "addresses", "extra_addresses", "offloads", "xdp"), where)
+        node = self.string(raw, "node", where)
+        if node not in nodes:
+            raise self.fail(f"{where}.node", node, "the name of a node: " + ", ".join(sorted(nodes)))
+        ifname = self.string(raw, "ifname", where)
+        if not _IFNAME_RE.match(ifname) or ifname in ("all", "default", "lo"):
+            raise self.fail(
+                f"{where}.ifname", ifname, "an interface name of 1..15 letters, digits, '-' or '_'"
+            )
+        addresses = tuple(
+            self.interface(a, f"{where}.addresses[{j}]")
+            for j, a in enumerate(self.array(raw, "addresses", where))
+        )
+        extra = tuple(
+            self.interface(a, f"{where}.extra_addresses[{j}]")
+            for j, a in enumerate(self.array(raw, "extra_addresses", where, required=False))
+        )
+        offloads_raw = self.table(raw, "offloads", where, required=False)
+        offloads: list[tuple[str, bool]] = []
+        for key, value in offloads_raw.items():
+            if key not in OFFLOADS:
+                raise self.fail(
+                    f"{where}.offloads.{key}", value, "absent (known offloads: " + ", ".join(OFFLOADS) + ")"
+                )
+            if not isinstance(value, bool):
+                raise self.fail(f"{where}.offloads.{key}", value, "true or false")
+            offloads.append((key, value))
+        xdp = None
+        if "xdp" in raw:
+            body = self.table(raw, "xdp", where)
+            self.unknown_keys(body, ("object", "program", "mode"), f"{where}.xdp")
+            xdp = XdpProgram(
+                self.string(body, "object", f"{where}.xdp"),
+                self.string(body, "program", f"{where}.xdp"),
+                self.string(body, "mode", f"{where}.xdp", choices=XDP_MODES, default="native"),
+            )
+        return Endpoint(node, ifname, addresses, extra, tuple(offloads), xdp)
+
+    def link(self, raw: object, where: str, nodes: set[str]) -> Link:
+        if not isinstance(raw, dict):
+            raise self.fail(where, raw, "a table {a, b, mtu}")
+        self.unknown_keys(raw, ("a", "b", "mtu"), where)
+        mtu = self.integer(raw, "mtu", where, 68, 65535, default=1500)
+        return Link(
+            self.endpoint(raw.get("a"), f"{where}.a", nodes),
+            self.endpoint(raw.get("b"), f"{where}.b", nodes),
+            mtu,
+        )
+
+    def node(
+        self,
+        raw: dict[str, Any],
+        where: str,
+        base: dict[str, str],
+        by_role: dict[str, dict[str, str]],
+        links: tuple[Link, ...],
+    ) -> Node:
+        self.unknown_keys(raw, ("name", "role", "kind", "sysctls", "routes", "decap"), where)
+        name = raw["name"]
+        role = self.string(raw, "role", where, choices=ROLES)
+        kind = raw.get("kind", "netns")
+        if kind == "vm":
+            raise self.fail(f"{where}.kind", kind, '"netns" (kind = "vm" is not supported yet)')
+        kind = self.string(raw, "kind", where, choices=KINDS, default="netns")
+        sysctls = {
+            **base,
+            **by_role.get(role, {}),
+            **self.sysctls(self.table(raw, "sysctls", where, required=False), f"{where}.sysctls"),
+        }
+        mine = [ep for link in links for ep in link.endpoints if ep.node == name]
+        connected = [a.network for ep in mine for a in ep.all_addresses]
+        routes: list[Route] = []
+        for j, body in enumerate(self.array(raw, "routes", where, required=False)):
+            at = f"{where}.routes[{j}]"
+            if not isinstance(body, dict):
+                raise self.fail(at, body, "a table {dst, via}")
+            self.unknown_keys(body, ("dst", "via"), at)
+            dst_raw = self.string(body, "dst", at)
+            dst = None if dst_raw == "default" else self.network(dst_raw, f"{at}.dst")
+            via = self.address(body.get("via"), f"{at}.via")
+            if dst is not None and dst.version != via.version:
+                raise self.fail(
+                    f"{at}.via", str(via), f"an IPv{dst.version} gateway for the IPv{dst.version} dst {dst}"
+                )
+            if not any(via in net for net in connected):
+                raise self.fail(
+                    f"{at}.via",
+                    str(via),
+                    f"a gateway inside a subnet of node '{name}' ({', '.join(map(str, connected))})",
+                )
+            routes.append(Route(dst, via))
+        decap = None
+        if "decap" in raw:
+            body = self.table(raw, "decap", where)
+            self.unknown_keys(body, ("mode", "ifname", "attach"), f"{where}.decap")
+            if role != "real":
+                raise self.fail(
+                    f"{where}.decap", body, f"absent on a node of role '{role}' (only reals decapsulate)"
+                )
+            mode = body.get("mode")
+            if mode == "kernel":
+                raise self.fail(
+                    f"{where}.decap.mode", mode, '"bpf" (kernel decap needs kind = "vm", not supported yet)'
+                )
+            mode = self.string(body, "mode", f"{where}.decap", choices=DECAP_MODES)
+            ifname = self.string(body, "ifname", f"{where}.decap")
+            if ifname not in [ep.ifname for ep in mine]:
+                raise self.fail(
+                    f"{where}.decap.ifname",
+                    ifname,
+                    "an interface of node '{}': {}".format(name, ", ".join(ep.ifname for ep in mine)),
+                )
+            decap = Decap(
+                mode,
+                ifname,
+                self.string(body, "attach", f"{where}.decap", choices=DECAP_ATTACH, default="tc"),
+            )
+        return Node(name, role, kind, tuple(sysctls.items()), tuple(routes), decap)
+
+    def vip(self, raw: object, where: str) -> Vip:
+        if not isinstance(raw, dict):
+            raise self.fail(where, raw, "a table {address, ports}")
+        self.unknown_keys(raw, ("address", "ports"), where)
+        address = self.address(raw.get("address"), f"{where}.address")
+        ports: list[VipPort] = []
+        for j, body in enumerate(self.array(raw, "ports", where)):
+            at = f"{where}.ports[{j}]"
+            if not isinstance(body, dict):
+                raise self.fail(at, body, "a table {proto, port, service}")
+            self.unknown_keys(body, ("proto", "port", "service"), at)
+            proto = self.string(body, "proto", at, choices=("tcp", "udp"))
+            port = self.integer(body, "port", at, 1, 65535)
+            service = self.string(body, "service", at, choices=tuple(SERVICES))
+            if SERVICES[service] != proto:
+                raise self.fail(f"{at}.proto", proto, f"'{SERVICES[service]}' for service '{service}'")
+            ports.append(VipPort(proto, port, service))
+        return Vip(address, tuple(ports))
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key

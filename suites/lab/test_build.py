@@ -1,0 +1,169 @@
+"""Building and removing labs: nothing is left behind, whether a build succeeds, fails or is interrupted."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lab import netns, topology
+from lab.errors import LabError, LabExistsError
+from lab.netns import InjectedFailure
+from lab.nsexec import netns_path
+from lab.state import LabState, pin_dir, state_dir
+from suites.lab import probes
+from suites.lab.probes import PREFIX, bpf_available
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root")
+REPO = Path(__file__).resolve().parents[2]
+WITH_BPF = bpf_available() is None
+
+
+def expected_netns(lab: str, topo: topology.Topology) -> set[str]:
+    return {f"{lab}-{n.name}" for n in topo.nodes}
+
+
+@pytest.mark.parametrize("name", topology.shipped())
+def test_shipped_topology_builds_and_leaves_nothing(name: str, lab_name: str) -> None:
+    topo = topology.load(name)
+    started = time.monotonic()
+    state = netns.build(topo, lab_name, programs=WITH_BPF)
+    took = time.monotonic() - started
+    print(f"{name}: up in {took:.2f} s ({len(topo.nodes)} nodes, bpf {'on' if WITH_BPF else 'off'})")
+    assert state.complete
+    assert {p.name for p in Path("/run/netns").glob(f"{lab_name}-*")} == expected_netns(lab_name, topo)
+    assert len(probes.lab_processes(lab_name)) == len(topo.nodes_with_role("real"))
+    assert LabState.load(lab_name).complete
+    started = time.monotonic()
+    netns.teardown(lab_name)
+    print(f"{name}: down in {time.monotonic() - started:.2f} s")
+    assert probes.leftovers(lab_name) == []
+
+
+def test_failure_at_any_step_leaves_nothing(lab_name: str) -> None:
+    topo = topology.load("default")
+    builder = netns.Builder(topo, lab_name, programs=WITH_BPF)
+    builder.build()
+    total = builder.steps
+    netns.teardown(lab_name)
+    assert probes.leftovers(lab_name) == []
+    # Every 7th step and the last few (programs, services, completion) is a spread over every kind.
+    for k in sorted(set(range(1, total + 1, 7)) | set(range(total - 4, total + 1))):
+        with pytest.raises(InjectedFailure, match=f"injected failure at step {k}: "):
+            netns.build(topo, lab_name, programs=WITH_BPF, fail_at=k)
+        assert probes.leftovers(lab_name) == [], f"after a failure at step {k}"
+
+
+@pytest.mark.parametrize("step", [2, 30, 90, -3, -1])
+def test_keyboard_interrupt_midway_leaves_nothing(step: int, lab_name: str) -> None:
+    topo = topology.load("default")
+    counter = netns.Builder(topo, lab_name, programs=WITH_BPF)
+    counter.build()
+    netns.teardown(lab_name)
+    k = step if step > 0 else counter.steps + 1 + step
+    with pytest.raises(KeyboardInterrupt):
+        netns.build(topo, lab_name, programs=WITH_BPF, interrupt_at=k)
+    assert probes.leftovers(lab_name) == []
+
+
+def test_kernel_refusal_midway_names_the_step_and_leaves_nothing(lab_name: str, tmp_path: Path) -> None:
+    text = topology.resolve("default").read_text()
+    duplicated = '{ dst = "198.51.100.100/32", via = "198.51.100.2" },'
+    assert duplicated in text
+    path = tmp_path / "dup-route.toml"
+    path.write_text(text.replace(duplicated, duplicated + "\n  " + duplicated, 1))
+    with pytest.raises(LabError) as err:
+        netns.build(topology.load(path), lab_name, programs=False)
+    assert (
+        str(err.value) == f"add route 198.51.100.100/32 via 198.51.100.2 in {lab_name}-router: "
+        "File exists (netlink error 17)"
+    )
+    assert err.value.step == f"add route 198.51.100.100/32 via 198.51.100.2 in {lab_name}-router"
+    assert probes.leftovers(lab_name) == []
+
+
+def test_two_labs_coexist_and_go_independently(lab_name: str, lab_factory: list[str]) -> None:
+    other = PREFIX + secrets.token_hex(3)
+    lab_factory.append(other)
+    topo = topology.load("default")
+    netns.build(topo, lab_name, programs=WITH_BPF)
+    netns.build(topo, other, programs=WITH_BPF)
+    for lab in (lab_name, other):
+        assert probes.ping(f"{lab}-client", "203.0.113.18") is not None
+    netns.teardown(lab_name)
+    assert probes.leftovers(lab_name) == []
+    assert probes.ping(f"{other}-client", "203.0.113.18") is not None
+    assert probes.http_get(f"{other}-real2", "198.51.100.100") == "real2\n"
+    netns.teardown(other)
+    assert probes.leftovers(other) == []
+
+
+def test_a_taken_name_is_refused_and_the_running_lab_is_untouched(lab_name: str) -> None:
+    topo = topology.load("default")
+    netns.build(topo, lab_name, programs=False)
+    with pytest.raises(LabExistsError, match=f"a lab named '{lab_name}' is already up"):
+        netns.build(topo, lab_name, programs=False)
+    assert all(netns_path(ns).exists() for ns in expected_netns(lab_name, topo))
+    assert probes.ping(f"{lab_name}-client", "203.0.113.34") is not None
+
+
+def test_a_stray_namespace_of_the_name_is_refused(lab_name: str) -> None:
+    netns.netns.create(f"{lab_name}-real2")
+    try:
+        with pytest.raises(LabExistsError, match=f"network namespace {lab_name}-real2 already exists"):
+            netns.build(topology.load("default"), lab_name, programs=False)
+        assert not state_dir(lab_name).exists()
+    finally:
+        netns.undo_one(netns.Undo("netns", f"{lab_name}-real2"))
+
+
+def test_down_from_another_process_removes_exactly_that_lab(lab_name: str, lab_factory: list[str]) -> None:
+    bystander = PREFIX + secrets.token_hex(3)
+    lab_factory.append(bystander)
+    netns.build(topology.load("default"), bystander, programs=False)
+    cli = [sys.executable, "-m", "lab.cli"]
+    bpf = [] if WITH_BPF else ["--no-bpf"]
+    up = subprocess.run(
+        [*cli, "up", "default", "--name", lab_name, *bpf], cwd=REPO, capture_output=True, text=True
+    )
+    assert up.returncode == 0, up.stderr
+    assert up.stdout.startswith(f"lab '{lab_name}' up (default: 6 nodes, 5 links) in ")
+    # The up process is gone; its services and programs live on.
+    assert len(probes.lab_processes(lab_name)) == 3
+    if WITH_BPF:
+        assert any(pin_dir(lab_name).rglob("*"))
+    down = subprocess.run([*cli, "down", "--name", lab_name], cwd=REPO, capture_output=True, text=True)
+    assert down.returncode == 0, down.stderr
+    assert probes.leftovers(lab_name) == []
+    assert len(probes.lab_processes(bystander)) == 3
+    assert probes.ping(f"{bystander}-client", "203.0.113.50") is not None
+
+
+@pytest.mark.parametrize("step", [5, 60, -2])
+def test_down_cleans_a_lab_whose_up_died_midway(step: int, lab_name: str) -> None:
+    """The journal is written step by step, so `down` removes a build whose process died at any step."""
+    total = netns.Builder(topology.load("default"), lab_name, programs=WITH_BPF)
+    total.build()
+    netns.teardown(lab_name)
+    k = step if step > 0 else total.steps + 1 + step
+    dying = (
+        "import os, sys\n"
+        "from lab import netns, topology\n"
+        "class Dying(netns.Builder):\n"
+        "    def _step(self, what):\n"
+        f"        if self.steps + 1 == {k}:\n"
+        "            os._exit(9)\n"
+        "        return super()._step(what)\n"
+        f"Dying(topology.load('default'), {lab_name!r}, programs={WITH_BPF}).build()\n"
+    )
+    died = subprocess.run([sys.executable, "-c", dying], cwd=REPO, capture_output=True, text=True)
+    assert died.returncode == 9, died.stderr
+    assert probes.leftovers(lab_name) != []
+    assert not LabState.load(lab_name).complete
+    netns.teardown(lab_name)
+    assert probes.leftovers(lab_name) == []

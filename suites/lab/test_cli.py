@@ -1,0 +1,184 @@
+"""The `l4lab` command: status matches the topology, exec passes exit codes, errors are one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab import cli, nsexec, topology
+from lab.errors import LabError
+from lab.state import LabState
+from suites.lab import probes
+
+REPO = Path(__file__).resolve().parents[2]
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@needs_root
+def test_status_json_matches_the_topology(default_lab: LabState, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "status", "--name", default_lab.name, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    topo = topology.load("default")
+    assert report["name"] == default_lab.name and report["topology"] == "default" and report["complete"]
+    assert [(n["name"], n["role"], n["netns"]) for n in report["nodes"]] == [
+        (n.name, n.role, f"{default_lab.name}-{n.name}") for n in topo.nodes
+    ]
+    for node in report["nodes"]:
+        want = {ep.ifname: ep for ep in topo.endpoints_of(node["name"])}
+        got = {i["ifname"]: i for i in node["interfaces"]}
+        assert set(got) == set(want)
+        for ifname, ep in want.items():
+            assert got[ifname]["state"] == "UP"
+            assert got[ifname]["mtu"] == next(link.mtu for link in topo.links if ep in link.endpoints)
+            assert set(got[ifname]["addresses"]) == {str(a) for a in ep.all_addresses}
+        assert set(node["routes"]) == {r.describe() for r in topo.node(node["name"]).routes}
+        if node["role"] == "real":
+            assert set(node["loopback"]) == {"198.51.100.100/32", "2001:db8:100::100/128"}
+            assert [s["alive"] for s in node["services"]] == [True]
+            assert set(node["services"][0]["binds"]) == {
+                "http 198.51.100.100:80", "udp-echo 198.51.100.100:9000",
+                "http [2001:db8:100::100]:80", "udp-echo [2001:db8:100::100]:9000",
+            }  # fmt: skip
+        else:
+            assert node["loopback"] == [] and node["services"] == []
+    assert report["vips"] == [
+        {
+            "address": str(v.address),
+            "ports": [{"proto": p.proto, "port": p.port, "service": p.service} for p in v.ports],
+        }
+        for v in topo.vips
+    ]
+    assert report["lb_source_prefixes"] == ["198.51.100.128/25", "2001:db8:1b:80::/64"]
+
+
+@needs_root
+def test_status_text_lists_every_node(default_lab: LabState, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "status", "--name", default_lab.name)
+    assert code == 0
+    for node in ("client", "router", "lb", "real1", "real2", "real3"):
+        assert f"netns {default_lab.name}-{node}" in out
+    assert "vip 198.51.100.100: tcp/80 http, udp/9000 udp-echo" in out
+
+
+@needs_root
+def test_exec_runs_in_the_node_and_returns_the_exit_code(
+    default_lab: LabState, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    marker = tmp_path / "out"
+    code, _, err = run(
+        capsys,
+        "exec",
+        "real2",
+        "--name",
+        default_lab.name,
+        "--",
+        "sh",
+        "-c",
+        f"ip -br addr show lo > {marker}; exit 7",
+    )
+    assert code == 7, err
+    assert "198.51.100.100/32" in marker.read_text()
+
+
+@needs_root
+def test_exec_of_an_unknown_node_is_a_usage_error(
+    default_lab: LabState, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "exec", "real9", "--name", default_lab.name, "--", "true")
+    assert code == 2
+    assert (
+        err
+        == "l4lab: topology 'default' has no node 'real9' (nodes: client, router, lb, real1, real2, real3)\n"
+    )
+
+
+def test_exec_without_a_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "exec", "client", "--name", "lbt-none")
+    assert code == 2
+    assert err.count("\n") == 1 and "give a command after --" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["frobnicate"], "l4lab: argument VERB: invalid choice: 'frobnicate'"),
+        (
+            ["up", "nope"],
+            "l4lab: unknown topology 'nope'; shipped topologies: default, dual-stack, many-reals, mtu",
+        ),
+        (["up", "--name", "Bad_Name"], "l4lab: lab name 'Bad_Name' is invalid"),
+        (["status", "--bogus"], "l4lab: unrecognized arguments: --bogus"),
+        ([], "l4lab: the following arguments are required: VERB"),
+    ],
+    ids=["verb", "topology", "lab-name", "option", "nothing"],
+)
+def test_usage_errors_are_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_invalid_topology_file_exits_2_naming_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = topology.resolve("default").read_text().replace('role = "lb"', 'role = "balancer"', 1)
+    path = tmp_path / "broken.toml"
+    path.write_text(text)
+    code, _, err = run(capsys, "up", str(path), "--name", "lbt-never")
+    assert code == 2
+    assert err == (
+        f"l4lab: {path}: nodes[2].role must be one of 'client', 'router', 'lb', 'real' but got 'balancer'\n"
+    )
+    assert probes.leftovers("lbt-never") == []
+
+
+def test_runtime_errors_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "down", "--name", "lbt-none")
+    assert code == 1
+    assert err == (
+        "l4lab: no lab named 'lbt-none' is up (/run/l4lab/lbt-none/state.json does not exist); "
+        "start one with `l4lab up`\n"
+    )
+
+
+def test_verbs_are_a_table() -> None:
+    assert {"up", "down", "status", "exec", "shell"} <= set(cli.VERBS)
+    assert all(callable(v.run) and callable(v.add_arguments) for v in cli.VERBS.values())
+
+
+@needs_root
+def test_shell_opens_in_the_node(default_lab: LabState) -> None:
+    env = {**os.environ, "SHELL": "/bin/sh", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "lab.cli", "shell", "real3", "--name", default_lab.name],
+        input="ip -br addr show r3-rt; exit 5\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    assert done.returncode == 5, done.stderr
+    assert "203.0.113.50/28" in done.stdout
+
+
+@needs_root
+def test_nsexec_run_names_the_failing_command(default_lab: LabState) -> None:
+    lb = f"{default_lab.name}-lb"
+    assert nsexec.run(lb, ["ip", "-br", "link", "show", "lb-rt"]).stdout.startswith("lb-rt@")
+    with pytest.raises(LabError, match=rf"'ip link show nope' in {lb} failed with exit code 1: "):
+        nsexec.run(lb, ["ip", "link", "show", "nope"])
