@@ -53,14 +53,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   # A fresh machine has no package lists: update once before the first install.
-  apt-get update -q >/dev/null || die "apt-get update failed"
-  if ! apt-get install -y -q --no-install-recommends "${missing[@]}" >/tmp/l4lab-apt.$$ 2>&1; then
+  apt=(apt-get -o DPkg::Lock::Timeout=300 -y -q)
+  "${apt[@]}" update >/dev/null || die "apt-get update failed"
+  aptlog=$(mktemp)
+  if ! "${apt[@]}" install --no-install-recommends "${missing[@]}" >"$aptlog" 2>&1; then
     for p in "${missing[@]}"; do
-      apt-get install -y -q --no-install-recommends "$p" >/dev/null 2>&1 \
-        || { rm -f /tmp/l4lab-apt.$$; die "cannot install package '$p' (apt-get install $p failed)"; }
+      if ! "${apt[@]}" install --no-install-recommends "$p" >"$aptlog" 2>&1; then
+        tail -n 5 "$aptlog" >&2; rm -f "$aptlog"
+        die "cannot install package '$p' (apt-get install $p failed; its last lines are above)"
+      fi
     done
   fi
-  rm -f /tmp/l4lab-apt.$$
+  rm -f "$aptlog"
 fi
 
 # The venv is made from the system interpreter so that Debian's python3-bpfcc (bcc) is importable.

@@ -1,0 +1,1 @@
+"""The results schema every suite writes and the HTML report rendered from those results only."""

@@ -1,0 +1,323 @@
+"""A complete set of SYNTHETIC results files, for testing the report only: every file says so itself.
+
+Nothing here was measured. The figures are shaped like the real ones (XDP_TX floors of a 2-vCPU
+veth lab, encap overheads, Maglev churn on a 65537-slot ring, NIC queues that collapse under a
+fixed outer source) so that the report can be read and tested before the suites write results.
+Every file carries ``"synthetic": true``, the host ``synthetic-sample`` and a fixed fake commit, and
+the report prints a banner when any result is synthetic.
+
+    python -m reports.sample DIR      # writes the sample into DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import random
+import sys
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from reports.schema import (
+    ENCAP_IDS,
+    FRAME_SIZES,
+    BenchPayload,
+    BenchPoint,
+    ChurnPayload,
+    ChurnPoint,
+    ConformancePayload,
+    ConnectionOutcomes,
+    DemoEncap,
+    DemoPayload,
+    FailoverPayload,
+    Floor,
+    KatranChurn,
+    Kind,
+    Machine,
+    PmtuPayload,
+    PmtuScenario,
+    RssPayload,
+    RssScenario,
+    TimelineEvent,
+    Trial,
+    case_id,
+    write_result,
+)
+
+__all__ = ["SAMPLE_COMMIT", "SAMPLE_MACHINE", "main", "write_sample"]
+
+SAMPLE_MACHINE = Machine(hostname="synthetic-sample", kernel="6.18.0-synthetic", cpus=2)
+SAMPLE_COMMIT = hashlib.sha1(b"l4lab synthetic sample results").hexdigest()
+_START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+#: Bytes each encap adds to a frame (outer IPv4 20, IPv6 40, UDP 8, GUE variant-0 header 4).
+OVERHEAD = {
+    "ip4-ipip": 20,
+    "ip4-gue1": 28,
+    "ip4-gue0": 32,
+    "ip6-ip6ip6": 40,
+    "ip6-gue1": 48,
+    "ip6-ip4ip6": 40,
+}
+
+# Invented shape: the XDP_TX floor per frame size (Mpps) and each encap's share of it.
+_TX_FLOOR = {64: 3.95, 128: 3.9, 256: 3.75, 512: 3.55, 1024: 3.15, 1280: 3.0, 1518: 2.85, "imix": 3.45}
+_ENCAP_SHARE = {
+    "ip4-ipip": 0.84,
+    "ip4-gue1": 0.80,
+    "ip4-gue0": 0.78,
+    "ip6-ip6ip6": 0.76,
+    "ip6-gue1": 0.72,
+    "ip6-ip4ip6": 0.77,
+}
+
+# Katran's figures for removing one of n equal-weight reals from its 65537-slot ring: the numbers of
+# /work/shared/conformance/katran/maglev_churn.json (slots owned by the removed real, slots changed).
+_KATRAN_CHURN = {3: (21845, 21860), 10: (6553, 6710), 50: (1310, 1612), 100: (655, 992)}
+_RING = 65537
+
+_CONFORMANCE_TESTS = (
+    "test_tcp_connect",
+    "test_udp_request_reply",
+    "test_icmp_echo_vip",
+    "test_syn_rehash",
+    "test_pmtu_too_big",
+    "test_weights_proportional",
+    "test_no_real_drops",
+    "test_katran_fixtures",
+)
+
+
+def _search(capacity: float, start: float, limit: float, rng: random.Random) -> tuple[float, list[Trial]]:
+    """A bisection for the highest rate whose loss is ≤ limit, against a made-up lossy device."""
+    low, high = 0.0, start * 1.2
+    trials: list[Trial] = []
+    for _ in range(7):
+        rate = (low + high) / 2 if trials else start
+        loss = max(0.0, (rate - capacity) / rate) if rate > capacity else 0.0
+        if loss > 0:
+            loss = min(1.0, loss + rng.uniform(0, 0.0005))
+        trials.append(Trial(rate_mpps=round(rate, 4), loss=round(loss, 6), duration_s=2.0))
+        if loss <= limit:
+            low = rate
+        else:
+            high = rate
+    return round(low, 4), trials
+
+
+def bench_payload(rng: random.Random) -> BenchPayload:
+    points = []
+    for encap in ENCAP_IDS:
+        for size in FRAME_SIZES:
+            tx = _TX_FLOOR[size] * rng.uniform(0.97, 1.03)
+            drop = tx * rng.uniform(1.22, 1.30)
+            capacity = tx * _ENCAP_SHARE[encap] * rng.uniform(0.97, 1.03)
+            ndr, ndr_trials = _search(capacity, tx, 0.0, rng)
+            pdr, pdr_trials = _search(capacity * 1.004, tx, 0.005, rng)
+            points.append(
+                BenchPoint(
+                    encap=encap,  # type: ignore[arg-type]
+                    frame_size=size,  # type: ignore[arg-type]
+                    ndr_mpps=ndr,
+                    pdr_mpps=max(pdr, ndr),
+                    floor=Floor(xdp_tx_mpps=round(tx, 4), xdp_drop_mpps=round(drop, 4)),
+                    egress_overhead_bytes=OVERHEAD[encap],
+                    trials=ndr_trials + pdr_trials,
+                )
+            )
+    return BenchPayload(generator="xdp-live", egress_mtu=1500, points=points)
+
+
+def _p_value(chi2: float, dof: int) -> float:
+    """Upper tail of chi-square by the Wilson–Hilferty normal approximation (good enough for a sample)."""
+    z = ((chi2 / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def _rss(name: str, counts: list[int], flows: int) -> RssScenario:
+    mean = sum(counts) / len(counts)
+    chi2 = sum((c - mean) ** 2 / mean for c in counts)
+    return RssScenario(
+        name=name,
+        queue_counts=counts,
+        nqueues=len(counts),
+        flows=flows,
+        max_over_mean=round(max(counts) / mean, 4),
+        chi2=round(chi2, 3),
+        p_value=round(_p_value(chi2, len(counts) - 1), 6),
+        counted="flows",
+        source="measured",
+    )
+
+
+def rss_payload(rng: random.Random) -> RssPayload:
+    nqueues, flows = 8, 4096
+
+    def spread() -> list[int]:
+        counts = [0] * nqueues
+        for _ in range(flows):
+            counts[rng.randrange(nqueues)] += 1
+        return counts
+
+    def collapsed(queue: int) -> list[int]:
+        return [flows if q == queue else 0 for q in range(nqueues)]
+
+    return RssPayload(
+        scenarios=[
+            _rss("ipip-fixed-src", collapsed(5), flows),
+            _rss("ipip-flow-src", spread(), flows),
+            _rss("gue-sd", collapsed(2), flows),
+            _rss("gue-sdfn", spread(), flows),
+            _rss("gue-flow-src-sd", spread(), flows),
+        ]
+    )
+
+
+def pmtu_payload(encap: str, rng: random.Random) -> PmtuPayload:
+    return PmtuPayload(
+        encap=encap,  # type: ignore[arg-type]
+        scenarios=[
+            PmtuScenario(
+                name="icmp",
+                completed=True,
+                seconds=round(rng.uniform(0.2, 0.6), 3),
+                route_mtu=1500 - OVERHEAD[encap],
+            ),
+            PmtuScenario(name="mss-clamp", completed=True, seconds=round(rng.uniform(0.1, 0.3), 3)),
+            PmtuScenario(name="blackhole", completed=False, seconds=10.0, expected_completed=False),
+        ],
+    )
+
+
+def churn_payload(rng: random.Random) -> ChurnPayload:
+    points = []
+    for n in (3, 5, 10, 20, 50, 100):
+        owned = _RING // n
+        collateral = int(owned * rng.uniform(0.0005, 0.004) * math.log(n) * 10)
+        katran = _KATRAN_CHURN.get(n)
+        conns = 300
+        moved = round(conns / n)
+        points.append(
+            ChurnPoint(
+                n=n,
+                ring_size=_RING,
+                slots_owned_by_removed=owned,
+                slots_changed=owned + collateral,
+                theoretical_slots=round(_RING / n, 2),
+                katran=KatranChurn(ring_size=_RING, slots_owned_by_removed=katran[0], slots_changed=katran[1])
+                if katran
+                else None,
+                connections=ConnectionOutcomes(survived=conns - moved, reset=moved - 1, failed_fast=1),
+            )
+        )
+    return ChurnPayload(points=points)
+
+
+def failover_payloads() -> dict[str, FailoverPayload]:
+    return {
+        "test_lb_node_down": FailoverPayload(
+            timeline=[
+                TimelineEvent(t=0.0, event="traffic started through lb1 and lb2"),
+                TimelineEvent(t=2.0, event="lb1 uplink down"),
+                TimelineEvent(t=2.31, event="BFD session down on router"),
+                TimelineEvent(t=2.33, event="ECMP route via lb1 withdrawn"),
+                TimelineEvent(t=2.41, event="all flows answered via lb2"),
+            ],
+            failover_seconds=0.41,
+        ),
+        "test_real_health_down": FailoverPayload(
+            timeline=[
+                TimelineEvent(t=0.0, event="traffic started"),
+                TimelineEvent(t=1.0, event="real r2 stops answering"),
+                TimelineEvent(t=2.5, event="health check marks r2 down"),
+                TimelineEvent(t=2.52, event="ring rebuilt without r2"),
+                TimelineEvent(t=2.6, event="new flows reach r1 and r3 only"),
+            ],
+            failover_seconds=1.6,
+        ),
+    }
+
+
+def _conformance_outcome(test: str, encap: str) -> str:
+    if test == "test_pmtu_too_big" and encap == "ip6-ip4ip6":
+        return "skip"
+    if test == "test_syn_rehash" and encap == "ip6-gue1":
+        return "fail"
+    return "pass"
+
+
+def demo_payload() -> DemoPayload:
+    encaps = []
+    for encap in ENCAP_IDS:
+        v6_outer = encap.startswith("ip6")
+        reals = [f"2001:db8:2::{i}" if v6_outer else f"198.51.100.{i}" for i in (11, 12, 13)]
+        encaps.append(
+            DemoEncap(
+                encap=encap,  # type: ignore[arg-type]
+                requests=60,
+                ok=60,
+                reals_seen=reals,
+                lb_saw_only_client_to_vip=True,
+            )
+        )
+    return DemoPayload(encaps=encaps)
+
+
+def write_sample(
+    directory: str | Path, kinds: Iterable[Kind | str] | None = None, seed: int = 2026
+) -> list[Path]:
+    """Write the synthetic sample (all kinds, or only ``kinds``) into ``directory``; returns the files."""
+    wanted = {Kind(k) for k in kinds} if kinds is not None else set(Kind)
+    rng = random.Random(seed)
+    clock = iter(range(10_000))
+    paths: list[Path] = []
+
+    def put(kind: Kind, result_id: str, payload: object) -> None:
+        if kind in wanted:
+            paths.append(
+                write_result(
+                    kind,
+                    result_id,
+                    payload,
+                    directory,
+                    machine=SAMPLE_MACHINE,
+                    commit=SAMPLE_COMMIT,
+                    timestamp=_START + timedelta(seconds=5 * next(clock)),
+                    synthetic=True,
+                )
+            )
+
+    put(Kind.DEMO, "demo", demo_payload())
+    put(Kind.BENCH, "test_ndr_pdr", bench_payload(rng))
+    put(Kind.RSS, "test_real_rss_spread", rss_payload(rng))
+    for encap in ENCAP_IDS:
+        put(Kind.PMTU, case_id("test_pmtu", encap), pmtu_payload(encap, rng))
+    put(Kind.CHURN, "test_maglev_churn", churn_payload(rng))
+    for name, payload in failover_payloads().items():
+        put(Kind.FAILOVER, name, payload)
+    for test in _CONFORMANCE_TESTS:
+        for encap in ENCAP_IDS:
+            outcome = _conformance_outcome(test, encap)
+            duration = 0.0 if outcome == "skip" else round(rng.uniform(0.3, 4.0), 3)
+            put(
+                Kind.CONFORMANCE,
+                case_id(test, encap),
+                ConformancePayload(test=test, encap=encap, outcome=outcome, duration_s=duration),  # type: ignore[arg-type]
+            )
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reports.sample", description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path, help="where to write the synthetic results files")
+    parser.add_argument("--kind", action="append", choices=[k.value for k in Kind], help="only this kind")
+    args = parser.parse_args(argv)
+    paths = write_sample(args.directory, args.kind)
+    print(f"wrote {len(paths)} SYNTHETIC results files to {args.directory}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,760 @@
+"""The results schema: one versioned JSON file per case, its dataclasses, validator, writer and loader.
+
+A results file is a JSON object::
+
+    {
+      "schema_version": 1,
+      "kind": "bench",                        # conformance, bench, rss, pmtu, churn, failover, demo
+      "id": "test_throughput[ip4-gue1]",     # the test name, optionally with its encap id in brackets
+      "machine": {"hostname": "...", "kernel": "6.18.0", "cpus": 2},
+      "commit": "<40 hex digits>[-dirty]" or "unknown",
+      "timestamp": "2026-12-02T13:20:00+00:00",
+      "synthetic": false,                     # true only for generated sample data (reports/sample.py)
+      "payload": {...}                        # the kind's payload, below
+    }
+
+The payload classes below are the schema: the validator reads their type annotations, so a field
+added here is checked everywhere. Numbers must be finite; unknown fields are refused so a typo in
+a writer fails loudly instead of vanishing from the report. Every error names the file and the
+dotted field path (``payload.points[3].ndr_mpps``).
+
+Results live in ``results/`` at the repository top, or in ``$L4LAB_RESULTS``, or in the directory
+given; ``write_result`` writes ``<kind>.<id>.json`` there (atomically, replacing an older run of
+the same case) and ``load_results`` reads every ``*.json`` back, sorted by kind, id and time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import os
+import platform
+import re
+import socket
+import subprocess
+import tempfile
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+__all__ = [
+    "ENCAP_IDS",
+    "FRAME_SIZES",
+    "SCHEMA_VERSION",
+    "BenchPayload",
+    "BenchPoint",
+    "ChurnPayload",
+    "ChurnPoint",
+    "ConformancePayload",
+    "ConnectionOutcomes",
+    "DemoEncap",
+    "DemoPayload",
+    "FailoverPayload",
+    "Floor",
+    "KatranChurn",
+    "Kind",
+    "Machine",
+    "PmtuPayload",
+    "PmtuScenario",
+    "Result",
+    "ResultsError",
+    "RssPayload",
+    "RssScenario",
+    "TimelineEvent",
+    "Trial",
+    "case_id",
+    "current_commit",
+    "current_machine",
+    "load_results",
+    "of_kind",
+    "parse_result",
+    "results_dir",
+    "split_id",
+    "write_result",
+]
+
+SCHEMA_VERSION = 1
+
+#: Encapsulation ids, named outer to inner: the one name of a case everywhere (DESIGN decision 11).
+ENCAP_IDS: tuple[str, ...] = ("ip4-ipip", "ip4-gue1", "ip4-gue0", "ip6-ip6ip6", "ip6-gue1", "ip6-ip4ip6")
+EncapId = Literal["ip4-ipip", "ip4-gue1", "ip4-gue0", "ip6-ip6ip6", "ip6-gue1", "ip6-ip4ip6"]
+
+#: The frame sizes a benchmark reports, in bytes of Ethernet frame without FCS, plus the IMIX mix.
+FRAME_SIZES: tuple[int | str, ...] = (64, 128, 256, 512, 1024, 1280, 1518, "imix")
+FrameSize = int | Literal["imix"]
+
+ENV_RESULTS = "L4LAB_RESULTS"
+_REPO_TOP = Path(__file__).resolve().parents[1]
+
+_ID_RE = re.compile(r"^(?P<test>[A-Za-z_][A-Za-z0-9_.:/-]*)(?:\[(?P<param>[A-Za-z0-9_.+:/=-]+)\])?$")
+_COMMIT_RE = re.compile(r"^(?:[0-9a-f]{40}(?:-dirty)?|unknown)$")
+
+
+class Kind(enum.StrEnum):
+    """What a result measures; selects the payload class."""
+
+    CONFORMANCE = "conformance"
+    BENCH = "bench"
+    RSS = "rss"
+    PMTU = "pmtu"
+    CHURN = "churn"
+    FAILOVER = "failover"
+    DEMO = "demo"
+
+
+class ResultsError(ValueError):
+    """A results file or value does not match the schema.
+
+    ``file`` is the file (or ``<value>`` for data not yet written), ``field`` the dotted path inside
+    it (empty for the whole file). The message is ``<file>: <field>: <problem>``.
+    """
+
+    def __init__(self, file: str | Path, field: str, problem: str) -> None:
+        self.file = str(file)
+        self.field = field
+        self.problem = problem
+        where = f"{self.file}: {field}: " if field else f"{self.file}: "
+        super().__init__(where + problem)
+
+
+class _FieldError(Exception):
+    """Internal: a problem at a path inside the value being parsed (the file is added on the way out)."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path}: {problem}")
+
+
+# Field checks, attached as dataclass field metadata {"check": ...}: return a problem or None.
+_Check = Callable[[Any], "str | None"]
+
+
+def _at_least(low: float) -> _Check:
+    def check(value: Any) -> str | None:
+        return None if value >= low else f"must be ≥ {low} but got {value!r}"
+
+    return check
+
+
+def _between(low: float, high: float) -> _Check:
+    def check(value: Any) -> str | None:
+        return None if low <= value <= high else f"must be {low}..{high} but got {value!r}"
+
+    return check
+
+
+def _non_empty(value: Any) -> str | None:
+    return None if len(value) > 0 else "must not be empty"
+
+
+def _frame_size(value: Any) -> str | None:
+    if value == "imix" or 64 <= value <= 9018:
+        return None
+    return f'must be a frame size 64..9018 bytes or "imix" but got {value!r}'
+
+
+def _rule(check: _Check) -> dict[str, _Check]:
+    """Field metadata that makes the validator apply ``check`` to the parsed value."""
+    return {"check": check}
+
+
+# --- common parts -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where a result was measured."""
+
+    hostname: str = field(metadata=_rule(_non_empty))
+    kernel: str = field(metadata=_rule(_non_empty))
+    cpus: int = field(metadata=_rule(_at_least(1)))
+
+
+# --- bench --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial of the NDR/PDR search: offered rate, measured loss ratio and how long it ran."""
+
+    rate_mpps: float = field(metadata=_rule(_at_least(0)))
+    loss: float = field(metadata=_rule(_between(0, 1)))  # lost / sent, 0..1
+    duration_s: float = field(metadata=_rule(_at_least(0)))
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The machine's floor at the same frame size in the same run: MAC-swap XDP_TX and XDP_DROP."""
+
+    xdp_tx_mpps: float = field(metadata=_rule(_at_least(0)))
+    xdp_drop_mpps: float = field(metadata=_rule(_at_least(0)))
+
+
+@dataclass(frozen=True)
+class BenchPoint:
+    """The throughput of one encap at one ingress frame size."""
+
+    encap: EncapId
+    frame_size: FrameSize = field(metadata=_rule(_frame_size))
+    ndr_mpps: float = field(metadata=_rule(_at_least(0)))  # no drop rate: 0 loss
+    pdr_mpps: float = field(metadata=_rule(_at_least(0)))  # partial drop rate: loss ≤ 0.5 %
+    floor: Floor
+    egress_overhead_bytes: int = field(metadata=_rule(_at_least(0)))  # bytes the encap adds to each frame
+    trials: list[Trial] = field(default_factory=list)
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if self.pdr_mpps < self.ndr_mpps:
+            yield "pdr_mpps", f"must be ≥ ndr_mpps ({self.ndr_mpps}) but got {self.pdr_mpps}"
+
+
+@dataclass(frozen=True)
+class BenchPayload:
+    """An NDR/PDR benchmark: every encap × frame size measured in one run, beside the floor."""
+
+    generator: Literal["xdp-live", "trex"]
+    egress_mtu: int = field(metadata=_rule(_between(576, 65535)))  # MTU of the LB's egress link, bytes
+    points: list[BenchPoint] = field(metadata=_rule(_non_empty))
+
+
+# --- rss ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RssScenario:
+    """How one way of encapsulating spreads flows over a real's receive queues."""
+
+    # ipip-fixed-src, ipip-flow-src, gue-sd, gue-sdfn, gue-flow-src-sd, ...
+    name: str = field(metadata=_rule(_non_empty))
+    queue_counts: list[int] = field(metadata=_rule(_non_empty))  # what each queue received, index = queue
+    nqueues: int = field(metadata=_rule(_at_least(1)))
+    flows: int = field(metadata=_rule(_at_least(1)))
+    max_over_mean: float = field(metadata=_rule(_at_least(0)))
+    chi2: float = field(metadata=_rule(_at_least(0)))  # against a uniform spread over nqueues
+    p_value: float = field(metadata=_rule(_between(0, 1)))
+    counted: Literal["packets", "flows"] = "packets"
+    source: Literal["measured", "model"] = "measured"  # model: the Toeplitz prediction for the flows
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if len(self.queue_counts) != self.nqueues:
+            yield "queue_counts", f"has {len(self.queue_counts)} entries but nqueues is {self.nqueues}"
+        for i, count in enumerate(self.queue_counts):
+            if count < 0:
+                yield f"queue_counts[{i}]", f"must be ≥ 0 but got {count}"
+
+
+@dataclass(frozen=True)
+class RssPayload:
+    """Receive-side scaling on a real server, one scenario per encap / NIC hash setting."""
+
+    scenarios: list[RssScenario] = field(metadata=_rule(_non_empty))
+
+
+# --- pmtu ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PmtuScenario:
+    """Whether a transfer larger than the path MTU completed, and what the client's route learnt."""
+
+    name: str = field(metadata=_rule(_non_empty))  # icmp, mss-clamp, blackhole
+    completed: bool
+    seconds: float = field(metadata=_rule(_at_least(0)))
+    route_mtu: int | None = None  # the MTU in the client's route cache afterwards; None: nothing cached
+    expected_completed: bool = True  # a blackhole scenario is expected not to complete
+
+
+@dataclass(frozen=True)
+class PmtuPayload:
+    """Path-MTU discovery through the LB for one encap."""
+
+    encap: EncapId
+    scenarios: list[PmtuScenario] = field(metadata=_rule(_non_empty))
+
+
+# --- churn --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KatranChurn:
+    """Katran's figures for the same change, copied from conformance/katran/maglev_churn.json."""
+
+    ring_size: int = field(metadata=_rule(_at_least(1)))
+    slots_owned_by_removed: int = field(metadata=_rule(_at_least(0)))
+    slots_changed: int = field(metadata=_rule(_at_least(0)))
+
+
+@dataclass(frozen=True)
+class ConnectionOutcomes:
+    """What happened to established connections across the change."""
+
+    survived: int = field(metadata=_rule(_at_least(0)))
+    reset: int = field(metadata=_rule(_at_least(0)))
+    failed_fast: int = field(metadata=_rule(_at_least(0)))
+
+
+@dataclass(frozen=True)
+class ChurnPoint:
+    """Ring disruption when one of n equal-weight reals is removed."""
+
+    n: int = field(metadata=_rule(_at_least(2)))
+    ring_size: int = field(metadata=_rule(_at_least(1)))
+    slots_owned_by_removed: int = field(metadata=_rule(_at_least(0)))
+    slots_changed: int = field(metadata=_rule(_at_least(0)))
+    # ring_size / n: only the removed real's share moves
+    theoretical_slots: float = field(metadata=_rule(_at_least(0)))
+    katran: KatranChurn | None = None
+    connections: ConnectionOutcomes | None = None
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        for name in ("slots_owned_by_removed", "slots_changed"):
+            if getattr(self, name) > self.ring_size:
+                yield name, f"must be ≤ ring_size ({self.ring_size}) but got {getattr(self, name)}"
+
+
+@dataclass(frozen=True)
+class ChurnPayload:
+    """Maglev churn against the number of reals."""
+
+    points: list[ChurnPoint] = field(metadata=_rule(_non_empty))
+
+
+# --- failover -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One thing that happened, in seconds since the test's start."""
+
+    t: float = field(metadata=_rule(_at_least(0)))
+    event: str = field(metadata=_rule(_non_empty))
+
+
+@dataclass(frozen=True)
+class FailoverPayload:
+    """A failover: its timeline and how long traffic was interrupted."""
+
+    timeline: list[TimelineEvent] = field(metadata=_rule(_non_empty))
+    failover_seconds: float = field(metadata=_rule(_at_least(0)))
+
+
+# --- conformance --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConformancePayload:
+    """The outcome of one conformance test in one encap."""
+
+    test: str = field(metadata=_rule(_non_empty))
+    encap: EncapId
+    outcome: Literal["pass", "fail", "skip"]
+    duration_s: float = field(metadata=_rule(_at_least(0)))
+
+
+# --- demo ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DemoEncap:
+    """Real traffic balanced through the lab in one encap."""
+
+    encap: EncapId
+    requests: int = field(metadata=_rule(_at_least(0)))
+    ok: int = field(metadata=_rule(_at_least(0)))
+    reals_seen: list[str]  # the reals that answered
+    lb_saw_only_client_to_vip: bool  # DSR: the LB never saw a reply
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if self.ok > self.requests:
+            yield "ok", f"must be ≤ requests ({self.requests}) but got {self.ok}"
+
+
+@dataclass(frozen=True)
+class DemoPayload:
+    """The `make demo` run: one entry per encap."""
+
+    encaps: list[DemoEncap] = field(metadata=_rule(_non_empty))
+
+
+Payload = (
+    BenchPayload
+    | RssPayload
+    | PmtuPayload
+    | ChurnPayload
+    | FailoverPayload
+    | ConformancePayload
+    | DemoPayload
+)
+
+PAYLOADS: Mapping[Kind, type[Any]] = {
+    Kind.CONFORMANCE: ConformancePayload,
+    Kind.BENCH: BenchPayload,
+    Kind.RSS: RssPayload,
+    Kind.PMTU: PmtuPayload,
+    Kind.CHURN: ChurnPayload,
+    Kind.FAILOVER: FailoverPayload,
+    Kind.DEMO: DemoPayload,
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    """One results file."""
+
+    kind: Kind
+    id: str
+    machine: Machine
+    commit: str
+    timestamp: str
+    payload: Payload
+    synthetic: bool = False
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def test(self) -> str:
+        """The test name part of the id."""
+        return split_id(self.id)[0]
+
+    @property
+    def encap(self) -> str | None:
+        """The encap id named in the id's brackets, if any."""
+        return split_id(self.id)[1]
+
+    @property
+    def time(self) -> datetime:
+        return datetime.fromisoformat(self.timestamp)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of this result, keys in the schema's order."""
+        return {
+            "schema_version": self.schema_version,
+            "kind": self.kind.value,
+            "id": self.id,
+            "machine": dataclasses.asdict(self.machine),
+            "commit": self.commit,
+            "timestamp": self.timestamp,
+            "synthetic": self.synthetic,
+            "payload": dataclasses.asdict(self.payload),
+        }
+
+
+# --- ids ----------------------------------------------------------------------------------------
+
+
+def case_id(test: str, encap: str | None = None, *more: str) -> str:
+    """The id of a case: ``test``, ``test[encap]`` or ``test[encap-more-...]`` (pytest's form)."""
+    if encap is not None and encap not in ENCAP_IDS:
+        raise ResultsError("<value>", "id", f"encap must be one of {', '.join(ENCAP_IDS)} but got {encap!r}")
+    param = "-".join(p for p in (encap, *more) if p)
+    value = f"{test}[{param}]" if param else test
+    _check_id(value)
+    return value
+
+
+def split_id(value: str) -> tuple[str, str | None]:
+    """(test name, encap id or None) of an id; the encap is the bracket's leading encap id."""
+    match = _ID_RE.match(value)
+    if match is None:
+        raise ResultsError("<value>", "id", _id_problem(value))
+    param = match["param"] or ""
+    for encap in ENCAP_IDS:
+        if param == encap or param.startswith(encap + "-"):
+            return match["test"], encap
+    return match["test"], None
+
+
+def _id_problem(value: str) -> str:
+    return (
+        f"must be a test name optionally followed by [params], e.g. 'test_tcp[ip4-gue1]', but got {value!r}"
+    )
+
+
+def _check_id(value: str) -> None:
+    if _ID_RE.match(value) is None:
+        raise _FieldError("id", _id_problem(value))
+
+
+# --- the validator ------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " or ".join(json.dumps(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return "an object"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def _parse(value: Any, tp: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value in typing.get_args(tp) and not isinstance(value, bool):
+            return value
+        raise _FieldError(path, f"must be {_describe(tp)} but got {json.dumps(value)}")
+    if origin in (Union, types.UnionType):
+        for alternative in typing.get_args(tp):
+            try:
+                return _parse(value, alternative, path)
+            except _FieldError:
+                continue
+        raise _FieldError(path, f"must be {_describe(tp)} but got {json.dumps(value)}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise _FieldError(path, f"must be {_describe(tp)} but got {json.dumps(value)}")
+        (item,) = typing.get_args(tp)
+        return [_parse(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _parse_dataclass(value, tp, path)
+    if tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise _FieldError(path, f"must be a finite number but got {value}")
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise TypeError(f"schema type {tp!r} at {path} has no validator")
+    raise _FieldError(path, f"must be {_describe(tp)} but got {json.dumps(value)}")
+
+
+def _parse_dataclass(value: Any, cls: type[T], path: str) -> T:
+    prefix = f"{path}." if path else ""
+    if not isinstance(value, dict):
+        raise _FieldError(path, f"must be an object but got {json.dumps(value)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise _FieldError(
+            prefix + unknown[0], f"is not a field of {cls.__name__} (known: {', '.join(fields)})"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        where = prefix + name
+        if name not in value:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise _FieldError(where, f"is missing; it must be {_describe(hints[name])}")
+            continue
+        parsed = _parse(value[name], hints[name], where)
+        check = f.metadata.get("check")
+        if check is not None and parsed is not None:
+            problem = check(parsed)
+            if problem:
+                raise _FieldError(where, problem)
+        kwargs[name] = parsed
+    instance = cls(**kwargs)
+    problems = getattr(instance, "problems", None)
+    if problems is not None:
+        for name, problem in problems():
+            raise _FieldError(prefix + name, problem)
+    return instance
+
+
+def _parse_result(data: Any) -> Result:
+    if not isinstance(data, dict):
+        raise _FieldError("", f"must be a JSON object but got {type(data).__name__}")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise _FieldError(
+            "schema_version",
+            f"is {json.dumps(version)} but this reader knows version {SCHEMA_VERSION}; "
+            "re-run the suite that wrote it, or update l4lab",
+        )
+    kind_value = data.get("kind")
+    if kind_value not in tuple(k.value for k in Kind):  # a tuple: the value may be unhashable JSON
+        known = ", ".join(k.value for k in Kind)
+        raise _FieldError("kind", f"must be one of {known} but got {json.dumps(kind_value)}")
+    kind = Kind(kind_value)
+    for key in ("schema_version", "kind", "id", "machine", "commit", "timestamp", "payload"):
+        if key not in data:
+            raise _FieldError(key, "is missing")
+    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(Result)})
+    if unknown:
+        raise _FieldError(unknown[0], "is not a field of a result")
+    result_id = _parse(data["id"], str, "id")
+    _check_id(result_id)
+    commit = _parse(data["commit"], str, "commit")
+    if not _COMMIT_RE.match(commit):
+        raise _FieldError(
+            "commit", f"must be 40 lower-case hex digits (git rev-parse HEAD) or unknown but got {commit!r}"
+        )
+    timestamp = _parse(data["timestamp"], str, "timestamp")
+    try:
+        moment = datetime.fromisoformat(timestamp)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise _FieldError("timestamp", f"must be ISO 8601 with a time zone but got {timestamp!r}")
+    return Result(
+        kind=kind,
+        id=result_id,
+        machine=_parse_dataclass(data["machine"], Machine, "machine"),
+        commit=commit,
+        timestamp=timestamp,
+        payload=_parse_dataclass(data["payload"], PAYLOADS[kind], "payload"),
+        synthetic=_parse(data.get("synthetic", False), bool, "synthetic"),
+        schema_version=version,
+    )
+
+
+def parse_result(data: Any, file: str | Path = "<value>") -> Result:
+    """The Result in a decoded JSON value; raises ResultsError naming ``file`` and the field."""
+    try:
+        return _parse_result(data)
+    except _FieldError as e:
+        raise ResultsError(file, e.path, e.problem) from None
+
+
+# --- where results come from --------------------------------------------------------------------
+
+
+def results_dir(directory: str | Path | None = None) -> Path:
+    """The results directory: ``directory``, else ``$L4LAB_RESULTS``, else ``results/`` at the repo top."""
+    if directory is not None:
+        return Path(directory)
+    env = os.environ.get(ENV_RESULTS)
+    return Path(env) if env else _REPO_TOP / "results"
+
+
+def current_machine() -> Machine:
+    """This machine: hostname, kernel release and online CPUs."""
+    return Machine(hostname=socket.gethostname(), kernel=platform.release(), cpus=os.cpu_count() or 1)
+
+
+def current_commit(repo: str | Path = _REPO_TOP) -> str:
+    """``git rev-parse HEAD`` of the repository, with ``-dirty`` if the tree differs; "unknown" if none."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+
+    try:
+        head = git("rev-parse", "--verify", "-q", "HEAD")
+    except FileNotFoundError:
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    commit = head.stdout.strip()
+    dirty = git("diff", "--quiet", "HEAD", "--").returncode != 0
+    return commit + ("-dirty" if dirty else "")
+
+
+def _file_name(kind: Kind, result_id: str) -> str:
+    # A test name holds no '+', so test_x[ip4-gue1] -> test_x+ip4-gue1 cannot meet another test's file.
+    name = re.sub(r"[^A-Za-z0-9_.+=-]", "_", result_id.replace("[", "+").replace("]", ""))
+    return f"{kind.value}.{name}.json"
+
+
+def write_result(
+    kind: Kind | str,
+    id: str,
+    payload: Any,
+    directory: str | Path | None = None,
+    *,
+    machine: Machine | None = None,
+    commit: str | None = None,
+    timestamp: datetime | None = None,
+    synthetic: bool = False,
+) -> Path:
+    """Validate and write one result; returns its path. ``payload`` is a payload dataclass or a dict.
+
+    Raises ResultsError (file ``<value>``) if the payload does not match the kind's schema.
+    """
+    try:
+        kind = Kind(kind)
+    except ValueError:
+        known = ", ".join(k.value for k in Kind)
+        raise ResultsError("<value>", "kind", f"must be one of {known} but got {kind!r}") from None
+    if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+        if not isinstance(payload, PAYLOADS[kind]):
+            raise ResultsError(
+                "<value>",
+                "payload",
+                f"a {kind.value} result needs a {PAYLOADS[kind].__name__} but got {type(payload).__name__}",
+            )
+        payload = dataclasses.asdict(payload)
+    moment = timestamp or datetime.now(UTC)
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": kind.value,
+        "id": id,
+        "machine": dataclasses.asdict(machine or current_machine()),
+        "commit": commit or current_commit(),
+        "timestamp": moment.isoformat(timespec="seconds"),
+        "synthetic": synthetic,
+        "payload": payload,
+    }
+    result = parse_result(data)  # refuse to write what the loader would refuse to read
+    target_dir = results_dir(directory)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    target = target_dir / _file_name(kind, id)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=target_dir)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are for every user of the machine to read
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(result.to_json(), out, indent=1, ensure_ascii=False)
+            out.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load_results(directory: str | Path | None = None) -> list[Result]:
+    """Every result in the directory (``*.json``), sorted by kind, id and timestamp.
+
+    Raises ResultsError naming the file and field for the first file that is not a valid result,
+    and for a directory that does not exist.
+    """
+    source = results_dir(directory)
+    if not source.is_dir():
+        raise ResultsError(
+            source,
+            "",
+            "results directory does not exist; run the suites or `make demo` first, or pass --results",
+        )
+    results = []
+    for path in sorted(source.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            problem = f"is not JSON ({e.msg} at line {e.lineno} column {e.colno})"
+            raise ResultsError(path, "", problem) from None
+        except UnicodeDecodeError as e:
+            raise ResultsError(path, "", f"is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        results.append(parse_result(data, path))
+    results.sort(key=lambda r: (r.kind.value, r.id, r.time))
+    return results
+
+
+P = TypeVar("P")
+
+
+def of_kind(results: list[Result], payload_class: type[P]) -> list[tuple[Result, P]]:
+    """The results whose payload is a ``payload_class``, each with its payload typed."""
+    return [(r, r.payload) for r in results if isinstance(r.payload, payload_class)]

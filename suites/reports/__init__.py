@@ -1,0 +1,1 @@
+"""Tests of the results schema and the HTML report."""

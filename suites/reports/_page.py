@@ -1,0 +1,105 @@
+"""The report page as the tests see it: sections, images, figures and tables parsed with html.parser."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+
+
+@dataclass
+class Figure:
+    section: str
+    img: dict[str, str | None] = field(default_factory=dict)
+    caption: str = ""
+
+
+@dataclass
+class Table:
+    section: str
+    caption: str = ""
+    header: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+
+
+@dataclass
+class Section:
+    id: str
+    classes: list[str]
+    text: str = ""
+
+
+class Page(HTMLParser):
+    """Collects what the structural tests assert on; ``text`` is all visible text of the page."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.sections: dict[str, Section] = {}
+        self.images: list[dict[str, str | None]] = []
+        self.figures: list[Figure] = []
+        self.tables: list[Table] = []
+        self.header_text = ""
+        self.text = ""
+        self._section: Section | None = None
+        self._figure: Figure | None = None
+        self._table: Table | None = None
+        self._row: list[str] | None = None
+        self._cell: list[str] | None = None
+        self._in: list[str] = []  # open elements we track text for: caption, figcaption, header, style
+        self.feed(html)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "section":
+            self._section = Section(a.get("id") or "", (a.get("class") or "").split())
+            self.sections[self._section.id] = self._section
+        elif tag == "figure":
+            self._figure = Figure(self._section.id if self._section else "")
+            self.figures.append(self._figure)
+        elif tag == "img":
+            self.images.append(a)
+            if self._figure is not None:
+                self._figure.img = a
+        elif tag == "table":
+            self._table = Table(self._section.id if self._section else "")
+            self.tables.append(self._table)
+        elif tag == "tr":
+            self._row = []
+        elif tag in ("td", "th"):
+            self._cell = []
+        if tag in ("caption", "figcaption", "header", "style", "script"):
+            self._in.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "section":
+            self._section = None
+        elif tag == "figure":
+            self._figure = None
+        elif tag == "table":
+            self._table = None
+        elif tag in ("td", "th") and self._row is not None and self._cell is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._table is not None and self._row is not None:
+            if not self._table.header:
+                self._table.header = self._row
+            else:
+                self._table.rows.append(self._row)
+            self._row = None
+        if self._in and self._in[-1] == tag:
+            self._in.pop()
+
+    def handle_data(self, data: str) -> None:
+        if "style" in self._in or "script" in self._in:
+            return
+        self.text += data
+        if self._section is not None:
+            self._section.text += data
+        if self._cell is not None:
+            self._cell.append(data)
+        if "header" in self._in:
+            self.header_text += data
+        if self._in and self._in[-1] == "caption" and self._table is not None:
+            self._table.caption += data
+        if self._in and self._in[-1] == "figcaption" and self._figure is not None:
+            self._figure.caption += data

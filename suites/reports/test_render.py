@@ -1,0 +1,235 @@
+"""The report page's structure, parsed with html.parser: sections, charts, tables, header, notices, errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from reports.render import NO_RESULTS, main, render
+from reports.sample import SAMPLE_COMMIT, SAMPLE_MACHINE, demo_payload, write_sample
+from reports.schema import (
+    ENCAP_IDS,
+    FRAME_SIZES,
+    ConformancePayload,
+    DemoEncap,
+    DemoPayload,
+    Kind,
+    write_result,
+)
+from suites.reports._page import Page
+
+SECTIONS = ["demo", "bench", "rss", "pmtu", "churn", "failover", "conformance"]
+# Charts per kind for the sample: bench ratio + absolute, one RSS grid, churn disruption + collateral,
+# one timeline per failover test.
+SAMPLE_CHARTS = {"bench": 2, "rss": 1, "churn": 2, "failover": 2}
+
+
+def _page(path: Path) -> Page:
+    return Page(path.read_text(encoding="utf-8"))
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_every_kind_has_its_section_in_order(sample_report: Path) -> None:
+    page = _page(sample_report)
+    assert list(page.sections) == SECTIONS
+    for section in page.sections.values():
+        assert "no-results" not in section.classes, section.id
+        assert NO_RESULTS not in section.text, section.id
+
+
+def test_charts_are_inline_pngs_with_alt_and_title(sample_report: Path) -> None:
+    page = _page(sample_report)
+    per_section = {s: sum(1 for f in page.figures if f.section == s) for s in SECTIONS}
+    assert per_section == {s: SAMPLE_CHARTS.get(s, 0) for s in SECTIONS}
+    assert len(page.images) == sum(SAMPLE_CHARTS.values()), "every image must be a chart figure"
+    for figure in page.figures:
+        src = figure.img.get("src") or ""
+        assert src.startswith("data:image/png;base64,"), src[:40]
+        width, height = _png_size(base64.b64decode(src.split(",", 1)[1]))
+        assert width >= 400 and height >= 150
+        assert len((figure.img.get("alt") or "").strip()) > 20, "alt text must describe the chart"
+        assert figure.caption.strip(), "every chart has a title"
+    assert not any(
+        tag in sample_report.read_text() for tag in ('src="http', "src='http", "<link", "<script")
+    ), "the page must be self-contained"
+
+
+def test_tables_are_rectangular_with_the_expected_columns(sample_report: Path) -> None:
+    page = _page(sample_report)
+    for table in page.tables:
+        assert table.caption.strip(), f"table without caption in {table.section}"
+        assert table.rows, f"empty table {table.caption!r}"
+        for row in table.rows:
+            assert len(row) == len(table.header), (table.caption, row)
+    by_caption = {t.caption: t for t in page.tables}
+    conformance = next(t for t in page.tables if t.section == "conformance")
+    assert conformance.header == ["test", *ENCAP_IDS]
+    assert len(conformance.rows) == 8
+    assert [row for row in conformance.rows if "fail" in row] == [
+        ["test_syn_rehash", "pass", "pass", "pass", "pass", "fail", "pass"]
+    ]
+    ndr = next(t for c, t in by_caption.items() if c.startswith("NDR / PDR"))
+    assert ndr.header == ["encap", *(str(s) for s in FRAME_SIZES)]
+    assert [row[0] for row in ndr.rows] == list(ENCAP_IDS)
+    mtu = next(t for c, t in by_caption.items() if c.startswith("Egress overhead"))
+    effective = {row[0]: (int(row[1]), int(row[3])) for row in mtu.rows}
+    assert effective["ip4-ipip"] == (20, 1480)
+    assert effective["ip6-gue1"] == (48, 1452)
+    demo = next(t for t in page.tables if t.section == "demo")
+    assert len(demo.header) == 5 and len(demo.rows) == len(ENCAP_IDS)
+    pmtu = next(t for t in page.tables if t.section == "pmtu")
+    assert pmtu.header == ["encap", "icmp", "mss-clamp", "blackhole"]
+    assert all("(as expected)" in row[3] for row in pmtu.rows)
+
+
+def test_header_names_machine_commit_date_and_synthetic(sample_report: Path) -> None:
+    page = _page(sample_report)
+    assert SAMPLE_MACHINE.hostname in page.header_text
+    assert f"kernel {SAMPLE_MACHINE.kernel}" in page.header_text
+    assert SAMPLE_COMMIT in page.header_text
+    assert "2026-01-01 12:00 UTC" in page.header_text
+    assert "SYNTHETIC SAMPLE DATA" in page.header_text
+
+
+def test_measured_results_carry_no_synthetic_banner(tmp_path: Path) -> None:
+    write_result("demo", "demo", demo_payload(), tmp_path / "results")
+    page = _page(render(tmp_path / "results", tmp_path / "index.html"))
+    assert "SYNTHETIC" not in page.text
+    assert list(page.sections) == SECTIONS
+
+
+@pytest.mark.parametrize("only", ["bench", "conformance", "churn"])
+def test_missing_kinds_say_so(tmp_path: Path, only: str) -> None:
+    write_sample(tmp_path / "results", [only])
+    page = _page(render(tmp_path / "results", tmp_path / "index.html"))
+    assert list(page.sections) == SECTIONS
+    for section in page.sections.values():
+        has_data = section.id == only
+        assert (NO_RESULTS in section.text) is not has_data, section.id
+        assert ("no-results" in section.classes) is not has_data, section.id
+    assert {f.section for f in page.figures} <= {only}
+
+
+def test_no_results_at_all_renders_every_notice(tmp_path: Path) -> None:
+    (tmp_path / "results").mkdir()
+    page = _page(render(tmp_path / "results", tmp_path / "index.html"))
+    assert [s.id for s in page.sections.values() if NO_RESULTS in s.text] == SECTIONS
+    assert page.images == [] and page.tables == []
+    assert "none (no results)" in page.header_text
+
+
+def test_newest_result_of_a_case_wins(tmp_path: Path) -> None:
+    t0 = datetime(2026, 2, 1, tzinfo=UTC)
+    for name, outcome, when in (("a", "pass", t0 + timedelta(hours=1)), ("b", "fail", t0)):
+        payload = ConformancePayload(test="test_tcp", encap="ip4-ipip", outcome=outcome, duration_s=1)  # type: ignore[arg-type]
+        write_result("conformance", f"test_tcp_{name}[ip4-ipip]", payload, tmp_path / "r", timestamp=when)
+    page = _page(render(tmp_path / "r", tmp_path / "index.html"))
+    (table,) = page.tables
+    assert table.rows == [["test_tcp", "pass", "–", "–", "–", "–", "–"]]
+
+
+def test_text_from_results_is_escaped(tmp_path: Path) -> None:
+    evil = DemoEncap(
+        encap="ip4-ipip", requests=1, ok=1, reals_seen=["<b>r1</b>"], lb_saw_only_client_to_vip=True
+    )
+    write_result("demo", "demo", DemoPayload(encaps=[evil]), tmp_path / "r")
+    html = render(tmp_path / "r", tmp_path / "index.html").read_text()
+    assert "<b>r1</b>" not in html and "&lt;b&gt;r1&lt;/b&gt;" in html
+
+
+def test_main_writes_the_page(
+    sample_results: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "deep" / "report.html"
+    assert main(["--results", str(sample_results), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {out}"
+    assert list(_page(out).sections) == SECTIONS
+    assert [p.name for p in out.parent.iterdir()] == ["report.html"], "no temporary file may remain"
+
+
+def test_main_refuses_invalid_results_naming_file_and_field(
+    sample_results: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = next(sample_results.glob("rss.*.json"))
+    data = json.loads(path.read_text())
+    data["payload"]["scenarios"][2]["chi2"] = -1
+    path.write_text(json.dumps(data))
+    out = tmp_path / "index.html"
+    assert main(["--results", str(sample_results), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"l4lab report: {path}: payload.scenarios[2].chi2: must be ≥ 0 but got -1.0"
+    assert not out.exists()
+
+
+def test_main_refuses_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--results", str(tmp_path / "nothing"), "--out", str(tmp_path / "x.html")]) == 2
+    assert "results directory does not exist" in capsys.readouterr().err
+
+
+def test_every_kind_is_rendered_somewhere() -> None:
+    assert {k.value for k in Kind} == set(SECTIONS)
+
+
+def test_smallest_valid_results_render(tmp_path: Path) -> None:
+    """One point, one scenario, one event each: no division by zero, no empty-axis crash, all charts drawn."""
+    r = tmp_path / "r"
+    floor = {"xdp_tx_mpps": 0.0, "xdp_drop_mpps": 0.0}
+    point = {
+        "encap": "ip6-gue1",
+        "frame_size": "imix",
+        "ndr_mpps": 0.0,
+        "pdr_mpps": 0.0,
+        "floor": floor,
+        "egress_overhead_bytes": 48,
+    }
+    write_result("bench", "test_b", {"generator": "trex", "egress_mtu": 9000, "points": [point]}, r)
+    scenario = {
+        "name": "gue-sd",
+        "queue_counts": [0],
+        "nqueues": 1,
+        "flows": 1,
+        "max_over_mean": 0,
+        "chi2": 0,
+        "p_value": 1,
+    }
+    write_result("rss", "test_r", {"scenarios": [scenario]}, r)
+    write_result(
+        "churn",
+        "test_c",
+        {
+            "points": [
+                {
+                    "n": 2,
+                    "ring_size": 7,
+                    "slots_owned_by_removed": 3,
+                    "slots_changed": 3,
+                    "theoretical_slots": 3.5,
+                }
+            ]
+        },
+        r,
+    )
+    write_result("failover", "test_f", {"timeline": [{"t": 0, "event": "x"}], "failover_seconds": 0}, r)
+    write_result(
+        "pmtu",
+        "test_p[ip4-gue0]",
+        {"encap": "ip4-gue0", "scenarios": [{"name": "icmp", "completed": False, "seconds": 3}]},
+        r,
+    )
+    page = _page(render(r, tmp_path / "index.html"))
+    assert {f.section for f in page.figures} == {"bench", "rss", "churn", "failover"}
+    pmtu = next(t for t in page.tables if t.section == "pmtu")
+    assert pmtu.rows == [["ip4-gue0", "failed after 3.00 s (unexpected); no route MTU cached"]]
+    mtu = next(t for t in page.tables if t.caption.startswith("Egress overhead"))
+    assert mtu.rows == [["ip6-gue1", "48", "9000", "8952", "trex"]]
