@@ -1,0 +1,107 @@
+"""capture.py: tcpdump in a lab node, and the DSR reading of a capture of the LB's link.
+
+`Capture` runs tcpdump inside a node's namespace, ready once it says it is listening, in
+immediate mode (otherwise frames wait in a TPACKET_V3 block and are lost when it stops).
+`classify_lb_link` reads a capture of the LB's one-armed link: frames towards the LB must be
+client→VIP, frames from the LB must be the same packets encapsulated (IPIP or GUE, either
+variant); anything else — above all a reply from the VIP — is listed as stray.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lab.errors import LabError
+from lab.nsexec import nsenter_argv
+from lab.state import netns_name
+
+
+class Capture:
+    """tcpdump on one interface of a node, written to a pcap file; ready when it says listening."""
+
+    def __init__(self, lab: str, node: str, ifname: str, path: Path, snaplen: int = 512) -> None:
+        argv = ["tcpdump", "-i", ifname, "--immediate-mode", "-U", "-n", "-s", str(snaplen), "-w", str(path)]
+        self.path = path
+        self.proc = subprocess.Popen(nsenter_argv(netns_name(lab, node), argv), stderr=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, text=True)
+        deadline = time.monotonic() + 10
+        assert self.proc.stderr is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if "listening on" in line:
+                return
+            if not line and self.proc.poll() is not None:
+                break
+        self.proc.kill()
+        self.proc.wait()
+        raise LabError(f"tcpdump on {ifname} in {netns_name(lab, node)} did not start",
+                       command=" ".join(argv))
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> Capture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class LbLinkCounts:
+    to_lb: int = 0      # frames towards the LB, all client → VIP
+    from_lb: int = 0    # frames from the LB, all encapsulated client → VIP
+    stray: list[str] = field(default_factory=list)
+
+
+def decapsulate(outer: Any, gue_port: int) -> Any:
+    """The inner IP packet of an IPIP or GUE (variant 0 or 1) packet, else the payload as is."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.inet6 import IPv6
+
+    inner = outer.payload
+    if isinstance(inner, UDP) and inner.dport == gue_port:
+        raw = bytes(inner.payload)
+        if raw and raw[0] >> 6 == 0:  # variant 0: a 4-byte GUE header first
+            raw = raw[4:]
+        inner = IP(raw) if raw and raw[0] >> 4 == 4 else IPv6(raw)
+    return inner
+
+
+def classify_lb_link(pcap: Path, lb_mac: str, vips: set[str], clients: set[str],
+                     gue_port: int) -> LbLinkCounts:
+    from scapy.layers.inet import IP
+    from scapy.layers.inet6 import IPv6
+    from scapy.layers.l2 import Ether
+    from scapy.utils import rdpcap
+
+    out = LbLinkCounts()
+    for pkt in rdpcap(str(pcap)):
+        if Ether not in pkt or (IP not in pkt and IPv6 not in pkt):
+            continue
+        outer = pkt[IP] if IP in pkt else pkt[IPv6]
+        if isinstance(outer, IPv6) and outer.nh == 58 and bytes(outer.payload)[:1] and \
+                133 <= bytes(outer.payload)[0] <= 137:
+            continue  # neighbour discovery between router and LB
+        if pkt[Ether].dst.lower() == lb_mac:
+            if outer.src in clients and outer.dst in vips:
+                out.to_lb += 1
+            else:
+                out.stray.append(f"to LB: {outer.src} > {outer.dst}")
+            continue
+        inner = decapsulate(outer, gue_port)
+        if isinstance(inner, IP | IPv6) and inner.src in clients and inner.dst in vips:
+            out.from_lb += 1
+        else:
+            out.stray.append(f"from LB: {outer.src} > {outer.dst} {outer.summary()}")
+    return out

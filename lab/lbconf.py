@@ -1,0 +1,84 @@
+"""lbconf.py: the balancer configuration a lab topology implies, for one LB node and one encap mode.
+
+The topology already says everything the LB needs: its interface towards the router, the VIPs and
+their ports, the reals' addresses (per family) and the outer source prefixes. The next-hop MAC is
+the router's interface MAC, read from the running lab.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pyroute2 import IPRoute
+
+from balancer import config as cfg
+from lab.errors import LabError
+from lab.nsexec import entered
+from lab.state import netns_name
+from lab.topology import Topology
+
+# Encap ids (outer stack to inner) and the balancer setting each one needs.
+ENCAP_IDS = {
+    "ip4-ipip": (4, "ipip"),
+    "ip4-gue1": (4, "gue1"),
+    "ip4-gue0": (4, "gue0"),
+    "ip6-ip6ip6": (6, "ipip"),
+    "ip6-gue1": (6, "gue1"),
+}
+
+
+def lb_link(topo: Topology, lb: str = "lb") -> tuple[str, str, str]:
+    """(LB interface, peer node, peer interface) of the LB node's link."""
+    for link in topo.links:
+        for mine, peer in ((link.a, link.b), (link.b, link.a)):
+            if mine.node == lb:
+                return mine.ifname, peer.node, peer.ifname
+    raise LabError(f"topology '{topo.name}' gives node '{lb}' no link")
+
+
+def real_addresses(topo: Topology, family: int) -> dict[str, str]:
+    """{real node: its first address of family} for every node with role real."""
+    out: dict[str, str] = {}
+    for node in topo.nodes_with_role("real"):
+        for ep in topo.endpoints_of(node.name):
+            for iface in ep.addresses:
+                if iface.version == family and node.name not in out:
+                    out[node.name] = str(iface.ip)
+    return out
+
+
+def peer_mac(lab: str, node: str, ifname: str) -> str:
+    with entered(netns_name(lab, node)), IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+        if not idx:
+            raise LabError(f"cannot find {ifname} in {netns_name(lab, node)}: is lab '{lab}' up?")
+        mac: str = ipr.get_links(idx[0])[0].get_attr("IFLA_ADDRESS")
+        return mac
+
+
+def balancer_config(topo: Topology, lab: str, *, encaps: dict[int, str], lb: str = "lb",
+                    mode: str = "native", mtu: int = 1500, weights: dict[str, int] | None = None,
+                    lru: bool = True, outer_src: str | None = None) -> cfg.Config:
+    """A balancer config for node lb: every VIP of a family in encaps, with that family's encap."""
+    ifname, peer, peer_if = lb_link(topo, lb)
+    src4 = next((p for p in topo.lb_source_prefixes if p.version == 4), ipaddress.IPv4Network("0.0.0.0/32"))
+    src6 = next((p for p in topo.lb_source_prefixes if p.version == 6), ipaddress.IPv6Network("::/128"))
+    vips = []
+    for vip in topo.vips:
+        fam = vip.address.version
+        if fam not in encaps:
+            continue
+        reals = tuple(cfg.Real(address=ipaddress.ip_address(a), weight=(weights or {}).get(n, 1))
+                      for n, a in sorted(real_addresses(topo, fam).items()))
+        encap = encaps[fam]
+        for port in vip.ports:
+            vips.append(cfg.Vip(address=vip.address, port=port.port, proto=port.proto,  # type: ignore[arg-type]
+                                encap=encap, lru=lru,  # type: ignore[arg-type]
+                                outer_src=outer_src or ("flow" if encap == "ipip" else "fixed"),  # type: ignore[arg-type]
+                                reals=reals))
+    return cfg.Config(
+        datapath=cfg.DatapathConfig(interfaces=(ifname,), mode=mode, mtu=mtu,  # type: ignore[arg-type]
+                                    lru_size=4096, fallback_size=4096),
+        encap=cfg.EncapConfig(nexthop_mac=peer_mac(lab, peer, peer_if), src4=src4, src6=src6),
+        vips=tuple(vips),
+    )

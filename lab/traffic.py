@@ -1,0 +1,78 @@
+"""traffic.py: a client that runs inside a lab node and reports, as JSON, who answered each request.
+
+    python -m lab.traffic http --vip 198.51.100.100 --port 80 --count 30 --source 192.0.2.2 ...
+    python -m lab.traffic udp  --vip 198.51.100.100 --port 9000 --count 30 --source ...
+
+Each request is a new flow (a new TCP connection or a new UDP socket), taken in turn from each
+source address, so flows spread over the reals. The lab's services put the real's node name in
+every answer; the report lists, per request, the source, the answering node and any error.
+Deadlines are per request; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import socket
+import sys
+import time
+from typing import Any
+
+
+def http_once(vip: str, port: int, source: str, timeout: float) -> dict[str, Any]:
+    t0 = time.monotonic()
+    conn = http.client.HTTPConnection(vip, port, timeout=timeout, source_address=(source, 0))
+    try:
+        conn.request("GET", "/", headers={"Connection": "close"})
+        resp = conn.getresponse()
+        body = resp.read().decode(errors="replace")
+        return {"source": source, "status": resp.status, "node": _node(body),
+                "seconds": round(time.monotonic() - t0, 4)}
+    except OSError as exc:
+        return {"source": source, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        conn.close()
+
+
+def udp_once(vip: str, port: int, source: str, timeout: float) -> dict[str, Any]:
+    family = socket.AF_INET6 if ":" in vip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.settimeout(timeout)
+        s.bind((source, 0))
+        payload = f"ping {time.monotonic_ns()}".encode()
+        t0 = time.monotonic()
+        try:
+            s.sendto(payload, (vip, port))
+            data, peer = s.recvfrom(65535)
+        except OSError as exc:
+            return {"source": source, "error": f"{type(exc).__name__}: {exc}"}
+        text = data.decode(errors="replace")
+        return {"source": source, "node": _node(text), "peer": peer[0], "echoed": payload.decode() in text,
+                "seconds": round(time.monotonic() - t0, 4)}
+
+
+def _node(text: str) -> str:
+    """The node name the lab's services put first in every answer ("real2: ...")."""
+    first = text.strip().split(None, 1)[0] if text.strip() else ""
+    return first.rstrip(":")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="lab.traffic")
+    ap.add_argument("kind", choices=("http", "udp"))
+    ap.add_argument("--vip", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--count", type=int, default=10)
+    ap.add_argument("--source", action="append", default=[])
+    ap.add_argument("--timeout", type=float, default=3.0)
+    args = ap.parse_args(argv)
+    sources = args.source or ["::" if ":" in args.vip else "0.0.0.0"]
+    once = http_once if args.kind == "http" else udp_once
+    results = [once(args.vip, args.port, sources[i % len(sources)], args.timeout) for i in range(args.count)]
+    json.dump(results, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
