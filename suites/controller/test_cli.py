@@ -126,7 +126,8 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("args", "code", "message"), BAD, ids=[" ".join(b[0][:2]) + f"-{i}" for i, b in enumerate(BAD)])
+@pytest.mark.parametrize(("args", "code", "message"), BAD,
+                         ids=[" ".join(b[0][:2]) + f"-{i}" for i, b in enumerate(BAD)])
 def test_bad_input_is_one_line_and_changes_nothing(ctl: Ctl, args: tuple[str, ...], code: int,
                                                    message: str) -> None:
     assert ctl("load", "--config", str(ctl.tmp / "lb.toml")).returncode == 0
