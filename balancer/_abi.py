@@ -228,16 +228,7 @@ RODATA = {
     "decap": {
         "cfg_gue_port": (36, 2),
     },
-    "floor": {
-    },
     "pass": {
-    },
-    "trafficgen": {
-        "cfg_family": (0, 4),
-        "cfg_flows": (4, 4),
-        "cfg_src_addrs": (8, 4),
-        "cfg_redirect": (12, 4),
-        "cfg_template": (24, 64),
     },
 }
 
@@ -245,7 +236,5 @@ RODATA = {
 DIGESTS = {
     "balancer": "886a7abf30f6d118297f59d95f94589c",
     "decap": "be127058b74e9a4c2fc3e0095179d362",
-    "floor": "b83480fea9390bb1bc108ed748e95d52",
     "pass": "b83480fea9390bb1bc108ed748e95d52",
-    "trafficgen": "100a1822ecfbcb7052857bff0c3da047",
 }

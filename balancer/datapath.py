@@ -165,6 +165,11 @@ class Datapath:
             self._inner.append(inner)
             outer.update(cpu.to_bytes(4, "little"), inner.fd.to_bytes(4, "little"))
 
+    @property
+    def session_tables(self) -> list[Map]:
+        """The per-CPU session tables this process created (one LRU per possible CPU)."""
+        return list(self._inner)
+
     @classmethod
     def open_pinned(cls, pin_dir: str) -> Datapath:
         """Reopen a datapath that an earlier process loaded and pinned (maps and links)."""

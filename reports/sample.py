@@ -74,7 +74,7 @@ _ENCAP_SHARE = {
 }
 
 # Katran's figures for removing one of n equal-weight reals from its 65537-slot ring: the numbers of
-# /work/shared/conformance/katran/maglev_churn.json (slots owned by the removed real, slots changed).
+# shared/conformance/katran/maglev_churn.json (slots owned by the removed real, slots changed).
 _KATRAN_CHURN = {3: (21845, 21860), 10: (6553, 6710), 50: (1310, 1612), 100: (655, 992)}
 _RING = 65537
 

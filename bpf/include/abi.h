@@ -152,4 +152,30 @@ struct lb_settings {
 	__u32 configured;    /* non-zero once the controller has written this element */
 };
 
+/* Special values in struct lb_vip_key (added by the datapath helper). */
+enum lb_vip_match {
+	LB_MATCH_ANY_PORT = 0,  /* port 0: the wildcard VIP matching every port of (addr, proto) */
+	LB_MATCH_ADDR_ONLY = 0, /* proto 0 and port 0: the address-only entry that the controller writes
+	                         * once per VIP address (any vip_num); it makes the address a VIP for
+	                         * ICMP echo, fragment / IPv4 options drops and malformed-L4 drops */
+};
+
+/* Key of the decap program's dc_local map: an address that belongs to this real server. */
+struct lb_addr_key {
+	__u32 addr[4];
+	__u8 family; /* enum lb_family */
+	__u8 pad[3];
+};
+
+/* One exported global per enum, so that every enum survives in each object's BTF. */
+const volatile enum lb_limits lb_abi_limits __attribute__((used)) = LB_DEFAULT_MAX_VIPS;
+const volatile enum lb_family lb_abi_family __attribute__((used)) = LB_AF_INET;
+const volatile enum lb_encap lb_abi_encap __attribute__((used)) = LB_ENCAP_IPIP;
+const volatile enum lb_vip_flag lb_abi_vip_flag __attribute__((used)) = LB_VIP_HASH_NO_SPORT;
+const volatile enum lb_real_flag lb_abi_real_flag __attribute__((used)) = LB_REAL_PRESENT;
+const volatile enum lb_reason lb_abi_reason __attribute__((used)) = LB_TX_ENCAP;
+const volatile enum lb_event lb_abi_event __attribute__((used)) = LB_EV_LRU_HIT;
+const volatile enum lb_decap_reason lb_abi_decap_reason __attribute__((used)) = LB_DECAP_IPIP;
+const volatile enum lb_vip_match lb_abi_vip_match __attribute__((used)) = LB_MATCH_ANY_PORT;
+
 #endif

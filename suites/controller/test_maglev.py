@@ -5,10 +5,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import random
 import time
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -28,11 +26,12 @@ from balancer.maglev import (
     ring_diff,
     slot_counts,
 )
+from suites.corpus import KATRAN_CORPUS
 
 M = DEFAULT_RING_SIZE
 
 # Katran's 65537-slot ring (Maglev V1, equal weights) when one of n reals is removed or added.
-# Source: /work/shared/conformance/katran/maglev_churn.json, measured on facebookincubator/katran
+# Source: shared/conformance/katran/maglev_churn.json, measured on facebookincubator/katran
 # at commit 19f08fec82fb. (n, slots owned by the removed real, slots changed, slots gained by an
 # added real, slots changed on adding.)
 KATRAN_CHURN = {
@@ -41,7 +40,6 @@ KATRAN_CHURN = {
     50: (1310, 1612, 1285, 1604),
     100: (655, 992, 648, 1027),
 }
-KATRAN_CORPUS = Path(os.environ.get("L4LAB_KATRAN_CORPUS", "/work/shared/conformance/katran"))
 
 
 def v4_reals(n: int, weight: int = 1, first: int = 1) -> dict[int, tuple[str, int]]:

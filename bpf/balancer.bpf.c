@@ -1,0 +1,235 @@
+/* balancer.bpf.c: the XDP load balancer: parse, match a VIP, pick a real (session or Maglev ring), encapsulate, count. */
+#include "parse.h"
+#include "maps.h"
+#include "counters.h"
+#include "session.h"
+#include "encap.h"
+#include "icmp.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* The VIP serving (addr, port, proto): the exact entry, else the port-0 wildcard. */
+static __always_inline struct lb_vip_meta *lookup_vip(const __u32 *addr, __u16 port, __u8 proto, __u8 family)
+{
+	struct lb_vip_key key = {};
+	struct lb_vip_meta *vip;
+
+	__builtin_memcpy(key.addr, addr, sizeof(key.addr));
+	key.port = port;
+	key.proto = proto;
+	key.family = family;
+	vip = bpf_map_lookup_elem(&lb_vips, &key);
+	if (vip || port == LB_MATCH_ANY_PORT)
+		return vip;
+	key.port = LB_MATCH_ANY_PORT;
+	return bpf_map_lookup_elem(&lb_vips, &key);
+}
+
+/* Whether some VIP uses this address (the controller's address-only entry). */
+static __always_inline int is_vip_addr(const __u32 *addr, __u8 family)
+{
+	return lookup_vip(addr, LB_MATCH_ANY_PORT, LB_MATCH_ADDR_ONLY, family) != NULL;
+}
+
+/* The flow key that hashing and sessions use, after the VIP's hashing flags. */
+static __always_inline void flow_key(struct lb_flow *key, const struct lb_flow *flow, __u32 vip_flags)
+{
+	*key = *flow;
+	key->pad = 0;
+	if (vip_flags & LB_VIP_HASH_DPORT_ONLY) {
+		__builtin_memset(key->src, 0, sizeof(key->src));
+		key->sport = 0;
+	} else if (vip_flags & LB_VIP_HASH_NO_SPORT) {
+		key->sport = 0;
+	}
+}
+
+/* Sends a packet of `flow` (client -> VIP) to its real: session or ring, size check, encap, counters.
+ * `steering` is set for an ICMP error about the flow: it follows the flow but creates no session. */
+static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt, const struct lb_flow *flow,
+				   const struct lb_vip_meta *vip, int steering)
+{
+	__u32 zero = 0, vip_flags = vip->flags, vip_num = vip->vip_num, ring_size = cfg_ring_size;
+	__u8 mode = vip->encap;
+	struct lb_settings *s = bpf_map_lookup_elem(&lb_settings, &zero);
+	struct session_ctx sc = {};
+	struct lb_real *real = NULL;
+	struct lb_flow key;
+	__u32 hash, real_id = 0, overhead;
+	int reason;
+
+	if (!s || !s->configured)
+		return LB_DROP_NO_SETTINGS;
+	flow_key(&key, flow, vip_flags);
+	hash = hash_flow(&key);
+
+	if (!(vip_flags & LB_VIP_NO_LRU)) {
+		real_id = session_lookup(&sc, &key, pkt, steering);
+		if (real_id) {
+			real = bpf_map_lookup_elem(&lb_reals, &real_id);
+			if (!real || !real->family) { /* the real left since: choose again */
+				real_id = 0;
+				sc.insert = sc.may_insert;
+			}
+		}
+	}
+	if (!real_id) {
+		__u32 slot;
+		__u32 *ring_entry;
+
+		if (!ring_size)
+			return LB_DROP_NO_REAL;
+		slot = vip_num * ring_size + hash % ring_size;
+		ring_entry = bpf_map_lookup_elem(&lb_ring, &slot);
+		real_id = ring_entry ? *ring_entry : 0;
+		if (!real_id)
+			return LB_DROP_NO_REAL;
+		real = bpf_map_lookup_elem(&lb_reals, &real_id);
+		if (!real || !real->family)
+			return LB_DROP_REAL_MISSING;
+	}
+	if (!real)
+		return LB_DROP_REAL_MISSING;
+	if (pkt->flow.family == LB_AF_INET6 && real->family != LB_AF_INET6)
+		return LB_DROP_FAMILY_MISMATCH;
+
+	overhead = encap_overhead(mode, real->family);
+	if (s->mtu && pkt->ip_len + overhead > s->mtu) {
+		/* Never an ICMP error about an ICMP error; never a fragment from us. */
+		if (steering || (pkt->flow.family == LB_AF_INET && !pkt->df))
+			return LB_DROP_TOO_BIG_NO_DF;
+		return icmp_send_too_big(ctx, pkt, s->mtu - overhead);
+	}
+	if (sc.insert)
+		session_insert(&sc, &key, real_id);
+
+	reason = encap_packet(ctx, pkt, real, mode, hash, s, vip_flags);
+	if (reason == LB_TX_ENCAP) {
+		count_into(&lb_vip_stats, vip_num, pkt->frame_len);
+		count_into(&lb_real_stats, real_id, pkt->frame_len);
+	}
+	return reason;
+}
+
+/* ICMP and ICMPv6: echo for VIPs, errors about VIP flows steered to their real, the rest passed. */
+static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *pkt)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	int v4 = pkt->flow.family == LB_AF_INET;
+	int to_vip = is_vip_addr(pkt->flow.dst, pkt->flow.family);
+	__u8 *icmp = l4_header(data, data_end, pkt, sizeof(struct icmp4_hdr));
+	struct lb_flow quoted = {};
+	struct lb_vip_meta *vip;
+	__u8 type;
+	int reason;
+
+	if (!icmp)
+		return to_vip ? LB_DROP_MALFORMED_L4 : LB_PASS_ICMP_NOT_VIP;
+	type = icmp[0];
+	if (!v4 && type > ICMP6_ECHO_REPLY) /* neighbour discovery, MLD, router advertisements */
+		return LB_PASS_ICMP_NOT_VIP;
+	if (type == (v4 ? ICMP4_ECHO_REQUEST : ICMP6_ECHO_REQUEST))
+		return to_vip ? icmp_echo_reply(ctx, pkt) : LB_PASS_ICMP_NOT_VIP;
+	if ((v4 ? icmp4_is_error(type) : icmp6_is_error(type)) &&
+	    icmp_quoted_flow(data, data_end, pkt, &quoted) == 0) {
+		vip = lookup_vip(quoted.dst, quoted.dport, quoted.proto, quoted.family);
+		if (vip) {
+			reason = forward(ctx, pkt, &quoted, vip, 1);
+			if (reason == LB_TX_ENCAP)
+				count_event(LB_EV_ICMP_STEERED);
+			return reason;
+		}
+	}
+	return to_vip ? LB_DROP_ICMP_UNSUPPORTED : LB_PASS_ICMP_NOT_VIP;
+}
+
+static __always_inline int process(struct xdp_md *ctx, struct packet *pkt)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct lb_vip_meta *vip;
+	int r;
+
+	r = parse_eth(data, data_end, pkt);
+	if (r != PARSE_OK)
+		return r;
+	r = pkt->flow.family == LB_AF_INET ? parse_ipv4(data, data_end, pkt) : parse_ipv6(data, data_end, pkt);
+	if (r != PARSE_OK)
+		return r;
+	if (pkt->fragment || pkt->options) {
+		if (!is_vip_addr(pkt->flow.dst, pkt->flow.family))
+			return LB_PASS_FRAG_NOT_VIP;
+		return pkt->fragment ? LB_DROP_FRAGMENT : LB_DROP_IP_OPTIONS;
+	}
+
+	if (pkt->flow.proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4_header(data, data_end, pkt, sizeof(*th));
+
+		if (!th)
+			goto truncated;
+		pkt->flow.sport = th->source;
+		pkt->flow.dport = th->dest;
+		pkt->tcp_flags = ((__u8 *)th)[13];
+	} else if (pkt->flow.proto == IPPROTO_UDP) {
+		struct udphdr *uh = l4_header(data, data_end, pkt, sizeof(*uh));
+
+		if (!uh)
+			goto truncated;
+		pkt->flow.sport = uh->source;
+		pkt->flow.dport = uh->dest;
+	} else if (pkt->flow.proto == (pkt->flow.family == LB_AF_INET ? IPPROTO_ICMP : IPPROTO_ICMPV6)) {
+		return handle_icmp(ctx, pkt);
+	} else {
+		return LB_PASS_NOT_VIP;
+	}
+
+	vip = lookup_vip(pkt->flow.dst, pkt->flow.dport, pkt->flow.proto, pkt->flow.family);
+	if (!vip)
+		return LB_PASS_NOT_VIP;
+	return forward(ctx, pkt, &pkt->flow, vip, 0);
+
+truncated:
+	return is_vip_addr(pkt->flow.dst, pkt->flow.family) ? LB_DROP_MALFORMED_L4 : LB_PASS_NOT_VIP;
+}
+
+static __always_inline int action_of(int reason)
+{
+	switch (reason) {
+	case LB_TX_ENCAP:
+	case LB_TX_ICMP_ECHO:
+	case LB_TX_ICMP_TOO_BIG:
+		return XDP_TX;
+	case LB_PASS_NOT_IP:
+	case LB_PASS_NOT_VIP:
+	case LB_PASS_ICMP_NOT_VIP:
+	case LB_PASS_FRAG_NOT_VIP:
+		return XDP_PASS;
+	default:
+		return XDP_DROP;
+	}
+}
+
+static __always_inline int balance(struct xdp_md *ctx)
+{
+	struct packet pkt = {};
+	int reason;
+
+	pkt.frame_len = bpf_xdp_get_buff_len(ctx);
+	reason = process(ctx, &pkt);
+	count_reason(reason, pkt.frame_len);
+	return action_of(reason);
+}
+
+SEC("xdp")
+int balancer_xdp(struct xdp_md *ctx)
+{
+	return balance(ctx);
+}
+
+/* The same program for multi-buffer frames (MTU 9000 labs); headers must sit in the first buffer. */
+SEC("xdp.frags")
+int balancer_xdp_frags(struct xdp_md *ctx)
+{
+	return balance(ctx);
+}

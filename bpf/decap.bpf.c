@@ -1,0 +1,108 @@
+/* decap.bpf.c: real-server decapsulation of IPIP (4in4, 6in6, 4in6) and GUE (variants 0 and 1), in XDP and in tc. */
+#include <linux/pkt_cls.h>
+
+#include "parse.h"
+#include "tunnel.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* bpf_skb_adjust_room flags that Debian's 6.1 UAPI headers lack (the 6.18 kernel has them). */
+enum decap_adj_room_flags {
+	DECAP_ADJ_ROOM_L3_IPV4 = 1 << 7,
+	DECAP_ADJ_ROOM_L3_IPV6 = 1 << 8,
+};
+
+static __always_inline void count_decap(enum lb_decap_reason reason, __u32 bytes)
+{
+	__u32 index = reason;
+	struct lb_counter *c = bpf_map_lookup_elem(&dc_reasons, &index);
+
+	if (c) {
+		c->packets++;
+		c->bytes += bytes;
+	}
+}
+
+static __always_inline __be16 family_ethertype(__u8 family)
+{
+	return family == LB_AF_INET ? bpf_htons(ETH_P_IP) : bpf_htons(ETH_P_IPV6);
+}
+
+static __always_inline int decap_xdp_frame(struct xdp_md *ctx, __u32 frame_len)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct tunnel t = {};
+	__u8 l2[PARSE_L2_MAX];
+	int r;
+
+	r = find_tunnel(data, data_end, frame_len, &t);
+	if (r != PARSE_OK)
+		return r;
+	if (data + PARSE_L2_MAX > data_end)
+		return LB_DECAP_DROP_MALFORMED;
+	__builtin_memcpy(l2, data, PARSE_L2_MAX);
+	if (bpf_xdp_adjust_head(ctx, t.outer_len))
+		return LB_DECAP_DROP_FAILED;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (data + PARSE_L2_MAX > data_end)
+		return LB_DECAP_DROP_FAILED;
+	if (t.l2_len == PARSE_ETH_LEN) {
+		__builtin_memcpy(data, l2, PARSE_ETH_LEN - 2);
+		*(__be16 *)(data + PARSE_ETH_LEN - 2) = family_ethertype(t.inner_family);
+	} else {
+		__builtin_memcpy(data, l2, PARSE_L2_MAX - 2);
+		*(__be16 *)(data + PARSE_L2_MAX - 2) = family_ethertype(t.inner_family);
+	}
+	return t.kind;
+}
+
+SEC("xdp")
+int decap_xdp(struct xdp_md *ctx)
+{
+	__u32 frame_len = ctx->data_end - ctx->data;
+	int reason = decap_xdp_frame(ctx, frame_len);
+
+	count_decap(reason, frame_len);
+	return reason == LB_DECAP_DROP_MALFORMED || reason == LB_DECAP_DROP_FAILED ? XDP_DROP : XDP_PASS;
+}
+
+static __always_inline int decap_skb(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct tunnel t = {};
+	__be16 ethertype;
+	__u64 flags;
+	int r;
+
+	if (data + TUNNEL_MAX_HDRS > data_end && skb->len > data_end - data) {
+		if (bpf_skb_pull_data(skb, skb->len < TUNNEL_MAX_HDRS ? skb->len : TUNNEL_MAX_HDRS))
+			return LB_DECAP_DROP_FAILED;
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+	}
+	r = find_tunnel(data, data_end, skb->len, &t);
+	if (r != PARSE_OK)
+		return r;
+	if (t.l2_len != PARSE_ETH_LEN) /* tc sees tagged frames only on the parent of a VLAN device */
+		return LB_DECAP_PASS_NOT_ENCAP;
+	flags = t.inner_family == LB_AF_INET ? DECAP_ADJ_ROOM_L3_IPV4 : DECAP_ADJ_ROOM_L3_IPV6;
+	if (bpf_skb_adjust_room(skb, -(__s32)t.outer_len, BPF_ADJ_ROOM_MAC, flags))
+		return LB_DECAP_DROP_FAILED;
+	ethertype = family_ethertype(t.inner_family);
+	if (bpf_skb_store_bytes(skb, PARSE_ETH_LEN - 2, &ethertype, sizeof(ethertype), 0))
+		return LB_DECAP_DROP_FAILED;
+	return t.kind;
+}
+
+SEC("tc")
+int decap_tc(struct __sk_buff *skb)
+{
+	__u32 frame_len = skb->len;
+	int reason = decap_skb(skb);
+
+	count_decap(reason, frame_len);
+	return reason == LB_DECAP_DROP_MALFORMED || reason == LB_DECAP_DROP_FAILED ? TC_ACT_SHOT : TC_ACT_OK;
+}

@@ -1,0 +1,99 @@
+/* maps.h: the balancer's BPF maps (VIPs, reals, Maglev ring, settings, session tables, counters). */
+#ifndef L4LAB_MAPS_H
+#define L4LAB_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "abi.h"
+
+/* Load-time settings; the controller writes them into .rodata before loading. */
+const volatile __u32 cfg_ring_size = LB_DEFAULT_RING_SIZE;
+const volatile __u64 cfg_udp_timeout_ns = LB_DEFAULT_UDP_TIMEOUT_S * 1000000000ULL;
+
+/* (VIP address, port, proto, family) -> VIP number, flags, encap. Port 0 is the wildcard; proto 0
+ * and port 0 is the address-only entry (LB_VIP_ADDR_ONLY) that marks an address as a VIP. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_DEFAULT_MAX_VIPS);
+	__type(key, struct lb_vip_key);
+	__type(value, struct lb_vip_meta);
+} lb_vips SEC(".maps");
+
+/* real id -> address; id 0 is reserved ("no real"), an entry with family 0 is unused. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, LB_DEFAULT_MAX_REALS);
+	__type(key, __u32);
+	__type(value, struct lb_real);
+} lb_reals SEC(".maps");
+
+/* Maglev rings, one per VIP number, cfg_ring_size slots each: slot -> real id. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, LB_DEFAULT_MAX_VIPS * LB_DEFAULT_RING_SIZE);
+	__type(key, __u32);
+	__type(value, __u32);
+} lb_ring SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_settings);
+} lb_settings SEC(".maps");
+
+/* The template of the per-CPU session tables the controller creates and inserts into lb_sessions
+ * (struct lb_flow -> struct lb_session). Sizes, not types: clang 14 emits the types of a map
+ * template reached only through __array() as BTF forward declarations, which libbpf rejects. */
+struct lb_session_table {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LB_DEFAULT_LRU_SIZE);
+	__uint(key_size, sizeof(struct lb_flow));
+	__uint(value_size, sizeof(struct lb_session));
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, LB_MAX_CPUS);
+	__type(key, __u32);
+	__array(values, struct lb_session_table);
+} lb_sessions SEC(".maps");
+
+/* Shared session table for CPUs whose lb_sessions slot is empty. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LB_DEFAULT_FALLBACK_SIZE);
+	__type(key, struct lb_flow);
+	__type(value, struct lb_session);
+} lb_fallback SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_DEFAULT_MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct lb_counter);
+} lb_vip_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_DEFAULT_MAX_REALS);
+	__type(key, __u32);
+	__type(value, struct lb_counter);
+} lb_real_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_REASON_COUNT);
+	__type(key, __u32);
+	__type(value, struct lb_counter);
+} lb_reasons SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_EVENT_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} lb_events SEC(".maps");
+
+#endif

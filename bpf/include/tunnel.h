@@ -1,0 +1,150 @@
+/* tunnel.h: recognises an IPIP or GUE packet addressed to this real server and locates its inner IP packet. */
+#ifndef L4LAB_TUNNEL_H
+#define L4LAB_TUNNEL_H
+
+#include "parse.h"
+
+/* Load-time setting: the GUE UDP port, host order. */
+const volatile __u16 cfg_gue_port = LB_DEFAULT_GUE_PORT;
+
+/* Addresses of this real server: decapsulation happens only for these outer destinations. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, struct lb_addr_key);
+	__type(value, __u32);
+} dc_local SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_DECAP_REASON_COUNT);
+	__type(key, __u32);
+	__type(value, struct lb_counter);
+} dc_reasons SEC(".maps");
+
+enum tunnel_constants {
+	TUNNEL_GUE_HDR_LEN = 4,
+	TUNNEL_GUE_VERSION_SHIFT = 6, /* GUE version: top two bits of the first byte (1: variant 1) */
+	TUNNEL_GUE_C_BIT = 0x20,      /* variant 0 control message */
+	TUNNEL_GUE_HLEN_MASK = 0x1f,  /* variant 0 optional fields, in 4-byte words */
+	TUNNEL_MAX_HDRS = 256,        /* L2 + outer IP + UDP + GUE with options + inner IP */
+};
+
+/* Where the inner packet of a tunnel packet is. */
+struct tunnel {
+	__u32 l2_len;       /* 14, or 18 with an 802.1Q tag */
+	__u32 outer_len;    /* bytes from the outer IP header to the inner IP header */
+	__u8 inner_family;  /* enum lb_family */
+	__u8 outer_family;
+	__u8 kind;          /* LB_DECAP_IPIP or LB_DECAP_GUE */
+	__u8 pad;
+};
+
+static __always_inline int tunnel_is_local(const __u32 *addr, __u8 family)
+{
+	struct lb_addr_key key = {};
+	__u32 *ours;
+
+	__builtin_memcpy(key.addr, addr, sizeof(key.addr));
+	key.family = family;
+	ours = bpf_map_lookup_elem(&dc_local, &key);
+	return ours && *ours;
+}
+
+static __always_inline __u8 ipip_family(__u8 proto)
+{
+	if (proto == IPPROTO_IPIP)
+		return LB_AF_INET;
+	if (proto == IPPROTO_IPV6)
+		return LB_AF_INET6;
+	return 0;
+}
+
+/* Fills t for an IPIP / GUE packet to one of our addresses; returns PARSE_OK or the enum
+ * lb_decap_reason that ends the packet. */
+static __always_inline int find_tunnel(void *data, void *data_end, __u32 frame_len, struct tunnel *t)
+{
+	struct packet pkt = {};
+	__u32 dst[4] = {};
+	__u32 off;
+	__u8 proto;
+
+	pkt.frame_len = frame_len;
+	if (parse_eth(data, data_end, &pkt) != PARSE_OK)
+		return LB_DECAP_PASS_NOT_ENCAP;
+	t->l2_len = pkt.l2_len == PARSE_ETH_LEN ? PARSE_ETH_LEN : PARSE_ETH_LEN + PARSE_VLAN_LEN;
+	t->outer_family = pkt.flow.family;
+	if (t->outer_family == LB_AF_INET) {
+		struct iphdr *ip = data + t->l2_len;
+
+		if ((void *)(ip + 1) > data_end)
+			return LB_DECAP_PASS_NOT_ENCAP;
+		if (ip->version != 4 || ip->ihl < 5)
+			return LB_DECAP_PASS_NOT_ENCAP;
+		if (ip->frag_off & bpf_htons(IP4_MF | IP4_OFFSET))
+			return LB_DECAP_PASS_NOT_ENCAP; /* the stack reassembles first */
+		proto = ip->protocol;
+		dst[0] = ip->daddr;
+		off = t->l2_len + ip->ihl * 4;
+	} else {
+		struct ipv6hdr *ip6 = data + t->l2_len;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return LB_DECAP_PASS_NOT_ENCAP;
+		proto = ip6->nexthdr; /* extension headers before the tunnel are left to the stack */
+		__builtin_memcpy(dst, &ip6->daddr, 16);
+		off = t->l2_len + sizeof(*ip6);
+	}
+
+	if (ipip_family(proto)) {
+		t->kind = LB_DECAP_IPIP;
+		t->inner_family = ipip_family(proto);
+	} else if (proto == IPPROTO_UDP) {
+		struct udphdr *udp = data + (off & 0x7f);
+		__u8 *gue;
+
+		if ((void *)(udp + 1) > data_end || udp->dest != bpf_htons(cfg_gue_port))
+			return LB_DECAP_PASS_NOT_ENCAP;
+		t->kind = LB_DECAP_GUE;
+		if (!tunnel_is_local(dst, t->outer_family))
+			return LB_DECAP_PASS_NOT_LOCAL;
+		gue = (void *)(udp + 1);
+		if ((void *)(gue + TUNNEL_GUE_HDR_LEN) > data_end)
+			return LB_DECAP_DROP_MALFORMED;
+		off += sizeof(*udp);
+		switch (gue[0] >> TUNNEL_GUE_VERSION_SHIFT) {
+		case 1: /* variant 1: the IP header itself; its version nibble says which */
+			t->inner_family = gue[0] >> 4 == 4 ? LB_AF_INET : gue[0] >> 4 == 6 ? LB_AF_INET6 : 0;
+			break;
+		case 0: /* variant 0: 4-byte header, optional fields, then the protocol it names */
+			if (gue[0] & TUNNEL_GUE_C_BIT)
+				return LB_DECAP_DROP_MALFORMED; /* control messages: none defined for us */
+			t->inner_family = ipip_family(gue[1]);
+			off += TUNNEL_GUE_HDR_LEN + (gue[0] & TUNNEL_GUE_HLEN_MASK) * 4;
+			break;
+		default:
+			return LB_DECAP_DROP_MALFORMED;
+		}
+		if (!t->inner_family)
+			return LB_DECAP_DROP_MALFORMED;
+	} else {
+		return LB_DECAP_PASS_NOT_ENCAP;
+	}
+	if (t->kind == LB_DECAP_IPIP && !tunnel_is_local(dst, t->outer_family))
+		return LB_DECAP_PASS_NOT_LOCAL;
+
+	/* The inner header must be there and be what the outer headers announced. */
+	if (off > TUNNEL_MAX_HDRS)
+		return LB_DECAP_DROP_MALFORMED;
+	{
+		__u8 *inner = data + off;
+		__u32 need = t->inner_family == LB_AF_INET ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+
+		if ((void *)(inner + need) > data_end || inner[0] >> 4 != t->inner_family)
+			return LB_DECAP_DROP_MALFORMED;
+	}
+	t->outer_len = off - t->l2_len;
+	return PARSE_OK;
+}
+
+#endif

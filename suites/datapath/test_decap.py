@@ -1,0 +1,111 @@
+"""test_decap.py: the real-server decap program (XDP and tc) for every encap mode, and what it leaves."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.inet6 import IPv6
+from scapy.packet import Packet, Raw
+
+from balancer.datapath import Decap
+
+from . import packets as P
+from .conftest import TC_VERDICTS, XDP_VERDICTS, Balancer, frame_bytes
+from .frames import ip_packet_of
+
+HOOKS = ["xdp", "tc"]
+
+
+def run_decap(decap: Decap, hook: str, frame: Packet | bytes) -> tuple[str, bytes, str]:
+    """(verdict, output frame, the one dc_reasons counter that moved)."""
+    before = decap.reasons()
+    if hook == "xdp":
+        action, out = decap.run_xdp(frame_bytes(frame))
+        verdict = XDP_VERDICTS.get(action, str(action))
+    else:
+        action, out = decap.run_tc(frame_bytes(frame))
+        verdict = TC_VERDICTS.get(action, str(action))
+    after = decap.reasons()
+    moved = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+    assert len(moved) == 1 and sum(moved.values()) == 1, f"one decap reason per packet, got {moved}"
+    return verdict, out, next(iter(moved))
+
+
+PASS = {"xdp": "XDP_PASS", "tc": "TC_ACT_OK"}
+DROP = {"xdp": "XDP_DROP", "tc": "TC_ACT_SHOT"}
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+@pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
+def test_decap_restores_the_clients_packet(balancer: Balancer, decap: Decap, case: P.EncapCase,
+                                          hook: str) -> None:
+    frame = P.tcp_to(case.vip, sport=49000, flags="S")
+    encapsulated = balancer.run(frame).out
+    verdict, out, reason = run_decap(decap, hook, encapsulated)
+    assert verdict == PASS[hook]
+    assert reason == ("IPIP" if case.mode == "IPIP" else "GUE")
+    assert out[:12] == encapsulated[:12], "MAC addresses kept"
+    assert struct.unpack("!H", out[12:14])[0] == (0x0800 if case.inner == 4 else 0x86DD)
+    assert out[14:] == ip_packet_of(frame)
+
+
+def gue(outer: Packet, port: int, body: bytes) -> Packet:
+    return P.eth() / outer / UDP(sport=50000, dport=port) / Raw(body)
+
+
+INNER4 = bytes(IP(src=P.CLIENT4, dst=P.VIP4) / UDP(sport=1, dport=2) / P.PAYLOAD)
+INNER6 = bytes(IPv6(src=P.CLIENT6, dst=P.VIP6) / UDP(sport=1, dport=2) / P.PAYLOAD)
+LOCAL4, LOCAL6 = P.REALS4[0], P.REALS6[0]
+
+Check = Callable[[bytes], bool]
+DECAP_TABLE: list[tuple[str, Packet | bytes, str, str, Check | None]] = [
+    # (description, input, verdict kind, reason, check of the output or None for "unchanged")
+    ("plain IPv4 is not ours to touch", P.tcp_to(LOCAL4), "pass", "PASS_NOT_ENCAP", None),
+    ("plain IPv6", P.tcp_to(LOCAL6), "pass", "PASS_NOT_ENCAP", None),
+    ("ARP", P.ARP_REQUEST, "pass", "PASS_NOT_ENCAP", None),
+    ("IPIP to an address that is not local",
+     P.eth() / IP(src=P.SRC4, dst="192.0.2.99", proto=4) / Raw(INNER4),
+     "pass", "PASS_NOT_LOCAL", None),
+    ("GUE to an address that is not local", gue(IP(src=P.SRC4, dst="192.0.2.99"), P.GUE_PORT, INNER4),
+     "pass", "PASS_NOT_LOCAL", None),
+    ("UDP to another port", gue(IP(src=P.SRC4, dst=LOCAL4), 6081, INNER4), "pass", "PASS_NOT_ENCAP", None),
+    ("IPIP fragment: left to reassembly", P.eth() / IP(src=P.SRC4, dst=LOCAL4, proto=4, flags="MF")
+     / Raw(INNER4), "pass", "PASS_NOT_ENCAP", None),
+    ("GUE variant 0 with one word of options",
+     gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, bytes([1, 4, 0, 0]) + b"\0\0\0\0" + INNER4),
+     "pass", "GUE", lambda out: out[14:] == INNER4),
+    ("GUE variant 0 announcing IPv6 over IPv4",
+     gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, bytes([0, 41, 0, 0]) + INNER6),
+     "pass", "GUE", lambda out: out[12:14] == b"\x86\xdd" and out[14:] == INNER6),
+    ("GUE variant 0 control message",
+     gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, bytes([0x20, 0, 0, 0]) + INNER4),
+     "drop", "DROP_MALFORMED", None),
+    ("GUE variant 0 naming protocol 17",
+     gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, bytes([0, 17, 0, 0]) + INNER4),
+     "drop", "DROP_MALFORMED", None),
+    ("GUE variant 1 with IP version 5", gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, b"\x55" + INNER4[1:]),
+     "drop", "DROP_MALFORMED", None),
+    ("GUE version 2", gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, b"\x80" + INNER4[1:]),
+     "drop", "DROP_MALFORMED", None),
+    ("IPIP announcing IPv4 that carries IPv6", P.eth() / IP(src=P.SRC4, dst=LOCAL4, proto=4) / Raw(INNER6),
+     "drop", "DROP_MALFORMED", None),
+    ("GUE header cut short", gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, b"\0\x04"),
+     "drop", "DROP_MALFORMED", None),
+]
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+@pytest.mark.parametrize("row", DECAP_TABLE, ids=[r[0] for r in DECAP_TABLE])
+def test_decap_table(decap: Decap, hook: str,
+                     row: tuple[str, Packet | bytes, str, str, Check | None]) -> None:
+    description, frame, kind, reason, check = row
+    verdict, out, got_reason = run_decap(decap, hook, frame)
+    assert (verdict, got_reason) == ((PASS if kind == "pass" else DROP)[hook], reason), description
+    if check is None:
+        if kind == "pass":
+            assert out == frame_bytes(frame), "left untouched"
+    else:
+        assert check(out), f"{description}: {out.hex()}"

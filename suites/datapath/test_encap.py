@@ -1,0 +1,132 @@
+"""test_encap.py: every encap mode: outer headers, GUE fields, checksums, inner bytes, jumbo frames."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+from scapy.layers.inet import IP
+from scapy.layers.inet6 import IPv6
+from scapy.packet import Packet
+
+from balancer import _abi
+
+from . import packets as P
+from .conftest import Balancer, BalancerFactory
+from .frames import decode_encap, ip_packet_of, ipv4_header_ok, l4_checksum_ok_v6
+
+TOS = 0xB9  # DSCP 46 (EF) with ECN ECT(1): both must reach the outer header
+
+
+def flow(case: P.EncapCase, sport: int = 40000, flags: str = "S") -> Packet:
+    if case.inner == 4:
+        return P.tcp_to(case.vip, sport=sport, flags=flags, df=True, tos=TOS)
+    return P.tcp_to(case.vip, sport=sport, flags=flags, tc=TOS)
+
+
+@pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
+def test_encapsulated_headers(balancer: Balancer, case: P.EncapCase) -> None:
+    frame = flow(case, sport=40200)
+    out = balancer.run(frame)
+    assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP")
+    enc = decode_encap(out.out, P.GUE_PORT)
+
+    assert (enc.eth.dst, enc.eth.src) == (P.ROUTER_MAC, P.LB_MAC)
+    assert enc.inner == ip_packet_of(frame), "the inner packet is the client's packet, byte for byte"
+    inner_proto = 4 if case.inner == 4 else 41
+    if case.outer == 4:
+        o = enc.outer
+        assert isinstance(o, IP)
+        assert (o.src, o.ttl, o.tos, o.id, o.flags.DF, o.frag) == (P.SRC4, 64, TOS, 0, True, 0)
+        assert o.dst in case.reals
+        assert ipv4_header_ok(enc.outer_bytes), "outer IPv4 header checksum"
+        assert o.proto == (17 if case.mode != "IPIP" else inner_proto)
+    else:
+        o6 = enc.outer
+        assert isinstance(o6, IPv6)
+        assert (o6.src, o6.hlim, o6.tc) == (P.SRC6, 64, TOS)
+        assert o6.dst in case.reals
+        assert o6.nh == (17 if case.mode != "IPIP" else inner_proto)
+        assert o6.fl != 0, "the flow label carries the flow hash"
+    if case.mode == "IPIP":
+        assert enc.udp is None and enc.gue0 is None
+        return
+    assert enc.udp is not None
+    sport, dport, _length, csum = enc.udp
+    assert 49152 <= sport <= 65535, "GUE source port in the dynamic range"
+    assert dport == P.GUE_PORT
+    if case.outer == 4:
+        assert csum == 0, "outer UDP checksum 0 over IPv4"
+    else:
+        assert csum != 0 and l4_checksum_ok_v6(enc.outer_bytes), "outer UDP checksum over IPv6"
+    if case.mode == "GUE0":
+        assert enc.gue0 == bytes([0, inner_proto, 0, 0])
+    else:
+        assert enc.gue0 is None and enc.inner[0] >> 4 == case.inner
+
+
+@pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
+def test_one_flow_keeps_its_real_source_port_and_label(balancer: Balancer, case: P.EncapCase) -> None:
+    first = decode_encap(balancer.run(flow(case, sport=40300)).out, P.GUE_PORT)
+    again = decode_encap(balancer.run(flow(case, sport=40300, flags="A")).out, P.GUE_PORT)
+    assert first.outer.dst == again.outer.dst
+    assert first.udp == again.udp or (first.udp is not None and again.udp is not None
+                                      and first.udp[:2] == again.udp[:2])
+    if case.outer == 6:
+        assert first.outer.fl == again.outer.fl
+
+
+@pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
+def test_flows_spread_over_reals_ports_and_labels(balancer: Balancer, case: P.EncapCase) -> None:
+    outs = [decode_encap(balancer.run(flow(case, sport=42000 + i)).out, P.GUE_PORT)
+            for i in range(48)]
+    assert {o.outer.dst for o in outs} == set(case.reals), "every real gets some of 48 flows"
+    if case.mode != "IPIP":
+        assert len({o.udp[0] for o in outs if o.udp}) >= 40, "GUE source ports follow the flow"
+    if case.outer == 6:
+        assert len({o.outer.fl for o in outs}) >= 40, "flow labels follow the flow"
+
+
+@pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
+def test_outer_source_from_the_flow_stays_in_the_prefix(balancer_factory: BalancerFactory,
+                                                        case: P.EncapCase) -> None:
+    b = balancer_factory(world=False)
+    b.settings(src4=P.SRC4_NET, src6=P.SRC6_NET)
+    b.vip(case.vip, P.VIP_PORT, "tcp", 0, case.reals, case.mode, flags=_abi.VipFlag.OUTER_SRC_FLOW)
+    net = ipaddress.ip_network(P.SRC4_NET if case.outer == 4 else P.SRC6_NET)
+    srcs = []
+    for i in range(32):
+        enc = decode_encap(b.run(flow(case, sport=43000 + i)).out, P.GUE_PORT)
+        assert ipaddress.ip_address(enc.outer.src) in net
+        if case.outer == 4:
+            assert ipv4_header_ok(enc.outer_bytes)
+        elif case.mode != "IPIP":
+            assert l4_checksum_ok_v6(enc.outer_bytes), "checksum covers the flow-derived source"
+        srcs.append(enc.outer.src)
+    assert len(set(srcs)) >= 24, "32 flows use many outer sources"
+    again = decode_encap(b.run(flow(case, sport=43000, flags="A")).out, P.GUE_PORT)
+    assert again.outer.src == srcs[0]
+
+
+@pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
+def test_jumbo_frame_through_the_frags_program(balancer_factory: BalancerFactory, case: P.EncapCase) -> None:
+    b = balancer_factory()
+    b.settings(mtu=9000)
+    frame = P.sized_tcp_to(case.vip, 8900, sport=44000)
+    assert len(bytes(frame)) > 4096, "large enough to span several buffers in the test run"
+    out = b.run(frame, frags=True)
+    assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP")
+    enc = decode_encap(out.out, P.GUE_PORT)
+    assert enc.inner == ip_packet_of(frame)
+    if case.outer == 6 and case.mode != "IPIP":
+        assert l4_checksum_ok_v6(enc.outer_bytes), "UDP checksum over all fragments of the buffer"
+
+
+@pytest.mark.parametrize("case", [P.ENCAPS[0], P.ENCAPS[4]], ids=[P.ENCAPS[0].id, P.ENCAPS[4].id])
+def test_jumbo_frame_over_the_mtu_is_answered_too_big(balancer_factory: BalancerFactory,
+                                                      case: P.EncapCase) -> None:
+    b = balancer_factory()
+    frame = P.sized_tcp_to(case.vip, 8900, sport=44100)
+    out = b.run(frame, frags=True)
+    assert (out.verdict, out.reason) == ("XDP_TX", "TX_ICMP_TOO_BIG")
+    assert len(out.out) == 14 + (576 if case.inner == 4 else 1280)

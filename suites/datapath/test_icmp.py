@@ -1,0 +1,147 @@
+"""test_icmp.py: echo replies for VIPs, ICMP errors steered to the flow's real, too-big answers."""
+
+from __future__ import annotations
+
+import pytest
+from scapy.layers.inet import ICMP, IP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import Ether
+from scapy.packet import Packet
+
+from . import packets as P
+from .conftest import Balancer, BalancerFactory
+from .frames import decode_encap, icmp4_checksum_ok, ip_packet_of, ipv4_header_ok, l4_checksum_ok_v6
+
+
+def test_echo_request_to_a_vip_is_answered_v4(balancer: Balancer) -> None:
+    out = balancer.run(P.ICMP4_ECHO_TO_VIP)
+    assert (out.verdict, out.reason) == ("XDP_TX", "TX_ICMP_ECHO")
+    reply = Ether(out.out)
+    assert (reply.src, reply.dst) == (P.LB_MAC, P.CLIENT_MAC)
+    ip = reply[IP]
+    assert (ip.src, ip.dst, ip.ttl) == (P.VIP4, P.CLIENT4, 64)
+    assert (ip[ICMP].type, ip[ICMP].code, ip[ICMP].id, ip[ICMP].seq) == (0, 0, 7, 1)
+    raw = bytes(ip)
+    assert ipv4_header_ok(raw) and icmp4_checksum_ok(raw)
+    assert bytes(ip[ICMP].payload) == P.PAYLOAD
+
+
+def test_echo_request_to_a_vip_is_answered_v6(balancer: Balancer) -> None:
+    out = balancer.run(P.ICMP6_ECHO_TO_VIP)
+    assert (out.verdict, out.reason) == ("XDP_TX", "TX_ICMP_ECHO")
+    reply = Ether(out.out)
+    assert (reply.src, reply.dst) == (P.LB_MAC, P.CLIENT_MAC)
+    ip6 = reply[IPv6]
+    assert (ip6.src, ip6.dst, ip6.hlim) == (P.VIP6, P.CLIENT6, 64)
+    raw = bytes(ip6)
+    assert raw[40] == 129 and l4_checksum_ok_v6(raw)
+
+
+@pytest.mark.parametrize("frame", [P.ICMP4_ECHO_NOT_VIP, P.ICMP6_ECHO_NOT_VIP, P.ICMP4_ERROR_NOT_VIP_FLOW],
+                         ids=["echo-v4-not-vip", "echo-v6-not-vip", "error-about-other-flow"])
+def test_icmp_not_about_a_vip_is_passed(balancer: Balancer, frame: Packet) -> None:
+    out = balancer.run(frame)
+    assert (out.verdict, out.reason) == ("XDP_PASS", "PASS_ICMP_NOT_VIP")
+    assert out.out == bytes(frame)
+
+
+STEER_CASES = [  # (id, encap case, quote length in bytes or None for the whole quoted packet)
+    ("ip4-full-quote", P.ENCAPS[0], None),
+    ("ip4-8-bytes-of-tcp", P.ENCAPS[0], 28),
+    ("ip4-gue1", P.ENCAPS[1], None),
+    ("ip6-full-quote", P.ENCAPS[3], None),
+    ("ip6-8-bytes-of-tcp", P.ENCAPS[3], 48),
+    ("ip6-gue1", P.ENCAPS[4], None),
+]
+
+
+@pytest.mark.parametrize(("case", "quote"), [(c, q) for _, c, q in STEER_CASES],
+                         ids=[i for i, _, _ in STEER_CASES])
+def test_icmp_error_about_a_vip_flow_goes_to_the_flows_real(balancer_factory: BalancerFactory,
+                                                            case: P.EncapCase, quote: int | None) -> None:
+    b = balancer_factory()
+    client = P.CLIENT4 if case.inner == 4 else P.CLIENT6
+    reals = set()
+    for sport in range(46000, 46012):  # several flows, so the test fails if steering ignored the quote
+        fwd = decode_encap(b.run(P.tcp_to(case.vip, sport=sport, flags="S")).out, P.GUE_PORT)
+        err = P.icmp_error_about(case.vip, client, cport=sport, quote_len=quote)
+        out = b.run(err)
+        assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP")
+        assert out.events.get("ICMP_STEERED") == 1 and "LRU_HIT" in out.events
+        enc = decode_encap(out.out, P.GUE_PORT)
+        assert enc.outer.dst == fwd.outer.dst, "the error reaches the real that serves the flow"
+        assert enc.inner == ip_packet_of(err)
+        reals.add(enc.outer.dst)
+    assert len(reals) > 1
+
+
+def test_icmp_error_follows_the_ring_when_the_flow_has_no_session(balancer_factory: BalancerFactory) -> None:
+    b = balancer_factory()
+    case = P.ENCAPS[0]
+    for sport in range(46100, 46110):
+        err = P.icmp_error_about(case.vip, P.CLIENT4, cport=sport)
+        steered = decode_encap(b.run(err).out, P.GUE_PORT)
+        fwd = decode_encap(b.run(P.tcp_to(case.vip, sport=sport, flags="S")).out, P.GUE_PORT)
+        assert steered.outer.dst == fwd.outer.dst, "same hash for the quoted flow reversed"
+
+
+def test_icmpv6_destination_unreachable_is_steered(balancer: Balancer) -> None:
+    err = P.icmp_error_about(P.VIP6, P.CLIENT6, cport=46200, v6_type="unreach")
+    out = balancer.run(err)
+    assert out.reason == "TX_ENCAP" and out.events.get("ICMP_STEERED") == 1
+
+
+TOO_BIG = [  # (id, encap case, overhead in bytes)
+    ("ip4-ipip", P.ENCAPS[0], 20),
+    ("ip4-gue1", P.ENCAPS[1], 28),
+    ("ip4-gue0", P.ENCAPS[2], 32),
+    ("ip6-ip6ip6", P.ENCAPS[3], 40),
+    ("ip6-gue1", P.ENCAPS[4], 48),
+    ("ip6-ip4ip6", P.ENCAPS[5], 40),
+]
+
+
+@pytest.mark.parametrize(("case", "overhead"), [(c, o) for _, c, o in TOO_BIG],
+                         ids=[i for i, _, _ in TOO_BIG])
+def test_too_big_is_answered_with_the_real_limit(balancer: Balancer, case: P.EncapCase,
+                                                  overhead: int) -> None:
+    limit = P.MTU - overhead
+    fits = balancer.run(P.sized_tcp_to(case.vip, limit, sport=47000))
+    assert fits.reason == "TX_ENCAP", "a packet of exactly the limit is encapsulated"
+    frame = P.sized_tcp_to(case.vip, limit + 1, sport=47001)
+    out = balancer.run(frame)
+    assert (out.verdict, out.reason) == ("XDP_TX", "TX_ICMP_TOO_BIG")
+    eth = Ether(out.out)
+    assert (eth.src, eth.dst) == (P.LB_MAC, P.CLIENT_MAC)
+    original = ip_packet_of(frame)
+    if case.inner == 4:
+        raw = bytes(eth[IP])
+        ip = IP(raw)
+        assert (ip.src, ip.dst, ip.ttl, ip.proto, ip.len) == (case.vip, P.CLIENT4, 64, 1, 576)
+        assert ipv4_header_ok(raw) and icmp4_checksum_ok(raw)
+        icmp = raw[20:28]
+        assert (icmp[0], icmp[1], int.from_bytes(icmp[6:8], "big")) == (3, 4, limit)
+        assert raw[28:] == original[:548]
+    else:
+        raw = bytes(eth[IPv6])
+        assert len(raw) == 1280
+        ip6 = IPv6(raw)
+        assert (ip6.src, ip6.dst, ip6.hlim, ip6.nh) == (case.vip, P.CLIENT6, 64, 58)
+        assert l4_checksum_ok_v6(raw)
+        assert (raw[40], raw[41], int.from_bytes(raw[44:48], "big")) == (2, 0, limit)
+        assert raw[48:] == original[:1232]
+
+
+def test_too_big_quotes_a_short_packet_whole(balancer_factory: BalancerFactory) -> None:
+    b = balancer_factory()
+    b.settings(mtu=200)
+    frame = P.sized_tcp_to(P.VIP4, 300, sport=47100)
+    raw = bytes(Ether(b.run(frame).out)[IP])
+    assert len(raw) == 28 + 300 and raw[28:] == ip_packet_of(frame)
+    assert icmp4_checksum_ok(raw) and int.from_bytes(raw[26:28], "big") == 180
+
+
+def test_too_big_without_df_is_dropped(balancer: Balancer) -> None:
+    frame = P.sized_tcp_to(P.VIP4, P.MTU, df=False, sport=47200)
+    out = balancer.run(frame)
+    assert (out.verdict, out.reason) == ("XDP_DROP", "DROP_TOO_BIG_NO_DF")
