@@ -66,6 +66,16 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    inst = _instance(args)
+    try:
+        done = inst.upgrade(args.object)
+    finally:
+        inst.close()
+    print(f"replaced the program behind {done['links']} link(s) with {args.object}; maps and sessions kept")
+    return 0
+
+
 def cmd_unload(args: argparse.Namespace) -> int:
     inst = _instance(args)
     inst.unload()
@@ -250,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("apply", help="reconcile the datapath with a config file")
     s.add_argument("file")
     s.set_defaults(fn=cmd_apply)
+    s = sub.add_parser("upgrade", help="replace the running program without dropping a flow")
+    s.add_argument("--object", default=DEFAULT_OBJECT)
+    s.set_defaults(fn=cmd_upgrade)
     s = sub.add_parser("unload", help="detach and remove the instance")
     s.set_defaults(fn=cmd_unload)
     s = sub.add_parser("status", help="interfaces, attach modes, VIPs and reals")

@@ -194,6 +194,24 @@ class Instance:
         state = State.from_json(path.read_text())
         return cls(name, Datapath.open_pinned(cls.pin_dir(name)), state)
 
+    def upgrade(self, obj: str = DEFAULT_OBJECT) -> dict[str, int]:
+        """Hitless replacement: load obj on the pinned maps and swap it in behind every link.
+
+        The links are updated atomically (BPF_LINK_UPDATE): packets see either program, never none,
+        and the session tables, rings and counters are the same maps before and after.
+        """
+        new = Datapath.load_reusing(obj, self.dp, self.config.datapath.udp_timeout_s)
+        frags = self.config.datapath.frags
+        prog = new.programs["balancer_xdp_frags" if frags else "balancer_xdp"]
+        try:
+            for link in self.dp.links:
+                link.update(prog)
+        finally:
+            new.close()  # the links hold the new program; the maps stay pinned
+        self.state.object = obj
+        self.save()
+        return {"links": len(self.dp.links)}
+
     def save(self) -> None:
         path = self.state_path(self.name)
         path.parent.mkdir(parents=True, exist_ok=True)

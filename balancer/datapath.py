@@ -157,6 +157,24 @@ class Datapath:
             obj.close()
             raise
 
+    @classmethod
+    def load_reusing(cls, obj_path: str, running: Datapath, udp_timeout_s: float) -> Datapath:
+        """Load obj_path on top of running's maps (sessions, rings, counters all kept)."""
+        verify_abi(obj_path)
+        obj = BpfObject(obj_path)
+        try:
+            _patch_rodata(obj, "balancer", {"cfg_ring_size": running.ring_size,
+                                            "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9)})
+            for name, m in running.maps.items():
+                obj.reuse_map(name, m.fd)
+            obj.load()
+            maps = {n: obj.map(n) for n in BALANCER_MAPS}
+            progs = {n: obj.program(n) for n in ("balancer_xdp", "balancer_xdp_frags")}
+            return cls(maps, progs, running.ring_size, obj)
+        except BaseException:
+            obj.close()
+            raise
+
     def _create_sessions(self, lru_size: int) -> None:
         outer = self.maps["lb_sessions"]
         key, value = ctypes.sizeof(_abi.Flow), ctypes.sizeof(_abi.Session)

@@ -125,6 +125,7 @@ def _load_library() -> ctypes.CDLL:
         "bpf_map__set_max_entries": (i, [vp, u32]),
         "bpf_map__max_entries": (u32, [vp]),
         "bpf_map__fd": (i, [vp]),
+        "bpf_map__reuse_fd": (i, [vp, i]),
         "bpf_map__type": (i, [vp]),
         "bpf_map__key_size": (u32, [vp]),
         "bpf_map__value_size": (u32, [vp]),
@@ -463,6 +464,11 @@ class BpfObject:
     def set_max_entries(self, name: str, entries: int) -> None:
         _check(lib().bpf_map__set_max_entries(self._map_ptr(name), entries),
                f"size map '{name}' to {entries} entries")
+
+    def reuse_map(self, name: str, fd: int) -> None:
+        """Before load: use an existing map (e.g. a pinned one) instead of creating this one."""
+        _check(lib().bpf_map__reuse_fd(self._map_ptr(name), fd), f"reuse an existing map as '{name}'",
+               "the running map's type, key, value or size differ from the new object's")
 
     def rodata(self) -> bytearray:
         """A copy of the .rodata image (before load)."""

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,3 +180,24 @@ def test_object_with_another_contract_is_refused(ctl: Ctl, tmp_path: Path) -> No
     done = ctl("load", "--interface", "lbc0", "--object", str(obj))
     assert done.returncode == 1
     assert "differs from balancer/_abi.py" in done.stderr and "run `make abi`" in done.stderr
+
+
+def _bpftool(*args: str) -> Any:
+    return json.loads(subprocess.run(["bpftool", "-j", *args], capture_output=True, text=True, check=True).stdout)
+
+
+def test_upgrade_replaces_the_program_and_keeps_the_maps(ctl: Ctl) -> None:
+    assert ctl("load", "--config", str(ctl.tmp / "lb.toml")).returncode == 0
+    pins = Path(controller.Instance.pin_dir(ctl.instance))
+    old_prog = _bpftool("link", "show", "pinned", str(pins / "link_lbc0"))["prog_id"]
+    map_ids = {name: _bpftool("map", "show", "pinned", str(pins / name))["id"]
+               for name in ("lb_vips", "lb_ring", "lb_sessions", "lb_fallback", "lb_reasons")}
+    done = ctl("upgrade")
+    assert done.returncode == 0, done.stderr
+    new_prog = _bpftool("link", "show", "pinned", str(pins / "link_lbc0"))["prog_id"]
+    assert new_prog != old_prog
+    used = set(_bpftool("prog", "show", "id", str(new_prog))["map_ids"])
+    assert set(map_ids.values()) <= used, "the new program must run on the pinned maps"
+    assert {n: _bpftool("map", "show", "pinned", str(pins / n))["id"] for n in map_ids} == map_ids
+    status = json.loads(ctl("status", "--json").stdout)
+    assert status["interfaces"] == {"lbc0": "native"} and len(status["vips"]) == 1
