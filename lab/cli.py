@@ -124,6 +124,52 @@ def _run_shell(args: argparse.Namespace) -> int:
     os.execv(argv[0], argv)
 
 
+def _add_trace(parser: argparse.ArgumentParser) -> None:
+    _add_name(parser)
+    parser.add_argument("--node", action="append", default=[], metavar="NODE",
+                        help="trace only this node (repeatable; default every node of the lab)")
+    parser.add_argument("--seconds", type=float, default=None, metavar="S",
+                        help="trace for S seconds (default until Ctrl-C)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _run_trace(args: argparse.Namespace) -> int:
+    import contextlib
+    import threading
+
+    from lab.trace import Tracer
+
+    if args.seconds is not None and args.seconds <= 0:
+        raise UsageError(f"l4lab trace: --seconds must be positive but got {args.seconds:g}")
+    with Tracer(check_name(args.name), args.node or None) as tracer:
+        if not args.json:
+            until = f"for {args.seconds:g} s" if args.seconds is not None else "until Ctrl-C"
+            print(f"tracing lab '{args.name}' ({', '.join(tracer.nodes)}) {until}", file=sys.stderr)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait(args.seconds)  # the measurement window, not synchronisation
+        report = tracer.report()
+    print(json.dumps(report.as_dict(), indent=1) if args.json else report.render())
+    return 0
+
+
+def _add_vagrant_plan(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topology", nargs="?", default="default", help="a name from lab/topologies or a path")
+    parser.add_argument("--lb-config", metavar="NODE", help="print LB node NODE's balancer config (TOML) instead")
+
+
+def _run_vagrant_plan(args: argparse.Namespace) -> int:
+    from lab import vagrant
+
+    topo = topology.load(args.topology)
+    if args.lb_config is not None:
+        if topo.node(args.lb_config).role != "lb":
+            raise UsageError(f"l4lab vagrant-plan: node '{args.lb_config}' of topology '{topo.name}' is no LB")
+        print(vagrant.lb_config(topo, args.lb_config), end="")
+    else:
+        print(json.dumps(vagrant.plan(topo), indent=1))
+    return 0
+
+
 def _add_passthrough(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="options of the verb (see VERB --help)")
 
@@ -152,6 +198,10 @@ VERBS: dict[str, Verb] = {
     "demo": Verb("balance real traffic through the default lab in every encap mode", _add_passthrough,
                  _run_demo),
     "report": Verb("render results JSON into one HTML report", _add_passthrough, _run_report),
+    "trace": Verb("count XDP exceptions, XDP bulk-TX errors and drop reasons per node", _add_trace,
+                  _run_trace),
+    "vagrant-plan": Verb("print the Vagrant machines a topology implies, as JSON (read by the Vagrantfile)",
+                         _add_vagrant_plan, _run_vagrant_plan),
 }
 
 

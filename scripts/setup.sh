@@ -19,6 +19,7 @@ declare -A extra_pkgs=(
   [trace]="python3-bpfcc linux-headers-amd64"
   [browser]="chromium"
   [tools]="tshark iperf3"
+  [vagrant]="vagrant shellcheck"
 )
 
 log() { printf 'setup: %s\n' "$*"; }

@@ -1,0 +1,245 @@
+"""The Vagrant plan of a topology: the machines, private networks and provisioning steps, as JSON-ready data.
+
+The Vagrantfile reads `l4lab vagrant-plan TOPOLOGY` and only declares what the plan says; everything
+a machine does to itself is in lab/provision/*.sh, run with the arguments listed here. Decisions
+that differ from the netns lab, because these are whole machines:
+
+- Every lab link is a private network of its own; each NIC gets a MAC derived from (topology,
+  node, interface), and common.sh renames the NIC holding that MAC to the topology's interface
+  name, so sysctls, the balancer config and decap name the same interfaces as in the netns lab.
+- The machines keep Vagrant's management NIC and its default route (ssh, apt): a topology
+  `default` route becomes one route per lab network (every link subnet, VIP and LB source prefix
+  that is not connected) via the topology's gateway.
+- Reals always decapsulate with the kernel (tunl0, ip6tnl0 in mode any, `ip fou add port P gue`).
+- The LB's next-hop MAC is known in advance (it is the router's derived MAC), so the balancer
+  config is complete in the plan (`lb_config`, also printed by `l4lab vagrant-plan --lb-config`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+from balancer import config as cfg
+from lab.errors import UsageError
+from lab.lbconf import lb_link, real_addresses
+from lab.topology import TOPOLOGY_DIR, IpNetwork, Node, Topology
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PLAN_SCHEMA = 1
+BOX = "debian/bookworm64"  # Debian 12: its kernel has the ipip, ip6_tunnel and fou modules
+SYNCED_FOLDER = "/vagrant"
+PROVISION_DIR = "lab/provision"
+GUE_PORT = 6080
+LB_ENCAP = {4: "ipip", 6: "ipip"}
+# (cpus, memory MiB) per role: the LB builds the datapath (clang) and runs it.
+RESOURCES = {"client": (1, 512), "router": (1, 512), "lb": (2, 2048), "real": (1, 512)}
+
+
+def mac_for(topology: str, node: str, ifname: str) -> str:
+    """A stable, locally administered unicast MAC for one NIC of one machine."""
+    digest = hashlib.sha256(f"{topology}/{node}/{ifname}".encode()).digest()
+    return ":".join(f"{b:02x}" for b in (0x02, 0x4C, *digest[:4]))
+
+
+def network_name(topo: Topology, index: int) -> str:
+    """The private network of link `index`: unique per topology and link."""
+    return f"l4lab-{topo.name}-link{index}"
+
+
+def _lab_networks(topo: Topology) -> list[IpNetwork]:
+    nets: list[IpNetwork] = []
+    for link in topo.links:
+        for ep in link.endpoints:
+            nets += [a.network for a in ep.all_addresses]
+    nets += [ipaddress.ip_network(v.address) for v in topo.vips]
+    nets += list(topo.lb_source_prefixes)
+    unique: list[IpNetwork] = []
+    for net in nets:
+        if net not in unique:
+            unique.append(net)
+    return unique
+
+
+def routes(topo: Topology, node: Node) -> list[dict[str, str]]:
+    """The node's routes, with each `default` expanded into routes to the lab networks it lacks."""
+    mine = [ep for ep in topo.endpoints_of(node.name)]
+    connected = {a.network for ep in mine for a in ep.all_addresses}
+    vips = {ipaddress.ip_network(v.address) for v in topo.vips} if node.role == "real" else set()
+    explicit = {r.dst for r in node.routes if r.dst is not None}
+    out: list[dict[str, str]] = []
+    for route in node.routes:
+        if route.dst is not None:
+            out.append({"dst": str(route.dst), "via": str(route.via)})
+            continue
+        for net in _lab_networks(topo):
+            if net.version != route.family or net in connected or net in vips or net in explicit:
+                continue
+            if any(net.subnet_of(c) for c in connected if c.version == net.version):  # type: ignore[arg-type]
+                continue
+            out.append({"dst": str(net), "via": str(route.via)})
+    return out
+
+
+def sysctls(topo: Topology, node: Node) -> dict[str, str]:
+    """The node's sysctls with `*` expanded as the netns lab does (all, default, lo, lab interfaces)."""
+    ifnames = [ep.ifname for ep in topo.endpoints_of(node.name)]
+    out: dict[str, str] = {}
+    for key, value in node.sysctls:
+        if ".*." in key:
+            for ifname in ("all", "default", "lo", *ifnames):
+                out[key.replace(".*.", f".{ifname}.")] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _networks(topo: Topology, node: Node) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for index, link in enumerate(topo.links):
+        for mine, peer in ((link.a, link.b), (link.b, link.a)):
+            if mine.node != node.name:
+                continue
+            addresses = mine.all_addresses
+            if not addresses:
+                raise UsageError(
+                    f"topology '{topo.name}': {node.name}:{mine.ifname} has no address; "
+                    "a Vagrant private network needs one"
+                )
+            primary = next((a for a in addresses if a.version == 4), addresses[0])
+            out.append({
+                "network": network_name(topo, index),
+                "link": index,
+                "ifname": mine.ifname,
+                "peer": f"{peer.node}:{peer.ifname}",
+                "mac": mac_for(topo.name, node.name, mine.ifname),
+                "mtu": link.mtu,
+                "ip": str(primary.ip),
+                "netmask": str(primary.netmask) if primary.version == 4 else str(primary.network.prefixlen),
+                "addresses": [str(a) for a in addresses],
+                "offloads": {k: v for k, v in mine.offloads},
+            })
+    return out
+
+
+def _vips(topo: Topology) -> list[dict[str, Any]]:
+    return [
+        {
+            "address": str(v.address),
+            "services": [{"proto": p.proto, "port": p.port, "service": p.service} for p in v.ports],
+        }
+        for v in topo.vips
+    ]
+
+
+def lb_config(topo: Topology, lb: str) -> str:
+    """The balancer config (TOML) of LB node `lb` on its Vagrant machine."""
+    ifname, peer, peer_if = lb_link(topo, lb)
+    src4 = next((p for p in topo.lb_source_prefixes if p.version == 4), ipaddress.IPv4Network("0.0.0.0/32"))
+    src6 = next((p for p in topo.lb_source_prefixes if p.version == 6), ipaddress.IPv6Network("::/128"))
+    vips: list[cfg.Vip] = []
+    for vip in topo.vips:
+        family = vip.address.version
+        reals = tuple(
+            cfg.Real(address=ipaddress.ip_address(a)) for _, a in sorted(real_addresses(topo, family).items())
+        )
+        encap = LB_ENCAP[family]
+        for port in vip.ports:
+            vips.append(cfg.Vip(
+                address=vip.address, port=port.port, proto=port.proto,  # type: ignore[arg-type]
+                encap=encap,  # type: ignore[arg-type]
+                outer_src="flow" if encap == "ipip" else "fixed", reals=reals,
+            ))
+    config = cfg.Config(
+        # virtio-net may refuse native XDP (too few queues): auto falls back to generic.
+        datapath=cfg.DatapathConfig(interfaces=(ifname,), mode="auto"),
+        encap=cfg.EncapConfig(nexthop_mac=mac_for(topo.name, peer, peer_if), gue_port=GUE_PORT,
+                              src4=src4, src6=src6),
+        vips=tuple(vips),
+    )
+    return cfg.dump(config)
+
+
+def topology_ref(topo: Topology) -> str:
+    """How a machine names the topology: its name if shipped, else its path inside the synced repo."""
+    path = topo.path.resolve()
+    if path.parent == TOPOLOGY_DIR.resolve():
+        return topo.name
+    try:
+        return f"{SYNCED_FOLDER}/{path.relative_to(REPO_ROOT)}"
+    except ValueError:
+        raise UsageError(
+            f"topology file {topo.path} is outside the repository {REPO_ROOT}, so the machines cannot "
+            "read it from the synced folder; copy it into the repository"
+        ) from None
+
+
+def _provision(topo: Topology, node: Node, networks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    args: list[str] = ["--name", node.name]
+    for net in networks:
+        args += ["--iface", net["mac"], net["ifname"], str(net["mtu"])]
+        for addr in net["addresses"]:
+            args += ["--addr", net["ifname"], addr]
+        for feature, on in net["offloads"].items():
+            args += ["--offload", net["ifname"], feature, "on" if on else "off"]
+    for key, value in sysctls(topo, node).items():
+        args += ["--sysctl", key, value]
+    for route in routes(topo, node):
+        args += ["--route", route["dst"], route["via"]]
+    steps = [{"script": f"{PROVISION_DIR}/common.sh", "args": args}]
+    if node.role == "real":
+        real_args = ["--name", node.name, "--repo", SYNCED_FOLDER, "--gue-port", str(GUE_PORT)]
+        for vip in topo.vips:
+            real_args += ["--vip", str(vip.address)]
+            for port in vip.ports:
+                real_args += [f"--{port.service}", f"{vip.address}:{port.port}"
+                              if vip.address.version == 4 else f"[{vip.address}]:{port.port}"]
+        steps.append({"script": f"{PROVISION_DIR}/real.sh", "args": real_args})
+    elif node.role == "router":
+        steps.append({"script": f"{PROVISION_DIR}/router.sh",
+                      "args": ["--iface-all", *[n["ifname"] for n in networks]]})
+    elif node.role == "lb":
+        steps.append({"script": f"{PROVISION_DIR}/lb.sh",
+                      "args": ["--repo", SYNCED_FOLDER, "--topology", topology_ref(topo), "--node", node.name]})
+    else:
+        steps.append({"script": f"{PROVISION_DIR}/client.sh", "args": ["--repo", SYNCED_FOLDER]})
+    return steps
+
+
+def node_plan(topo: Topology, node: Node) -> dict[str, Any]:
+    """The plan of one machine."""
+    cpus, memory = RESOURCES[node.role]
+    networks = _networks(topo, node)
+    entry: dict[str, Any] = {
+        "name": node.name,
+        "hostname": f"{topo.name}-{node.name}",
+        "role": node.role,
+        "box": BOX,
+        "cpus": cpus,
+        "memory": memory,
+        "networks": networks,
+        "routes": routes(topo, node),
+        "sysctls": sysctls(topo, node),
+        "vips": _vips(topo) if node.role == "real" else [],
+        "decap": (
+            {"mode": "kernel", "ipip": "tunl0", "ip6": "ip6tnl0", "gue_ports": [GUE_PORT]}
+            if node.role == "real" else None
+        ),
+        "provision": _provision(topo, node, networks),
+    }
+    if node.role == "lb":
+        entry["lb_config"] = lb_config(topo, node.name)
+    return entry
+
+
+def plan(topo: Topology) -> dict[str, Any]:
+    """The whole plan: one entry per node, in the topology's order."""
+    return {
+        "schema": PLAN_SCHEMA,
+        "topology": topo.name,
+        "description": topo.description,
+        "synced_folder": SYNCED_FOLDER,
+        "nodes": [node_plan(topo, node) for node in topo.nodes],
+    }
