@@ -228,6 +228,8 @@ RODATA = {
     "decap": {
         "cfg_gue_port": (36, 2),
     },
+    "healthcheck": {
+    },
     "pass": {
     },
 }
@@ -236,5 +238,6 @@ RODATA = {
 DIGESTS = {
     "balancer": "886a7abf30f6d118297f59d95f94589c",
     "decap": "be127058b74e9a4c2fc3e0095179d362",
+    "healthcheck": "f64587aba64d907fd1778be348208a89",
     "pass": "b83480fea9390bb1bc108ed748e95d52",
 }

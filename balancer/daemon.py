@@ -1,0 +1,306 @@
+"""daemon.py: `lbctl run`, the controller daemon — keep a balancer instance matching a config file.
+
+At start it loads the instance, or adopts the one already loaded (after a restart or a crash the
+program is never reloaded, so forwarding and sessions carry on), and applies the config. Then it
+waits for three kinds of event:
+
+* a real changes health (``fall`` failed probes in a row: down; ``rise`` good ones: up): the config
+  is applied again with the down reals passed to ``Instance.apply(down=...)``, so their weight is 0
+  (no new flows) while their existing sessions continue through the session tables;
+* SIGHUP: the file is read again and applied through the same transactional apply; a file that
+  does not validate, or an apply the datapath refuses, is logged and the running state is kept;
+* SIGTERM or SIGINT: health checks and the metrics endpoint stop and the process exits 0, leaving
+  the datapath loaded and forwarding (``lbctl unload`` removes it).
+
+Reals of a VIP with a health check start healthy, except those the instance's state recorded as
+down (a restarted daemon keeps draining them until they pass ``rise`` probes). Health checks with
+``via = "tunnel"`` load ``healthcheck.o`` (beside the balancer object) and attach its ``hc_encap``
+program to tc egress of the instance's interfaces while the daemon runs; those links are not
+pinned, so they go with the process. Logs are JSON lines on stderr (``balancer/logs.py``); metrics
+are served at ``metrics.listen`` (``balancer/metrics.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import queue
+import signal
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from balancer import _abi, health
+from balancer import config as cfg
+from balancer.controller import DEFAULT_OBJECT, Instance
+from balancer.errors import ConfigError, LbError
+from balancer.logs import Logger
+from balancer.metrics import MetricsServer, instance_families, render
+
+__all__ = ["Daemon", "run"]
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass(frozen=True)
+class _Signal:
+    signum: int
+
+
+Event = _Signal | health.Transition
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("l4lab")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed as a package)"
+
+
+class Daemon:
+    """One running controller: the instance, its config, the health monitor and the metrics server."""
+
+    def __init__(self, config_path: str, name: str, log: Logger) -> None:
+        self.config_path = config_path
+        self.name = name
+        self.log = log
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.lock = threading.Lock()  # apply (main thread) against scrapes (metrics thread)
+        self.applies: dict[tuple[str, bool], int] = {}
+        self.instance: Instance | None = None
+        self.config = cfg.Config()
+        self.monitor = health.Monitor(self.events.put)
+        self.metrics: MetricsServer | None = None
+        self.tunnel: health.TunnelEncap | None = None
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start(self, interfaces: Sequence[str], mode: str | None, obj: str) -> None:
+        """Read the config, load or adopt the instance, apply, then start probes and metrics."""
+        self.config = self._read_config()
+        inst = self._load_or_adopt(interfaces, mode, obj)
+        self.instance = inst
+        down = {(vip, addr) for vip, addrs in inst.state.down.items() for addr in addrs}
+        targets = self._targets(self.config)
+        self.monitor.set_targets(targets, down)
+        self._apply("start", self.config, raise_errors=True, targets=targets)
+        self.metrics = self._serve_metrics(self.config.metrics)
+        self.monitor.start()
+        self.log.info("running", instance=self.name, config=self.config_path,
+                      vips=len(self.config.vips), health_targets=len(targets),
+                      tunnel_probes=sum(1 for t in targets if t.mark), metrics=self.metrics.listen)
+
+    def _read_config(self) -> cfg.Config:
+        c = cfg.load(self.config_path)
+        health.require_supported(c, self.config_path)
+        return c
+
+    def _load_or_adopt(self, interfaces: Sequence[str], mode: str | None, obj: str) -> Instance:
+        state = Instance.state_path(self.name)
+        pins = Path(Instance.pin_dir(self.name))
+        if state.exists() and not (pins / "lb_vips").exists():
+            # /run survived but bpffs did not (or someone removed the pins): nothing runs to adopt.
+            self.log.warning("stale_state", instance=self.name, state=str(state),
+                             detail="the state file names no pinned datapath; loading afresh")
+            state.unlink()
+        if state.exists():
+            inst = Instance.open(self.name)
+            self.log.info("adopted", instance=self.name, interfaces=inst.state.interfaces,
+                          object=inst.state.object, pins=str(pins),
+                          down={k: v for k, v in inst.state.down.items()})
+            wanted = list(interfaces) or list(self.config.datapath.interfaces)
+            if sorted(wanted) != sorted(inst.state.interfaces):
+                self.log.warning("interfaces_differ", instance=self.name,
+                                 running=sorted(inst.state.interfaces),
+                                 configured=sorted(wanted),
+                                 detail="the running datapath keeps its attachments; run `lbctl unload` "
+                                        "and restart the daemon to change them")
+            return inst
+        ifaces = list(interfaces) or list(self.config.datapath.interfaces)
+        attach_mode = mode or self.config.datapath.mode
+        inst = Instance.load(self.name, ifaces, attach_mode, self.config, obj)
+        self.log.info("loaded", instance=self.name, interfaces=inst.attach_modes(), object=obj,
+                      pins=str(pins))
+        return inst
+
+    def _targets(self, config: cfg.Config) -> list[health.Target]:
+        """The probe targets of config; loads and attaches hc_encap the first time a VIP needs it."""
+        if not health.uses_tunnel(config):
+            return health.targets_of(config)
+        if self.tunnel is None:
+            inst = self.instance
+            assert inst is not None
+            obj = str(Path(inst.state.object).with_name("healthcheck.o"))
+            self.tunnel = health.TunnelEncap(obj, inst.state.interfaces)
+            self.log.info("tunnel_probes", program="hc_encap", object=obj,
+                          interfaces=sorted(inst.state.interfaces), direction="tc egress")
+        return health.targets_of(config, self.tunnel.mark)
+
+    def _serve_metrics(self, m: cfg.MetricsConfig) -> MetricsServer:
+        server = MetricsServer(m.host, m.port, self.scrape, self._scrape_failed)
+        server.start()
+        return server
+
+    def _scrape_failed(self, exc: BaseException) -> None:
+        self.log.error("scrape_failed", error=str(exc) or repr(exc))
+
+    # -- events --------------------------------------------------------------------------------
+
+    def serve(self) -> int:
+        """Handle events until SIGTERM or SIGINT; returns the exit status (0)."""
+        while True:
+            ev = self.events.get()
+            if isinstance(ev, health.Transition):
+                t = ev.target
+                self.log.log("info" if ev.healthy else "warning", "real_up" if ev.healthy else "real_down",
+                             vip=t.vip, real=t.address, detail=ev.detail,
+                             check=t.check.type, port=t.check.port)
+                self._apply("health", self.config, raise_errors=False)
+            elif ev.signum == signal.SIGHUP:
+                self.reload()
+            else:
+                self.log.info("stopping", signal=signal.Signals(ev.signum).name,
+                              detail="the datapath stays loaded and forwarding; `lbctl unload` removes it")
+                return 0
+
+    def reload(self) -> None:
+        """Read the file again and apply it; on any error log it and keep the running state."""
+        self.log.info("reload", config=self.config_path)
+        metrics = self.metrics
+        try:
+            new = self._read_config()
+            if new.datapath != self.config.datapath:
+                self.log.warning("restart_needed", keys="datapath",
+                                 detail="datapath settings (interfaces, mode, map sizes, frags) take effect "
+                                        "only when the instance is loaded again (`lbctl unload`, then restart)")
+            if new.metrics != self.config.metrics:
+                metrics = self._serve_metrics(new.metrics)
+            targets = self._targets(new)
+        except LbError as exc:  # ConfigError included
+            self._count("reload", False)
+            self._reload_failed(str(exc), metrics)
+            return
+        if not self._apply("reload", new, raise_errors=False, targets=targets):  # counted there
+            self._reload_failed("the datapath refused the new configuration (see apply_failed)", metrics)
+            return
+        self.config = new
+        if metrics is not self.metrics:
+            old, self.metrics = self.metrics, metrics
+            if old is not None:
+                old.stop()
+            self.log.info("metrics_moved", metrics=metrics.listen if metrics else "")
+
+    def _reload_failed(self, error: str, metrics: MetricsServer | None) -> None:
+        """Log a refused reload and undo what it started (a new metrics listener, an unneeded tunnel)."""
+        self.log.error("reload_failed", config=self.config_path, error=error,
+                       detail="keeping the running configuration")
+        if metrics is not None and metrics is not self.metrics:
+            metrics.stop()
+        if self.tunnel is not None and not health.uses_tunnel(self.config):
+            self.tunnel.close()
+            self.tunnel = None
+
+    def _apply(self, trigger: str, config: cfg.Config, *, raise_errors: bool,
+               targets: list[health.Target] | None = None) -> bool:
+        """Apply config minus the reals down now; with targets, switch the monitor to them on success
+        (and forget the tunnel marks of reals no longer probed through the tunnel)."""
+        inst = self.instance
+        assert inst is not None
+        keys = {(v.name, str(r.address)) for v in config.vips if v.healthcheck is not None for r in v.reals}
+        down = {vip: [a for a in addrs if (vip, a) in keys] for vip, addrs in self.monitor.down().items()}
+        down = {vip: addrs for vip, addrs in down.items() if addrs}
+        try:
+            with self.lock:
+                report = inst.apply(config, down=down)
+                if targets is not None:
+                    self.monitor.set_targets(targets)
+                    if self.tunnel is not None:
+                        self.tunnel.keep_only({t.address for t in targets if t.mark})
+        except LbError as exc:
+            self._count(trigger, False)
+            self.log.error("apply_failed", trigger=trigger, error=str(exc),
+                           detail="the datapath keeps its previous state")
+            if raise_errors:
+                raise
+            return False
+        self._count(trigger, True)
+        self.log.info("applied", trigger=trigger, writes=report.writes,
+                      **{k: v for k, v in report.__dict__.items() if v}, down=down)
+        return True
+
+    def _count(self, trigger: str, ok: bool) -> None:
+        with self.lock:
+            self.applies[(trigger, ok)] = self.applies.get((trigger, ok), 0) + 1
+
+    # -- metrics -------------------------------------------------------------------------------
+
+    def scrape(self) -> str:
+        """The metrics text: counters read from the maps now, health and weights as applied."""
+        inst = self.instance
+        assert inst is not None
+        status = {(s.target.vip, s.target.address): s for s in self.monitor.snapshot()}
+        with self.lock:
+            stats = inst.stats()
+            config = self.config
+            applied_down = {vip: set(addrs) for vip, addrs in inst.state.down.items()}
+            applies = dict(self.applies)
+        reals: list[dict[str, Any]] = []
+        for vip in config.vips:
+            for r in vip.reals:
+                addr = str(r.address)
+                st = status.get((vip.name, addr))
+                reals.append({
+                    "vip": vip.name, "real": addr, "up": st.healthy if st else True,
+                    "weight": 0 if addr in applied_down.get(vip.name, set()) else r.weight,
+                    "configured_weight": r.weight, "checked": st is not None,
+                    "checks_ok": st.checks_ok if st else 0, "checks_failed": st.checks_failed if st else 0,
+                })
+        build = {"version": _version(), "abi_digest": _abi.DIGESTS.get("balancer", ""),
+                 "python": platform.python_version(), "instance": self.name}
+        return render(instance_families(stats, reals, applies, build))
+
+    # -- stop ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop probes and metrics and close our file descriptors; pins keep the datapath loaded."""
+        self.monitor.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
+        if self.tunnel is not None:
+            self.tunnel.close()
+            self.tunnel = None
+        if self.instance is not None:
+            self.instance.close()
+            self.instance = None
+
+
+def run(config_path: str, instance: str, *, interfaces: Sequence[str] = (), mode: str | None = None,
+        obj: str = DEFAULT_OBJECT, log: Logger | None = None) -> int:
+    """Run the daemon until SIGTERM/SIGINT. Exit status: 0 stopped, 2 bad config at start, 1 other errors."""
+    log = log or Logger()
+    daemon = Daemon(config_path, instance, log)
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        daemon.events.put(_Signal(signum))  # SimpleQueue.put is safe inside a signal handler
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGHUP, *_STOP_SIGNALS)}
+    try:
+        try:
+            daemon.start(interfaces, mode, obj)
+        except ConfigError as exc:
+            log.error("start_failed", instance=instance, config=config_path, error=str(exc))
+            return 2
+        except LbError as exc:
+            log.error("start_failed", instance=instance, config=config_path, error=str(exc))
+            return 1
+        status = daemon.serve()
+        log.info("stopped", instance=instance)
+        return status
+    finally:
+        daemon.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)

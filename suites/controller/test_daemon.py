@@ -1,0 +1,661 @@
+"""`lbctl run` end to end in a private netns world: drains on failed health checks, sessions kept,
+metrics, SIGHUP reloads, crash and adoption, and the packaging's install script.
+
+The world (prefix ``dmt-``): netns ``dmt-<id>-lb`` holds veth ``lb0`` (192.0.2.1/24, the balancer's
+XDP program attaches there) whose peer ``rl0`` sits in ``dmt-<id>-rl`` with one address per real
+(192.0.2.2, .3, .4), each served by its own process (HTTP on port 80, UDP echo on 9000) so a real is
+killed alone. The daemon runs in the lb netns as ``python -m balancer.cli --instance dmt-<id> run``.
+Client packets are written onto ``rl0`` with a packet socket: they enter ``lb0`` where the balancer
+picks a real and counts it per real (the encapsulated frames it transmits back are not needed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from pyroute2 import NetNS, netns
+from scapy.layers.inet import IP, TCP
+from scapy.layers.l2 import Ether
+
+from balancer import config as cfg
+from balancer import controller, health
+from balancer.controller import Instance
+from balancer.datapath import Datapath, Decap
+
+REPO = Path(__file__).resolve().parents[2]
+OBJ = REPO / "build" / "bpf" / "balancer.o"
+PY = sys.executable
+VIP = "198.51.100.100"
+TCP_VIP = f"{VIP}:80/tcp"
+UDP_VIP = f"{VIP}:9000/udp"
+REALS = ["192.0.2.2", "192.0.2.3"]
+EXTRA_REAL = "192.0.2.4"
+INTERVAL, TIMEOUT, RISE, FALL = 0.2, 0.15, 2, 2
+MARGIN = 1.5  # scheduling, apply and ring read-back on a shared 2-vCPU machine
+METRICS_PORT = 9100
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.ismount("/sys/fs/bpf"),
+                                reason="needs root and bpffs mounted at /sys/fs/bpf")
+
+T = TypeVar("T")
+
+# A real server: HTTP/1.0 200 on TCP port 80 and UDP echo on 9000, bound to one address.
+SERVER = r"""
+import selectors, socket, sys
+addr = sys.argv[1]
+sel = selectors.DefaultSelector()
+t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+t.bind((addr, 80)); t.listen(128); sel.register(t, selectors.EVENT_READ)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((addr, 9000))
+sel.register(u, selectors.EVENT_READ)
+print("ready", flush=True)
+while True:
+    for key, _ in sel.select():
+        if key.fileobj is u:
+            data, peer = u.recvfrom(2048); u.sendto(data, peer)
+            continue
+        c, _ = t.accept(); c.settimeout(1.0)
+        try:
+            if c.recv(4096).startswith(b"GET"):
+                c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+        except OSError:
+            pass
+        c.close()
+"""
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+
+
+def in_netns(ns: str, fn: Callable[[], T]) -> T:
+    """Run fn in a thread that has entered netns ns (sockets it makes stay in that netns)."""
+    box: dict[str, Any] = {}
+
+    def body() -> None:
+        fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+        try:
+            if _libc.setns(fd, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into {ns}")
+        finally:
+            os.close(fd)
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    th = threading.Thread(target=body)
+    th.start()
+    th.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def wait_for(pred: Callable[[], T | None], timeout: float, what: str, poll: float = 0.02) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: still not true after {timeout:g} s")
+        time.sleep(poll)  # polling interval of a deadline loop
+
+
+class World:
+    """The two namespaces, the real servers and the daemons of one test; everything undone at close."""
+
+    def __init__(self, stack: ExitStack, tmp: Path) -> None:
+        self.stack = stack
+        self.tmp = tmp
+        self.id = uuid.uuid4().hex[:6]
+        self.instance = f"dmt-{self.id}"
+        self.lb = f"dmt-{self.id}-lb"
+        self.rl = f"dmt-{self.id}-rl"
+        self.servers: dict[str, subprocess.Popen[str]] = {}
+        for ns in (self.lb, self.rl):
+            netns.create(ns)
+            stack.callback(_remove_netns, ns)
+        with NetNS(self.lb) as ipr:
+            ipr.link("add", ifname="lb0", kind="veth", peer={"ifname": "rl0", "net_ns_fd": self.rl})
+            idx = ipr.link_lookup(ifname="lb0")[0]
+            ipr.addr("add", index=idx, address="192.0.2.1", prefixlen=24)
+            ipr.link("set", index=idx, state="up")
+            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+            self.lb_mac = ipr.get_links(idx)[0].get_attr("IFLA_ADDRESS")
+        with NetNS(self.rl) as ipr:
+            idx = ipr.link_lookup(ifname="rl0")[0]
+            for addr in (*REALS, EXTRA_REAL):
+                ipr.addr("add", index=idx, address=addr, prefixlen=24)
+            ipr.link("set", index=idx, state="up")
+            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+            self.rl_mac = ipr.get_links(idx)[0].get_attr("IFLA_ADDRESS")
+        self.state_root = tmp / "state"
+        stack.callback(self._unload)
+        self.log_path = tmp / "daemon.log"
+        self.daemon: subprocess.Popen[bytes] | None = None
+
+    # -- servers --------------------------------------------------------------------------------
+
+    def start_server(self, addr: str) -> None:
+        proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{self.rl}", PY, "-c", SERVER, addr],
+                                stdout=subprocess.PIPE, text=True)
+        self.stack.callback(_kill, proc)
+        self.servers[addr] = proc
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the server prints "ready" once bound, or exits
+        assert line.strip() == "ready", f"real server on {addr} did not start: {line!r}"
+
+    def kill_server(self, addr: str) -> None:
+        _kill(self.servers.pop(addr))
+
+    # -- daemon ---------------------------------------------------------------------------------
+
+    def write_config(self, reals: list[str], *, extra: str = "", name: str = "lb.toml") -> Path:
+        reals_toml = ", ".join(f'{{ address = "{a}" }}' for a in reals)
+        hc = f"interval_s = {INTERVAL}\ntimeout_s = {TIMEOUT}\nrise = {RISE}\nfall = {FALL}\n"
+        text = f"""
+[datapath]
+interfaces = ["lb0"]
+ring_size = 251
+max_vips = 8
+max_reals = 16
+lru_size = 1024
+fallback_size = 256
+
+[metrics]
+listen = "127.0.0.1:{METRICS_PORT}"
+
+[[vips]]
+address = "{VIP}"
+port = 80
+proto = "tcp"
+reals = [{reals_toml}]
+
+[vips.healthcheck]
+type = "http"
+path = "/health"
+{hc}{extra}
+[[vips]]
+address = "{VIP}"
+port = 9000
+proto = "udp"
+encap = "gue1"
+reals = [{reals_toml}]
+
+[vips.healthcheck]
+type = "udp"
+{hc}"""
+        path = self.tmp / name
+        path.write_text(text)
+        return path
+
+    def start_daemon(self, config: Path) -> int:
+        """Start the daemon; returns the log line index from which its own lines start."""
+        mark = len(self.logs())
+        env = dict(os.environ, LBCTL_STATE_ROOT=str(self.state_root), PYTHONPATH=str(REPO))
+        with open(self.log_path, "ab") as log:
+            self.daemon = subprocess.Popen(
+                ["nsenter", f"--net=/run/netns/{self.lb}", PY, "-m", "balancer.cli", "--instance",
+                 self.instance, "run", "--config", str(config), "--object", str(OBJ)],
+                cwd=REPO, env=env, stderr=log, stdout=log)
+        self.stack.callback(_kill, self.daemon)
+        return mark
+
+    def wait_running(self, mark: int, timeout: float = 20.0) -> dict[str, Any]:
+        return self.wait_event("running", mark, timeout)
+
+    def logs(self) -> list[dict[str, Any]]:
+        if not self.log_path.exists():
+            return []
+        lines = self.log_path.read_text().splitlines()
+        out = []
+        for line in lines:
+            rec = json.loads(line)  # every line the daemon writes is one JSON object
+            assert {"ts", "level", "event"} <= set(rec), line
+            out.append(rec)
+        return out
+
+    def wait_event(self, event: str, mark: int = 0, timeout: float = 10.0,
+                   match: Callable[[dict[str, Any]], bool] = lambda _r: True) -> dict[str, Any]:
+        def found() -> dict[str, Any] | None:
+            exited = self.daemon is not None and self.daemon.poll() is not None
+            rec = next((r for r in self.logs()[mark:] if r["event"] == event and match(r)), None)
+            if rec is None and exited:
+                assert self.daemon is not None
+                raise AssertionError(f"daemon exited with {self.daemon.returncode} before '{event}':\n"
+                                     + self.log_path.read_text()[-3000:])
+            return rec
+        return wait_for(found, timeout, f"log event '{event}'")
+
+    # -- datapath views -------------------------------------------------------------------------
+
+    def ring_ids(self, vip: str) -> set[int]:
+        inst = Instance.open(self.instance)
+        try:
+            return set(inst.dp.ring(inst.state.vip_nums[vip])) - {0}
+        finally:
+            inst.close()
+
+    def real_id(self, addr: str) -> int:
+        inst = Instance.open(self.instance)
+        try:
+            return inst.state.real_ids[addr]
+        finally:
+            inst.close()
+
+    def stats(self) -> dict[str, Any]:
+        inst = Instance.open(self.instance)
+        try:
+            return inst.stats()
+        finally:
+            inst.close()
+
+    def prog_id(self) -> int:
+        out = subprocess.run(["bpftool", "link", "show", "pinned",
+                              f"{Instance.pin_dir(self.instance)}/link_lb0", "-j"],
+                             check=True, capture_output=True, text=True).stdout
+        return int(json.loads(out)["prog_id"])
+
+    def scrape(self, path: str = "/metrics") -> tuple[int, str, str]:
+        def get() -> tuple[int, str, str]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}{path}", timeout=5) as r:
+                    return r.status, r.headers["Content-Type"], r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.headers["Content-Type"], e.read().decode()
+        return in_netns(self.lb, get)
+
+    def send_ack(self, sport: int, client: str = "203.0.113.7") -> None:
+        frame = bytes(Ether(dst=self.lb_mac, src=self.rl_mac) / IP(src=client, dst=VIP) /
+                      TCP(sport=sport, dport=80, flags="A", seq=1, ack=1) / b"x")
+
+        def send() -> None:
+            # Session tables are per CPU and veth runs XDP on the sender's CPU: pin the sender, as
+            # RSS keeps a flow on one queue on a real NIC.
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+            with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
+                s.bind(("rl0", 0))
+                s.send(frame)
+        in_netns(self.rl, send)
+
+    def flow_real(self, sport: int) -> str:
+        """Send one ACK of flow sport and return the real the balancer counted it for."""
+        before = {a: c["packets"] for a, c in self.stats()["reals"].items()}
+        self.send_ack(sport)
+
+        def moved() -> str | None:
+            after = self.stats()["reals"]
+            hit = [a for a, c in after.items() if c["packets"] > before.get(a, 0)]
+            return hit[0] if hit else None
+        return wait_for(moved, 5.0, f"the balancer counting flow {sport} for a real")
+
+    def _unload(self) -> None:
+        saved = controller.STATE_ROOT
+        controller.STATE_ROOT = str(self.state_root)
+        try:
+            if Instance.state_path(self.instance).exists() and \
+                    Path(Instance.pin_dir(self.instance), "lb_vips").exists():
+                Instance.open(self.instance).unload()
+            Datapath.unpin(Instance.pin_dir(self.instance))
+            Instance.state_path(self.instance).unlink(missing_ok=True)
+            Path("/run/lbctl", f"{self.instance}.json").unlink(missing_ok=True)
+        finally:
+            controller.STATE_ROOT = saved
+
+
+def _kill(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _remove_netns(ns: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # already gone
+        netns.remove(ns)
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    """Name: world. Scope: function. Depends: root, bpffs, built balancer object.
+
+    Two namespaces joined by a veth, real servers and daemons on demand; all removed afterwards::
+
+        def test_x(world):
+            world.start_server("192.0.2.2"); mark = world.start_daemon(world.write_config(["192.0.2.2"]))
+            world.wait_running(mark)
+    """
+    if not OBJ.exists():
+        pytest.fail(f"{OBJ} is missing: run `make bpf` first")
+    monkeypatch.setattr(controller, "STATE_ROOT", str(tmp_path / "state"))
+    with ExitStack() as stack:
+        w = World(stack, tmp_path)
+        try:
+            yield w
+        except BaseException:
+            if w.log_path.exists():
+                print(w.log_path.read_text()[-4000:], file=sys.stderr)  # the daemon's story
+            raise
+
+
+def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    out: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)', line)
+        assert m, f"not a sample line: {line!r}"
+        labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+        out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def _get(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+# ------------------------------------------------------------------------------------------- tests
+
+
+def test_failed_real_is_drained_keeps_its_sessions_and_comes_back(world: World) -> None:
+    for addr in REALS:
+        world.start_server(addr)
+    mark = world.start_daemon(world.write_config(REALS))
+    world.wait_running(mark)
+    a, b = REALS
+    id_a, id_b = world.real_id(a), world.real_id(b)
+    assert world.ring_ids(TCP_VIP) == {id_a, id_b}
+    assert world.ring_ids(UDP_VIP) == {id_a, id_b}
+
+    # A flow that the ring sends to a, established before a fails.
+    sport = next(p for p in range(20000, 20100) if world.flow_real(p) == a)
+
+    t_kill = time.monotonic()
+    world.kill_server(a)
+    ev = world.wait_event("real_down", mark, FALL * INTERVAL + TIMEOUT + MARGIN,
+                          match=lambda r: r["vip"] == TCP_VIP and r["real"] == a)
+    assert "connection refused" in ev["detail"]
+    wait_for(lambda: world.ring_ids(TCP_VIP) == {id_b}, FALL * INTERVAL + TIMEOUT + MARGIN,
+             f"{a} (id {id_a}) leaving the ring of {TCP_VIP}")
+    took = time.monotonic() - t_kill
+    print(f"\ndrain: {a} out of the ring {took:.2f} s after its server died "
+          f"(fall {FALL} x interval {INTERVAL} s, timeout {TIMEOUT} s)")
+    assert took <= FALL * INTERVAL + TIMEOUT + MARGIN, took
+    world.wait_event("real_down", mark, 3.0, match=lambda r: r["vip"] == UDP_VIP and r["real"] == a)
+    wait_for(lambda: world.ring_ids(UDP_VIP) == {id_b}, 3.0, f"{a} leaving the ring of {UDP_VIP}")
+    status, _ctype, text = world.scrape()
+    s = _samples(text)
+    assert _get(s, "l4lab_real_up", vip=TCP_VIP, real=a) == 0
+    assert _get(s, "l4lab_real_weight", vip=TCP_VIP, real=a) == 0
+    assert _get(s, "l4lab_real_configured_weight", vip=TCP_VIP, real=a) == 1
+    assert _get(s, "l4lab_real_up", vip=TCP_VIP, real=b) == 1
+    assert _get(s, "l4lab_health_checks_total", vip=TCP_VIP, real=a, result="failed") >= FALL
+
+    # The established flow still reaches a through its session; new flows all go to b.
+    assert world.flow_real(sport) == a
+    assert {world.flow_real(p) for p in range(21000, 21012)} == {b}
+
+    t_up = time.monotonic()
+    world.start_server(a)
+    world.wait_event("real_up", mark, RISE * INTERVAL + TIMEOUT + MARGIN,
+                     match=lambda r: r["vip"] == TCP_VIP and r["real"] == a)
+    wait_for(lambda: world.ring_ids(TCP_VIP) == {id_a, id_b}, RISE * INTERVAL + MARGIN,
+             f"{a} returning to the ring")
+    back = time.monotonic() - t_up
+    print(f"restore: {a} back in the ring {back:.2f} s after its server started (rise {RISE})")
+    assert back <= RISE * INTERVAL + TIMEOUT + 2 * MARGIN
+    wait_for(lambda: world.ring_ids(UDP_VIP) == {id_a, id_b}, 3.0, f"{a} returning to the UDP ring")
+    applied = [r for r in world.logs()[mark:] if r["event"] == "applied"]
+    assert [r["trigger"] for r in applied][0] == "start"
+    assert {r["trigger"] for r in applied[1:]} == {"health"}
+
+
+def test_metrics_serve_the_counters_with_names_labels_and_values(world: World) -> None:
+    for addr in REALS:
+        world.start_server(addr)
+    mark = world.start_daemon(world.write_config(REALS))
+    world.wait_running(mark)
+    counted = {world.flow_real(p) for p in range(30000, 30016)}
+    assert counted == set(REALS)  # 16 flows over two equal reals: both get some
+    before = world.stats()
+    status, ctype, text = world.scrape()
+    after = world.stats()
+    assert status == 200
+    assert ctype == "text/plain; version=0.0.4; charset=utf-8"
+    s = _samples(text)
+    for vip, c in after["vips"].items():
+        assert _get(s, "l4lab_vip_packets_total", vip=vip) == c["packets"] == before["vips"][vip]["packets"]
+        assert _get(s, "l4lab_vip_bytes_total", vip=vip) == c["bytes"]
+    assert after["vips"][TCP_VIP]["packets"] == 16
+    for real, c in after["reals"].items():
+        assert _get(s, "l4lab_real_packets_total", real=real) == c["packets"]
+        assert _get(s, "l4lab_real_bytes_total", real=real) == c["bytes"]
+    for reason, c in after["reasons"].items():
+        got = _get(s, "l4lab_reason_packets_total", reason=reason.lower())
+        # Health-check replies cross lb0 (pass_not_vip) while we read: bracket them.
+        assert before["reasons"][reason]["packets"] <= got <= c["packets"]
+    assert _get(s, "l4lab_reason_packets_total", reason="tx_encap") == 16
+    for event, n in after["events"].items():
+        assert before["events"][event] <= _get(s, "l4lab_events_total", event=event.lower()) <= n
+    assert _get(s, "l4lab_events_total", event="lru_miss") == 16
+    for real in REALS:
+        for vip in (TCP_VIP, UDP_VIP):
+            assert _get(s, "l4lab_real_up", vip=vip, real=real) == 1
+            assert _get(s, "l4lab_real_weight", vip=vip, real=real) == 1
+            assert _get(s, "l4lab_health_checks_total", vip=vip, real=real, result="ok") >= 1
+            assert _get(s, "l4lab_health_checks_total", vip=vip, real=real, result="failed") == 0
+    assert _get(s, "l4lab_applies_total", trigger="start") == 1
+    assert _get(s, "l4lab_apply_errors_total", trigger="start") == 0
+    info = [k for k in s if k[0] == "l4lab_build_info"]
+    assert len(info) == 1 and s[info[0]] == 1
+    assert dict(info[0][1])["instance"] == world.instance
+    # Every family has HELP and TYPE, counters end in _total.
+    for fam in {k[0] for k in s}:
+        assert f"# HELP {fam} " in text
+        kind = re.search(rf"^# TYPE {fam} (\w+)$", text, re.M)
+        assert kind and kind.group(1) in ("counter", "gauge")
+        assert (kind.group(1) == "counter") == fam.endswith("_total")
+    assert world.scrape("/")[0] == 404
+
+
+def test_sighup_applies_a_changed_config_and_keeps_state_on_a_bad_one(world: World) -> None:
+    for addr in (*REALS, EXTRA_REAL):
+        world.start_server(addr)
+    config = world.write_config(REALS)
+    mark = world.start_daemon(config)
+    world.wait_running(mark)
+    assert world.daemon is not None
+    ids = world.ring_ids(TCP_VIP)
+
+    world.write_config([*REALS, EXTRA_REAL])
+    world.daemon.send_signal(signal.SIGHUP)
+    world.wait_event("applied", mark, 10.0, match=lambda r: r["trigger"] == "reload")
+    id_c = world.real_id(EXTRA_REAL)
+    assert world.ring_ids(TCP_VIP) == ids | {id_c}
+    assert world.ring_ids(UDP_VIP) == ids | {id_c}
+    wait_for(lambda: _get(_samples(world.scrape()[2]), "l4lab_health_checks_total", vip=TCP_VIP,
+                          real=EXTRA_REAL, result="ok") >= 1, 5.0, f"probes of the added real {EXTRA_REAL}")
+
+    good_state = Instance.state_path(world.instance).read_text()
+    config.write_text(config.read_text().replace('port = 80\n', 'port = 80\nbogus_key = 1\n', 1))
+    world.daemon.send_signal(signal.SIGHUP)
+    err = world.wait_event("reload_failed", mark, 10.0)
+    assert err["level"] == "error"
+    assert err["error"] == f"{config}: vips[0].bogus_key is not a known key; known keys here: address, " \
+        "encap, hash, healthcheck, lru, outer_src, port, proto, reals"
+    world.write_config([*REALS, EXTRA_REAL, "2001:db8::5"], extra='via = "tunnel"\n')
+    n_failed = len([r for r in world.logs() if r["event"] == "reload_failed"])
+    world.daemon.send_signal(signal.SIGHUP)
+    wait_for(lambda: len([r for r in world.logs() if r["event"] == "reload_failed"]) > n_failed, 10.0,
+             "the 4in6 tunnel config refused")
+    err = [r for r in world.logs() if r["event"] == "reload_failed"][-1]
+    assert err["error"] == f'{config}: vips[0].healthcheck.via = "tunnel" cannot probe vips[0].reals[3] ' \
+        f"(2001:db8::5) of {TCP_VIP}: tunnel probes are encapsulated 4in4 or 6in6 only; " \
+        'use via = "direct" for this VIP'
+
+    # Valid, but the loaded datapath cannot take it: the apply is refused and rolled back.
+    world.write_config([*REALS, EXTRA_REAL])
+    config.write_text(config.read_text().replace("ring_size = 251", "ring_size = 257"))
+    world.daemon.send_signal(signal.SIGHUP)
+    refused = world.wait_event("apply_failed", mark, 10.0, match=lambda r: r["trigger"] == "reload")
+    assert refused["error"] == "cannot change ring_size from 251 to 257 while loaded; run `lbctl unload` " \
+        "and `lbctl load` again"
+    assert any(r["event"] == "restart_needed" for r in world.logs()[mark:])
+    world.wait_event("reload_failed", mark, 5.0, match=lambda r: "datapath refused" in r["error"])
+
+    assert world.daemon.poll() is None
+    assert Instance.state_path(world.instance).read_text() == good_state
+    assert world.ring_ids(TCP_VIP) == ids | {id_c}
+    s = _samples(world.scrape()[2])
+    assert _get(s, "l4lab_applies_total", trigger="reload") == 1
+    assert _get(s, "l4lab_apply_errors_total", trigger="reload") == 3
+    assert _get(s, "l4lab_real_up", vip=TCP_VIP, real=EXTRA_REAL) == 1  # probes still run
+
+
+def test_killed_daemon_leaves_forwarding_and_a_restart_adopts_it(world: World) -> None:
+    a, b = REALS
+    world.start_server(a)
+    world.start_server(b)
+    config = world.write_config(REALS)
+    mark = world.start_daemon(config)
+    world.wait_running(mark)
+    assert any(r["event"] == "loaded" for r in world.logs()[mark:])
+    prog = world.prog_id()
+    sport = 40000
+    first = world.flow_real(sport)
+
+    world.kill_server(b)  # b is drained when the daemon dies: a restart must keep it drained
+    world.wait_event("real_down", mark, FALL * INTERVAL + TIMEOUT + MARGIN,
+                     match=lambda r: r["vip"] == TCP_VIP and r["real"] == b)
+    wait_for(lambda: world.ring_ids(TCP_VIP) == {world.real_id(a)}, 5.0, f"{b} drained")
+    assert world.daemon is not None
+    world.daemon.send_signal(signal.SIGKILL)
+    assert world.daemon.wait(timeout=10) == -signal.SIGKILL
+
+    # Nothing runs the controller now: the program still forwards and keeps sessions.
+    assert world.prog_id() == prog
+    assert world.flow_real(sport) == first
+    assert world.flow_real(sport + 1) == a
+
+    mark = world.start_daemon(config)
+    run = world.wait_running(mark)
+    assert run["vips"] == 2
+    events = [r["event"] for r in world.logs()[mark:]]
+    assert "adopted" in events and "loaded" not in events
+    assert world.prog_id() == prog
+    assert world.ring_ids(TCP_VIP) == {world.real_id(a)}  # still drained at once, no flap
+    assert world.flow_real(sport) == first
+
+    world.daemon.send_signal(signal.SIGTERM)
+    assert world.daemon.wait(timeout=10) == 0
+    world.wait_event("stopped", mark, 5.0)
+    assert world.prog_id() == prog  # a clean stop leaves the datapath loaded too
+    assert world.flow_real(sport) == first
+
+
+def test_a_config_it_cannot_run_is_refused_at_start(world: World) -> None:
+    config = world.write_config([*REALS, "2001:db8::5"], extra='via = "tunnel"\n')
+    mark = world.start_daemon(config)
+    assert world.daemon is not None
+    assert world.daemon.wait(timeout=20) == 2
+    err = world.wait_event("start_failed", mark, 1.0)
+    assert err["error"].startswith(
+        f'{config}: vips[0].healthcheck.via = "tunnel" cannot probe vips[0].reals[2] (2001:db8::5)')
+    assert not Path(Instance.pin_dir(world.instance)).exists()
+    assert not Instance.state_path(world.instance).exists()
+
+
+def test_tunnel_probes_reach_the_real_through_its_decap(world: World) -> None:
+    """Probes addressed to the VIP, encapsulated by hc_encap: only a real that decapsulates passes."""
+    a, b = REALS
+    with NetNS(world.rl) as ipr:
+        ipr.addr("add", index=ipr.link_lookup(ifname="lo")[0], address=VIP, prefixlen=32)
+    with NetNS(world.lb) as ipr:  # the LB host's route to the VIP (normally its default route)
+        ipr.route("add", dst=f"{VIP}/32", gateway=a, oif=ipr.link_lookup(ifname="lb0")[0])
+    decap = Decap.load(str(REPO / "build" / "bpf" / "decap.o"))
+    world.stack.callback(decap.close)
+    decap.add_local(a)  # a decapsulates; b's tunnel packets reach a kernel without ipip and die
+    in_netns(world.rl, lambda: decap.attach_tc("rl0"))
+    world.start_server(VIP)  # only the VIP answers HTTP on port 80 through the tunnel
+    for addr in REALS:
+        world.start_server(addr)  # the UDP VIP's direct probes
+    mark = world.start_daemon(world.write_config(REALS, extra='via = "tunnel"\n'))
+    run = world.wait_running(mark)
+    assert run["tunnel_probes"] == 2
+    tunnel = world.wait_event("tunnel_probes", 0, 1.0)
+    assert tunnel["interfaces"] == ["lb0"]
+
+    world.wait_event("real_down", mark, FALL * INTERVAL + TIMEOUT + MARGIN,
+                     match=lambda r: r["vip"] == TCP_VIP and r["real"] == b)
+    wait_for(lambda: world.ring_ids(TCP_VIP) == {world.real_id(a)}, 5.0, f"{b} drained")
+    s = _samples(world.scrape()[2])
+    assert _get(s, "l4lab_health_checks_total", vip=TCP_VIP, real=a, result="ok") >= 2
+    assert _get(s, "l4lab_health_checks_total", vip=TCP_VIP, real=a, result="failed") == 0
+    assert decap.reasons()["IPIP"] >= 2  # a's probes arrived encapsulated
+    assert decap.reasons()["PASS_NOT_LOCAL"] >= FALL  # b's too, but b does not decapsulate
+
+    decap.add_local(b)
+    world.wait_event("real_up", mark, RISE * INTERVAL + TIMEOUT + MARGIN,
+                     match=lambda r: r["vip"] == TCP_VIP and r["real"] == b)
+    wait_for(lambda: world.ring_ids(TCP_VIP) == {world.real_id(a), world.real_id(b)}, 5.0,
+             f"{b} back in the ring")
+    assert not any(r["event"] == "real_down" and r["real"] == a for r in world.logs()[mark:])
+
+
+def test_install_script_installs_into_a_root_and_is_idempotent(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    script = REPO / "packaging" / "install.sh"
+    first = subprocess.run(["bash", str(script), "--root", str(root), "--lbctl", "/opt/l4lab/bin/lbctl"],
+                           check=True, capture_output=True, text=True).stdout
+    unit = root / "etc/systemd/system/lbctl.service"
+    conf = root / "etc/l4lab/lb.toml"
+    assert f"installed  {unit}" in first and f"installed  {conf}" in first
+    text = unit.read_text()
+    assert "ExecStart=/opt/l4lab/bin/lbctl run --config /etc/l4lab/lb.toml\n" in text
+    assert "Restart=on-failure\n" in text
+    assert "ExecReload=/bin/kill -HUP $MAINPID\n" in text
+    assert conf.read_text() == (REPO / "packaging" / "lb.toml").read_text()
+    health.require_supported(cfg.load(conf), str(conf))  # the example is a valid config
+    if shutil.which("systemd-analyze"):  # the unit as systemd reads it, with an lbctl that exists
+        probe_unit = tmp_path / "lbctl.service"
+        probe_unit.write_text(text.replace("/opt/l4lab/bin/lbctl", sys.executable))
+        check = subprocess.run(["systemd-analyze", "verify", str(probe_unit)], capture_output=True, text=True)
+        assert check.returncode == 0 and check.stderr == "", check.stderr
+
+    snapshot = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    again = subprocess.run(["bash", str(script), "--root", str(root), "--lbctl", "/opt/l4lab/bin/lbctl"],
+                           check=True, capture_output=True, text=True).stdout
+    assert "installed" not in again and "updated" not in again
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == snapshot
+
+    conf.write_text("# mine\n")
+    env = dict(os.environ, DESTDIR=str(root))
+    kept = subprocess.run(["bash", str(script), "--lbctl", "/opt/l4lab/bin/lbctl"], env=env,
+                          check=True, capture_output=True, text=True).stdout
+    assert f"kept       {conf}" in kept
+    assert conf.read_text() == "# mine\n"
+    bad = subprocess.run(["bash", str(script), "--root", str(root), "--lbctl", "lbctl"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "must be an absolute path" in bad.stderr
