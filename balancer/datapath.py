@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from balancer import _abi
 from balancer.btf import read_contract
 from balancer.errors import AbiMismatchError, DatapathError
@@ -301,10 +303,14 @@ class Datapath:
             m.update_batch(keys[start: start + 8192], vals[start: start + 8192])
 
     def ring(self, vip_num: int) -> list[int]:
-        m = self.maps["lb_ring"]
+        """The ring_size real ids of a VIP's ring, read in batches."""
         base = vip_num * self.ring_size
-        return [int.from_bytes(m.lookup((base + i).to_bytes(4, "little")) or b"\0" * 4, "little")
-                for i in range(self.ring_size)]
+        after = (base - 1).to_bytes(4, "little") if base else None
+        keys, values = self.maps["lb_ring"].lookup_batch(after, self.ring_size)
+        if len(values) != self.ring_size or (keys and int.from_bytes(keys[0], "little") != base):
+            raise DatapathError(f"read the ring of VIP #{vip_num}", _errno.EIO,
+                                f"got {len(values)} of {self.ring_size} slots")
+        return [int(v) for v in np.frombuffer(b"".join(values), dtype="<u4")]
 
     # -- counters -----------------------------------------------------------------------------
 

@@ -139,6 +139,7 @@ def _load_library() -> ctypes.CDLL:
         "bpf_map_delete_elem": (i, [i, vp]),
         "bpf_map_get_next_key": (i, [i, vp, vp]),
         "bpf_map_update_batch": (i, [i, vp, vp, ctypes.POINTER(u32), vp]),
+        "bpf_map_lookup_batch": (i, [i, vp, vp, vp, vp, ctypes.POINTER(u32), vp]),
         "bpf_map_delete_batch": (i, [i, vp, ctypes.POINTER(u32), vp]),
         "bpf_obj_pin": (i, [i, cp]),
         "bpf_obj_get": (i, [cp]),
@@ -311,6 +312,34 @@ class Map:
         opts = _BatchOpts(sz=ctypes.sizeof(_BatchOpts), elem_flags=flags, flags=0)
         ret = lib().bpf_map_update_batch(self.fd, kb, vb, ctypes.byref(count), ctypes.byref(opts))
         _check(ret, f"batch-update map '{self.name}' ({count.value} of {len(keys)} written)")
+
+    def lookup_batch(self, after: bytes | None, count: int) -> tuple[list[bytes], list[bytes]]:
+        """Up to count elements following key after (from the start when None), in few calls.
+
+        For arrays the elements come in index order, so (index - 1) as after reads a slice.
+        """
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        token_in = ctypes.create_string_buffer(after, self.key_size) if after is not None else None
+        token_out = ctypes.create_string_buffer(self.key_size)
+        while len(keys) < count:
+            want = min(count - len(keys), 8192)
+            kb = ctypes.create_string_buffer(want * self.key_size)
+            vb = ctypes.create_string_buffer(want * self._value_len())
+            n = ctypes.c_uint32(want)
+            opts = _BatchOpts(sz=ctypes.sizeof(_BatchOpts))
+            ret = lib().bpf_map_lookup_batch(self.fd, token_in, token_out, kb, vb, ctypes.byref(n),
+                                             ctypes.byref(opts))
+            if ret < 0 and ret != -_errno.ENOENT:
+                _check(ret, f"batch-read map '{self.name}'")
+            ks, vs, stride = kb.raw, vb.raw, self._value_len()
+            for j in range(n.value):
+                keys.append(ks[j * self.key_size:(j + 1) * self.key_size])
+                values.append(vs[j * stride:j * stride + self.value_size])
+            if ret == -_errno.ENOENT or n.value == 0:
+                break
+            token_in = ctypes.create_string_buffer(token_out.raw, self.key_size)
+        return keys[:count], values[:count]
 
     def pin(self, path: str) -> None:
         pin(self.fd, path, f"map '{self.name}'")
