@@ -10,7 +10,7 @@ BPF_HDR := $(wildcard bpf/include/*.h)
 BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -Wno-unused-function \
 	-I bpf/include -I/usr/include/$(ARCH)-linux-gnu
 
-.PHONY: all deps deps-all bpf abi abi-check check lint demo test clean
+.PHONY: all deps deps-all bench bpf abi abi-check check lint demo test clean
 
 all: bpf
 
@@ -46,6 +46,10 @@ demo: deps bpf
 
 test: deps-all bpf abi-check lint
 	$(PY) -m pytest suites/ $(PYTEST_ARGS)
+
+# Benchmarks (root): NDR/PDR per encap and size beside the floors, micro and controller figures.
+bench: deps bpf
+	$(VENV)/bin/l4lab bench $(BENCH_ARGS)
 
 clean:
 	rm -rf build reports/out

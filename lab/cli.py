@@ -183,6 +183,12 @@ def _run_demo(args: argparse.Namespace) -> int:
     return demo.main(args.args)
 
 
+def _run_bench(args: argparse.Namespace) -> int:
+    from lab import bench
+
+    return bench.main(args.args)
+
+
 def _run_report(args: argparse.Namespace) -> int:
     from reports import render
 
@@ -197,6 +203,8 @@ VERBS: dict[str, Verb] = {
     "shell": Verb("open a shell in a node", _add_shell, _run_shell),
     "demo": Verb("balance real traffic through the default lab in every encap mode", _add_passthrough,
                  _run_demo),
+    "bench": Verb("NDR/PDR per encap and frame size beside the XDP_TX/XDP_DROP floors; micro and "
+                  "controller benchmarks", _add_passthrough, _run_bench),
     "report": Verb("render results JSON into one HTML report", _add_passthrough, _run_report),
     "trace": Verb("count XDP exceptions, XDP bulk-TX errors and drop reasons per node", _add_trace,
                   _run_trace),

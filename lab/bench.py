@@ -1,0 +1,597 @@
+"""`l4lab bench`: NDR/PDR per encap and frame size beside the floors, plus micro and controller benchmarks.
+
+    l4lab bench [--quick] [--encap ID ...] [--sizes 64,512,imix] [--results DIR]
+                [--parts ndr,micro,controller] [--flows N]
+
+The bench builds its own two-namespace testbed (prefix `bnt-`): a generator namespace whose veth
+leads into an LB namespace. The live-frames generator sends UDP flows to a VIP; the program on
+the LB veth (the balancer, or a floor program) XDP_TXes each frame back over the same veth pair,
+where a counting XDP program on the generator side counts and drops it (it is also the program the
+XDP_TX peer rule needs). The XDP_DROP floor counts on the LB side instead. Both veth ends get one
+receive queue per CPU, so each CPU's frames stay on that CPU from generator to counter (one shared
+queue loses frames between two producing CPUs at any rate). Two idle veth pairs in the generator
+namespace hold the generator's programs attached, which keeps each test run from re-patching the
+kernel's XDP dispatcher (lab/gen/xdplive.py says why that matters).
+
+Per frame size, the floors (MAC-swap XDP_TX, XDP_DROP) and every encap are measured in the same
+run by the same NDR/PDR search; the figures print with their ratio to the XDP_TX floor and the
+target beside them (IPIP ≥ 0.85 ×, GUE ≥ 0.8 ×: printed, never asserted). Then the datapath
+test-run micro-benchmark (ns/packet, repeat = 1 runs: repeat > 1 would feed each run the previous
+output) and the controller benchmarks (Maglev ring builds, a full and an incremental apply).
+
+Results: one `bench` result (reports/schema.py) with every point and trial, and the micro and
+controller figures as plain JSON in `<results>/extra/` (the results schema has no kind for them yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from lab.errors import LabError, UsageError
+from lab.gen.base import Family, FrameSpec, Generator, Latency, check_frame_spec, mean_frame_size
+from lab.ndr import SearchResult, SearchSettings, latency_rates, search
+
+OBJECT_DIR = Path(__file__).resolve().parents[1] / "build" / "bpf"
+PREFIX = "bnt-"
+GEN_IF = "bnt-g"
+LB_IF = "bnt-l"
+# Idle veth ends in the generator namespace where the generator parks its programs (IMIX uses 3).
+PARK_IFS = ("bnt-p0", "bnt-p1", "bnt-p2", "bnt-p3")
+GEN_MAC = "02:00:00:00:0b:01"
+LB_MAC = "02:00:00:00:0b:02"
+LINK_MTU = 1600  # above the largest frame plus the largest encap (1518 + 48)
+VIP4, VIP6, VIP_PORT = "198.51.100.100", "2001:db8:100::100", 9000
+REALS4 = tuple(f"203.0.113.{i}" for i in (18, 34, 50, 66))
+REALS6 = tuple(f"2001:db8:e{i}::2" for i in (1, 2, 3, 4))
+XDP_TX = 3
+
+
+@dataclass(frozen=True)
+class EncapCase:
+    """How one encap id is configured: VIP family, encap name and the bytes it adds to each frame."""
+
+    family: Family
+    encap: str  # ipip | gue1 | gue0 (balancer/config.py)
+    overhead: int
+    target: float  # NDR ÷ XDP_TX floor the issue aims for
+
+
+ENCAPS: dict[str, EncapCase] = {
+    "ip4-ipip": EncapCase(4, "ipip", 20, 0.85),
+    "ip4-gue1": EncapCase(4, "gue1", 28, 0.8),
+    "ip4-gue0": EncapCase(4, "gue0", 32, 0.8),
+    "ip6-ip6ip6": EncapCase(6, "ipip", 40, 0.85),
+    "ip6-gue1": EncapCase(6, "gue1", 48, 0.8),
+}
+PARTS = ("ndr", "micro", "controller")
+FULL_SIZES: tuple[FrameSpec, ...] = (64, 128, 256, 512, 1024, 1280, 1518, "imix")
+QUICK_SIZES: tuple[FrameSpec, ...] = (64,)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What to measure and how long to try."""
+
+    encaps: tuple[str, ...] = tuple(ENCAPS)
+    sizes: tuple[FrameSpec, ...] = FULL_SIZES
+    parts: tuple[str, ...] = PARTS
+    results: Path | None = None
+    flows: int = 1024
+    quick: bool = False
+    max_rate_pps: float = 12e6
+    micro_runs: int = 20000
+    result_id: str = "bench_ndr_pdr"
+
+    def search_settings(self, max_rate: float | None = None) -> SearchSettings:
+        top = max_rate or self.max_rate_pps
+        if self.quick:
+            return SearchSettings(max_rate_pps=top, min_rate_pps=1e4, short_s=0.2, full_s=1.0, width=0.05,
+                                  max_trials=14)
+        return SearchSettings(max_rate_pps=top, min_rate_pps=1e4, short_s=0.5, full_s=5.0, width=0.02,
+                              max_trials=30)
+
+
+@dataclass
+class Measured:
+    """One search's outcome for printing and the results file, with latency where the generator measures it."""
+
+    name: str
+    size: FrameSpec
+    result: SearchResult
+    latency: dict[str, Latency] = field(default_factory=dict)  # "10%" / "50%" / "90%" of PDR → latency
+
+
+@dataclass
+class Report:
+    """Everything one bench run measured."""
+
+    ndr: dict[tuple[str, str], Measured] = field(default_factory=dict)  # (case, size label) → search
+    micro_ns: dict[str, float] = field(default_factory=dict)
+    controller: dict[str, Any] = field(default_factory=dict)
+    results_file: Path | None = None
+    extra_file: Path | None = None
+
+
+# --- the testbed ----------------------------------------------------------------------------------
+
+
+def _run(argv: Sequence[str], what: str) -> None:
+    done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise LabError(f"cannot {what}: '{' '.join(argv)}' failed: {done.stderr.strip()}",
+                       step=what, command=" ".join(argv), stderr=done.stderr)
+
+
+def _object(name: str) -> str:
+    path = OBJECT_DIR / name
+    if not path.is_file():
+        raise LabError(f"BPF object {path} does not exist; run `make bpf`")
+    return str(path)
+
+
+class Testbed:
+    """The bench's two namespaces, the veth between them, the counters and the balancer instance."""
+
+    def __init__(self, stack: ExitStack, cpus: int) -> None:
+        from balancer.libbpf import BpfObject
+
+        self.stack = stack
+        tag = f"{PREFIX}{os.getpid()}"
+        self.gen_ns, self.lb_ns = f"{tag}-gen", f"{tag}-lb"
+        self.instance_name = tag
+        for ns in (self.gen_ns, self.lb_ns):
+            _run(["ip", "netns", "add", ns], f"create netns {ns}")
+            stack.callback(_delete_netns, ns)
+        queues = ["numtxqueues", str(cpus), "numrxqueues", str(cpus)]
+        _run(["ip", "link", "add", "name", GEN_IF, "netns", self.gen_ns, "address", GEN_MAC,
+              "mtu", str(LINK_MTU), *queues, "type", "veth", "peer", "name", LB_IF, "netns", self.lb_ns,
+              "address", LB_MAC, "mtu", str(LINK_MTU), *queues], "create the bench veth pair")
+        for a, b in zip(PARK_IFS[::2], PARK_IFS[1::2], strict=True):
+            _run(["ip", "link", "add", "name", a, "netns", self.gen_ns, "type", "veth", "peer", "name", b,
+                  "netns", self.gen_ns], "create the generator's parking veths")
+        for ns, ifname in ((self.gen_ns, GEN_IF), (self.lb_ns, LB_IF)):
+            # No IPv6 on the link: the stack's own ND/MLD frames would be counted as received.
+            _run(_ns(ns, ["sysctl", "-qw", f"net.ipv6.conf.{ifname}.disable_ipv6=1"]), f"quiet {ifname}")
+            _run(_ns(ns, ["ip", "link", "set", ifname, "up"]), f"bring {ifname} up")
+        self.gen_counter = BpfObject(_object("floor.o"))
+        stack.callback(self.gen_counter.close)
+        self.gen_counter.load()
+        self.lb_floor = BpfObject(_object("floor.o"))
+        stack.callback(self.lb_floor.close)
+        self.lb_floor.load()
+        self._attach(self.gen_ns, GEN_IF, self.gen_counter.program("xdp_drop"))
+        self._lb_link: Any = None
+        self.instance: Any = None
+
+    def _attach(self, ns: str, ifname: str, prog: Any) -> Any:
+        from lab.nsexec import entered
+
+        with entered(ns):
+            link = prog.attach_xdp(socket.if_nametoindex(ifname), "native", ifname)
+        self.stack.callback(link.close)
+        return link
+
+    def load_balancer(self) -> None:
+        from balancer.controller import Instance
+
+        if self.instance is None:
+            self.instance = Instance.load(self.instance_name, [], config=lb_config("ip4-ipip"),
+                                          obj=_object("balancer.o"))
+            self.stack.callback(self.instance.unload)
+
+    def on_lb(self, what: str) -> None:
+        """Put `what` on the LB veth: "balancer", "xdp_tx_swap" or "xdp_drop"."""
+        if self._lb_link is not None:
+            self._lb_link.close()
+            self._lb_link = None
+        if what == "balancer":
+            self.load_balancer()
+            prog = self.instance.dp.programs["balancer_xdp"]
+        else:
+            prog = self.lb_floor.program(what)
+        self._lb_link = self._attach(self.lb_ns, LB_IF, prog)
+
+    def gen_count(self) -> int:
+        return _count(self.gen_counter)
+
+    def lb_count(self) -> int:
+        return _count(self.lb_floor)
+
+
+def _count(obj: Any) -> int:
+    from lab.gen.xdplive import percpu_total
+
+    return percpu_total(obj.map("fl_count").lookup_percpu(b"\0" * 4))
+
+
+def _ns(ns: str, argv: list[str]) -> list[str]:
+    from lab.nsexec import nsenter_argv
+
+    return nsenter_argv(ns, argv)
+
+
+def _delete_netns(ns: str) -> None:
+    done = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True, check=False)
+    if done.returncode != 0 and "No such file" not in done.stderr:
+        raise LabError(f"cannot delete netns {ns}: {done.stderr.strip()}", step="teardown")
+
+
+def lb_config(case: str, vips: int = 1, reals: int = 4, weight_bump: int = 0, max_vips: int = 4,
+              max_reals: int = 64) -> Any:
+    """The balancer config for one encap id: `vips` UDP VIPs of the case's family, `reals` reals each.
+
+    `weight_bump` raises the first real's weight in the first VIP (an incremental change).
+    """
+    from balancer import config as cfg
+
+    c = ENCAPS[case]
+    base = VIP4 if c.family == 4 else VIP6
+    addrs = _real_addresses(c.family, reals)
+    vip_list = []
+    for v in range(vips):
+        entries = [{"address": a, "weight": 1 + (weight_bump if (v, i) == (0, 0) else 0)}
+                   for i, a in enumerate(addrs)]
+        vip_list.append({"address": base, "port": VIP_PORT + v, "proto": "udp", "encap": c.encap,
+                         "reals": entries})
+    return cfg.parse({
+        "datapath": {"interfaces": [LB_IF], "mtu": LINK_MTU, "max_vips": max(max_vips, vips + 1),
+                     "max_reals": max(max_reals, reals + 1)},
+        "encap": {"nexthop_mac": GEN_MAC, "src4": "198.51.100.128/25", "src6": "2001:db8:1b:80::/64"},
+        "vips": vip_list,
+    }, f"<bench config {case}>")
+
+
+def _real_addresses(family: int, n: int) -> list[str]:
+    if n <= len(REALS4):
+        return list(REALS4[:n] if family == 4 else REALS6[:n])
+    if family == 4:
+        return [f"203.0.{113 + i // 250}.{1 + i % 250}" for i in range(n)]
+    return [f"2001:db8:e0::{i + 1:x}" for i in range(n)]
+
+
+# --- the parts --------------------------------------------------------------------------------------
+
+
+def _size_label(size: FrameSpec) -> str:
+    return str(size)
+
+
+def _generator(bed: Testbed, sink: Callable[[], int]) -> Any:
+    from lab.gen.base import Endpoints
+    from lab.gen.xdplive import XdpLiveGenerator
+
+    ep = Endpoints(src_mac=GEN_MAC, dst_mac=LB_MAC, dst4=VIP4, dst6=VIP6, dport=VIP_PORT)
+    return XdpLiveGenerator(bed.gen_ns, GEN_IF, ep, sink, park_ifnames=PARK_IFS,
+                            object_path=_object("trafficgen.o"))
+
+
+def measure_ndr(bed: Testbed, opts: Options, report: Report, say: Callable[[str], None]) -> None:
+    """Floors and every encap, per frame size, in this one run."""
+    plan: list[tuple[str, str, Family]] = [("xdp_drop", "xdp_drop", 4), ("xdp_tx", "xdp_tx_swap", 4)]
+    plan += [(case, "balancer", ENCAPS[case].family) for case in opts.encaps]
+    for size in opts.sizes:
+        max_rate = opts.max_rate_pps * min(1.0, 256 / max(256.0, mean_frame_size(size)) * 2)
+        for name, program, family in plan:
+            bed.on_lb(program)
+            if program == "balancer":
+                bed.instance.apply(lb_config(name))
+            sink = bed.lb_count if program == "xdp_drop" else bed.gen_count
+            with _generator(bed, sink) as gen:
+                measured = ndr_point(gen, name, size, opts.flows, family, opts.search_settings(max_rate))
+            report.ndr[(name, _size_label(size))] = measured
+            outcome = measured.result
+            say(f"  {name:<11} {_size_label(size):>5}  NDR {outcome.ndr_pps / 1e6:6.3f} Mpps  "
+                f"PDR {outcome.pdr_pps / 1e6:6.3f} Mpps  ({len(outcome.trials)} trials)")
+
+
+def ndr_point(gen: Generator, name: str, size: FrameSpec, flows: int, family: Family,
+              settings: SearchSettings) -> Measured:
+    """One NDR/PDR search with any generator, then latency at 10/50/90 % of PDR if it measures latency."""
+    measures_latency = False
+
+    def trial(rate: float, duration: float) -> float:
+        nonlocal measures_latency
+        result = gen.run(rate, duration, size, flows, family)
+        measures_latency = measures_latency or result.latency is not None
+        return result.loss
+
+    outcome = search(trial, settings)
+    measured = Measured(name, size, outcome)
+    if measures_latency and outcome.pdr_pps > 0:
+        for share, rate in zip((10, 50, 90), latency_rates(outcome.pdr_pps), strict=True):
+            lat = gen.run(rate, settings.full_s, size, flows, family).latency
+            if lat is not None:
+                measured.latency[f"{share}%"] = lat
+    return measured
+
+
+def measure_micro(bed: Testbed, opts: Options, report: Report) -> None:
+    """ns/packet of the balancer per encap and of the floors, from repeat = 1 test runs."""
+    from lab.gen.base import Endpoints, build_frame
+
+    runs = 2000 if opts.quick else opts.micro_runs
+    ep = Endpoints(src_mac=GEN_MAC, dst_mac=LB_MAC, dst4=VIP4, dst6=VIP6, dport=VIP_PORT)
+    frame4 = build_frame(64, 4, ep)
+    report.micro_ns["xdp_drop"] = _ns_per_packet(bed.lb_floor.program("xdp_drop"), frame4, runs, 1)
+    report.micro_ns["xdp_tx"] = _ns_per_packet(bed.lb_floor.program("xdp_tx_swap"), frame4, runs, XDP_TX)
+    bed.load_balancer()
+    for case in opts.encaps:
+        bed.instance.apply(lb_config(case))
+        frame = build_frame(64, ENCAPS[case].family, ep)
+        report.micro_ns[case] = _ns_per_packet(bed.instance.dp.programs["balancer_xdp"], frame, runs, XDP_TX)
+
+
+def _ns_per_packet(prog: Any, frame: bytes, runs: int, want: int) -> float:
+    first = prog.test_run(frame)
+    if first.retval != want:
+        raise LabError(f"test run of '{prog.name}' on the bench frame returned action {first.retval}, "
+                       f"expected {want}; check the balancer's reason counters (lbctl stats)")
+    total = 0
+    for _ in range(runs):
+        total += prog.test_run(frame).duration_ns
+    return total / runs
+
+
+def measure_controller(opts: Options, report: Report) -> None:
+    """Maglev ring builds for 10/100/1000 reals, a full apply and an incremental apply."""
+    from balancer import maglev
+    from balancer.controller import Instance
+
+    builds: dict[str, float] = {}
+    for n in (10, 100, 1000):
+        reals = {i + 1: (a, 1) for i, a in enumerate(_real_addresses(4, n))}
+        times = []
+        for _ in range(1 if opts.quick else 3):
+            t0 = time.perf_counter()
+            maglev.build_ring(reals, 65537)
+            times.append(time.perf_counter() - t0)
+        builds[str(n)] = min(times) * 1e3
+    report.controller["ring_build_ms"] = builds
+    vips, reals_n = 8, 100
+    name = f"{PREFIX}{os.getpid()}-ctl"
+    size = {"max_vips": 16, "max_reals": 256}
+    inst = Instance.load(name, [], config=lb_config("ip4-ipip", vips=1, reals=1, **size),
+                         obj=_object("balancer.o"))
+    try:
+        full = lb_config("ip4-ipip", vips=vips, reals=reals_n, **size)
+        t0 = time.perf_counter()
+        full_report = inst.apply(full)
+        t_full = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        inc_report = inst.apply(lb_config("ip4-ipip", vips=vips, reals=reals_n, weight_bump=1, **size))
+        t_inc = time.perf_counter() - t0
+    finally:
+        inst.unload()
+    report.controller["full_apply"] = {"vips": vips, "reals": reals_n, "ms": t_full * 1e3,
+                                       "ring_slots": full_report.ring_slots}
+    report.controller["incremental_apply"] = {"change": "one real's weight 1 → 2 in one VIP",
+                                              "ms": t_inc * 1e3, "ring_slots": inc_report.ring_slots}
+
+
+# --- results and printing --------------------------------------------------------------------------
+
+
+def bench_payload(report: Report, sizes: Sequence[FrameSpec], encaps: Sequence[str]) -> Any:
+    from reports.schema import BenchPayload, BenchPoint, Floor, Trial
+
+    points = []
+    for size in sizes:
+        label = _size_label(size)
+        tx, drop = report.ndr.get(("xdp_tx", label)), report.ndr.get(("xdp_drop", label))
+        floor = Floor(xdp_tx_mpps=tx.result.ndr_pps / 1e6 if tx else 0.0,
+                      xdp_drop_mpps=drop.result.ndr_pps / 1e6 if drop else 0.0)
+        for case in encaps:
+            m = report.ndr.get((case, label))
+            if m is None:
+                continue
+            trials = [Trial(rate_mpps=t.rate_pps / 1e6, loss=t.loss, duration_s=t.duration_s)
+                      for t in m.result.trials]
+            points.append(BenchPoint(encap=case, frame_size=size, ndr_mpps=m.result.ndr_pps / 1e6,  # type: ignore[arg-type]
+                                     pdr_mpps=m.result.pdr_pps / 1e6, floor=floor,
+                                     egress_overhead_bytes=ENCAPS[case].overhead, trials=trials))
+    return BenchPayload(generator="xdp-live", egress_mtu=LINK_MTU, points=points)
+
+
+def summary_lines(report: Report, opts: Options) -> list[str]:
+    """The figures with the XDP_TX-floor ratio and the target beside them."""
+    lines: list[str] = []
+    if report.ndr:
+        lines.append(f"{'case':<11} {'size':>5} {'NDR Mpps':>9} {'PDR Mpps':>9} {'÷ XDP_TX':>9} "
+                     f"{'target':>7}  met")
+        for size in opts.sizes:
+            label = _size_label(size)
+            tx = report.ndr.get(("xdp_tx", label))
+            floor = tx.result.ndr_pps if tx else 0.0
+            for name in ("xdp_drop", "xdp_tx", *opts.encaps):
+                m = report.ndr.get((name, label))
+                if m is None:
+                    continue
+                ratio = m.result.ndr_pps / floor if floor else float("nan")
+                case = ENCAPS.get(name)
+                target = f"{case.target:.2f}" if case else "-"
+                met = ("yes" if ratio >= case.target else "no") if case and floor else "-"
+                lines.append(f"{name:<11} {label:>5} {m.result.ndr_pps / 1e6:9.3f} "
+                             f"{m.result.pdr_pps / 1e6:9.3f} {ratio:9.2f} {target:>7}  {met}")
+    if report.micro_ns:
+        tx_ns = report.micro_ns.get("xdp_tx", 0.0)
+        lines.append("test-run micro-benchmark, 64-byte frames, repeat = 1:")
+        for name, ns in report.micro_ns.items():
+            rel = f"  ({ns / tx_ns:.2f} × XDP_TX)" if tx_ns else ""
+            lines.append(f"  {name:<11} {ns:8.1f} ns/packet{rel}")
+    if report.controller:
+        rb = report.controller["ring_build_ms"]
+        lines.append("controller: Maglev ring (65537 slots) build " +
+                     ", ".join(f"{n} reals {ms:.1f} ms" for n, ms in rb.items()))
+        fa, ia = report.controller["full_apply"], report.controller["incremental_apply"]
+        lines.append(f"  full apply ({fa['vips']} VIPs × {fa['reals']} reals) {fa['ms']:.1f} ms, "
+                     f"{fa['ring_slots']} ring slots; incremental apply ({ia['change']}) {ia['ms']:.1f} ms, "
+                     f"{ia['ring_slots']} ring slots")
+    return lines
+
+
+def write_results(report: Report, opts: Options) -> None:
+    from reports.schema import case_id, current_commit, current_machine, results_dir, write_result
+
+    directory = results_dir(opts.results)
+    if report.ndr:
+        rid = case_id(opts.result_id, None, "quick") if opts.quick else case_id(opts.result_id)
+        report.results_file = write_result("bench", rid, bench_payload(report, opts.sizes, opts.encaps),
+                                           directory)
+    if report.micro_ns or report.controller:
+        extra = directory / "extra"
+        extra.mkdir(parents=True, exist_ok=True)
+        report.extra_file = extra / f"{opts.result_id}-micro-controller.json"
+        report.extra_file.write_text(json.dumps({
+            "machine": asdict(current_machine()), "commit": current_commit(),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": opts.quick,
+            "micro_ns_per_packet": report.micro_ns, "controller": report.controller,
+            "latency_us": {f"{name}/{label}": {k: asdict(v) for k, v in m.latency.items()}
+                           for (name, label), m in report.ndr.items() if m.latency},
+        }, indent=1) + "\n")
+
+
+# --- entry points ----------------------------------------------------------------------------------
+
+
+def check_environment() -> None:
+    """Raise LabError naming what is missing: root, bpffs, the built objects."""
+    if os.geteuid() != 0:
+        raise LabError("l4lab bench needs root (it creates namespaces and loads BPF programs); "
+                       "run it with sudo")
+    if not os.path.ismount("/sys/fs/bpf"):
+        raise LabError("bpffs is not mounted on /sys/fs/bpf; run `make deps` "
+                       "or `mount -t bpf bpf /sys/fs/bpf`")
+    for name in ("balancer.o", "floor.o", "trafficgen.o"):
+        _object(name)
+
+
+@contextmanager
+def testbed() -> Iterator[Testbed]:
+    """The bench testbed, removed on the way out even when a measurement fails."""
+    with ExitStack() as stack:
+        yield Testbed(stack, max(1, len(os.sched_getaffinity(0))))
+
+
+def bench(opts: Options, say: Callable[[str], None] = print) -> Report:
+    """Run the parts asked for, print the summary, write the results; returns what was measured."""
+    check_environment()
+    report = Report()
+    started = time.monotonic()
+    if "ndr" in opts.parts or "micro" in opts.parts:
+        with testbed() as bed:
+            if "ndr" in opts.parts:
+                say(f"NDR/PDR search ({'quick' if opts.quick else 'full'}), {opts.flows} flows:")
+                measure_ndr(bed, opts, report, say)
+            if "micro" in opts.parts:
+                measure_micro(bed, opts, report)
+    if "controller" in opts.parts:
+        measure_controller(opts, report)
+    for line in summary_lines(report, opts):
+        say(line)
+    write_results(report, opts)
+    for path in (report.results_file, report.extra_file):
+        if path is not None:
+            say(f"wrote {path}")
+    say(f"bench took {time.monotonic() - started:.0f} s (targets are printed, never asserted)")
+    return report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true",
+                        help="64-byte frames, short trials, 5 %% width (finishes within 5 minutes)")
+    parser.add_argument("--encap", action="append", metavar="ID", choices=list(ENCAPS),
+                        help=f"encap id, repeatable (default all: {', '.join(ENCAPS)})")
+    parser.add_argument("--sizes", metavar="LIST",
+                        help="comma-separated frame sizes 64..1518 and/or imix (default: 64 with --quick, "
+                             "else 64,128,256,512,1024,1280,1518,imix)")
+    parser.add_argument("--parts", metavar="LIST", default=",".join(PARTS),
+                        help=f"comma-separated parts to run (default {','.join(PARTS)})")
+    parser.add_argument("--flows", type=int, default=1024, help="UDP flows per trial (default 1024)")
+    parser.add_argument("--results", metavar="DIR", type=Path,
+                        help="results directory (default $L4LAB_RESULTS or results/)")
+
+
+def parse_sizes(text: str) -> tuple[FrameSpec, ...]:
+    sizes: list[FrameSpec] = []
+    for item in text.split(","):
+        item = item.strip()
+        value: FrameSpec
+        if item == "imix":
+            value = "imix"
+        else:
+            try:
+                value = int(item)
+            except ValueError:
+                raise UsageError(f"--sizes must list frame sizes 64..1518 or imix but got {item!r}") from None
+        try:
+            check_frame_spec(value)
+        except LabError as exc:
+            raise UsageError(f"--sizes: {exc}") from None
+        sizes.append(value)
+    if not sizes:
+        raise UsageError("--sizes must list at least one frame size")
+    return tuple(sizes)
+
+
+def options(args: argparse.Namespace) -> Options:
+    parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown or not parts:
+        raise UsageError(f"--parts must list some of {', '.join(PARTS)} but got {args.parts!r}")
+    if not 1 <= args.flows <= 1 << 20:
+        raise UsageError(f"--flows must be 1..{1 << 20} but got {args.flows}")
+    sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else FULL_SIZES)
+    encaps = tuple(dict.fromkeys(args.encap)) if args.encap else tuple(ENCAPS)
+    return Options(encaps=encaps, sizes=sizes, parts=parts, results=args.results, flows=args.flows,
+                   quick=args.quick)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The verb's body for lab/cli.py: errors propagate as LabError / UsageError (exit 1 / 2)."""
+    bench(options(args))
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors are one line and a UsageError (exit 2), not a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`l4lab bench` as a function: 0 on success, 2 for usage errors, 1 for runtime errors."""
+    parser = _Parser(prog="l4lab bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    try:
+        args = parser.parse_args(argv)
+        return run(args)
+    except UsageError as exc:
+        print(f"l4lab bench: {exc}", file=sys.stderr)
+        return 2
+    except LabError as exc:
+        print(f"l4lab bench: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # balancer errors (LbError) and results errors name their cause
+        from balancer.errors import LbError
+        from reports.schema import ResultsError
+
+        if isinstance(exc, LbError | ResultsError):
+            print(f"l4lab bench: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""The one traffic generator interface: the flows a trial sends (endpoints, frames), and what it measured."""
+
+from __future__ import annotations
+
+import abc
+import ipaddress
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Literal
+
+from lab.errors import LabError
+
+#: A frame size in bytes of Ethernet frame without FCS (64..1518 here), or the IMIX mix.
+FrameSpec = int | Literal["imix"]
+Family = Literal[4, 6]
+
+#: The simple IMIX: (frame size, frames) per cycle of 48 frames (28 × 64, 16 × 570, 4 × 1518).
+IMIX: tuple[tuple[int, int], ...] = ((64, 28), (570, 16), (1518, 4))
+MIN_FRAME = 64
+MAX_FRAME = 1518
+#: How far short of the offered frame count a generator may fall and still have held the rate
+#: (scheduling hiccups of a software generator on a shared machine).
+RATE_TOLERANCE = 0.01
+ETH_P_IP = 0x0800
+ETH_P_IPV6 = 0x86DD
+
+
+class GeneratorError(LabError):
+    """A generator cannot run the trial asked for (bad arguments, missing package, unreachable server)."""
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Addresses of the generated flows: flow 0 is (src, sport) → (dst, dport); flows vary src and sport."""
+
+    src_mac: str
+    dst_mac: str
+    src4: str = "192.0.2.10"
+    dst4: str = "198.51.100.100"
+    src6: str = "2001:db8:c::10"
+    dst6: str = "2001:db8:100::100"
+    sport: int = 1024
+    dport: int = 9000
+    ttl: int = 64
+
+
+def _mac(text: str) -> bytes:
+    raw = bytes.fromhex(text.replace(":", ""))
+    if len(raw) != 6:
+        raise GeneratorError(f"MAC address must be 6 bytes like 02:00:00:00:00:01 but got {text!r}")
+    return raw
+
+
+def _csum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def _udp_check(pseudo: bytes, udp: bytes) -> int:
+    check = _csum(pseudo + udp)
+    return check or 0xFFFF
+
+
+def build_frame(size: int, family: Family, ep: Endpoints) -> bytes:
+    """An Ethernet/IP/UDP frame of `size` bytes (no FCS) for flow 0, every checksum valid."""
+    eth_type = ETH_P_IP if family == 4 else ETH_P_IPV6
+    eth = _mac(ep.dst_mac) + _mac(ep.src_mac) + struct.pack("!H", eth_type)
+    ip_len = 20 if family == 4 else 40
+    payload_len = size - 14 - ip_len - 8
+    if payload_len < 0:
+        raise GeneratorError(f"a {size}-byte IPv{family} UDP frame is too short for its headers "
+                             f"({14 + ip_len + 8} bytes)")
+    payload = bytes((i * 7 + 1) & 0xFF for i in range(payload_len))
+    udp_len = 8 + payload_len
+    udp = struct.pack("!HHHH", ep.sport, ep.dport, udp_len, 0) + payload
+    if family == 4:
+        src, dst = ipaddress.IPv4Address(ep.src4).packed, ipaddress.IPv4Address(ep.dst4).packed
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + udp_len, 0, 0, ep.ttl, socket.IPPROTO_UDP, 0,
+                         src, dst)
+        ip = ip[:10] + struct.pack("!H", _csum(ip)) + ip[12:]
+        pseudo = src + dst + struct.pack("!BBH", 0, socket.IPPROTO_UDP, udp_len)
+    else:
+        src, dst = ipaddress.IPv6Address(ep.src6).packed, ipaddress.IPv6Address(ep.dst6).packed
+        ip = struct.pack("!IHBB16s16s", 6 << 28, udp_len, socket.IPPROTO_UDP, ep.ttl, src, dst)
+        pseudo = src + dst + struct.pack("!IxxxB", udp_len, socket.IPPROTO_UDP)
+    udp = udp[:6] + struct.pack("!H", _udp_check(pseudo, udp)) + udp[8:]
+    return eth + ip + udp
+
+
+@dataclass(frozen=True)
+class Latency:
+    """One-way latency of a latency stream over a trial, in microseconds."""
+
+    min_us: float
+    avg_us: float
+    max_us: float
+    p50_us: float | None = None
+    p99_us: float | None = None
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one trial measured.
+
+    `offered` is what the rate asked for over the duration (rate × duration); `sent` what the
+    generator really put on the wire. A software generator that shares CPUs with the device under
+    test may fall short of the rate. Within RATE_TOLERANCE of the offered count the rate counts as
+    held and `loss` is (sent − received) / sent; further short, the frames it could not send in
+    time count as lost too, because the rate was not sustained: (offered − received) / offered.
+    """
+
+    offered: int
+    sent: int
+    received: int
+    duration: float
+    latency: Latency | None = None
+
+    @property
+    def sustained(self) -> bool:
+        """Whether the generator sent (nearly) everything the rate asked for."""
+        return self.sent >= self.offered * (1 - RATE_TOLERANCE)
+
+    @property
+    def loss(self) -> float:
+        base = self.sent if self.sustained else self.offered
+        if base <= 0:
+            return 0.0
+        return min(1.0, max(0.0, (base - self.received) / base))
+
+    @property
+    def received_pps(self) -> float:
+        return self.received / self.duration if self.duration > 0 else 0.0
+
+
+def check_frame_spec(frame_size: FrameSpec) -> None:
+    """Raise GeneratorError unless frame_size is 64..1518 bytes or "imix"."""
+    if frame_size == "imix":
+        return
+    if isinstance(frame_size, bool) or not isinstance(frame_size, int) \
+            or not MIN_FRAME <= frame_size <= MAX_FRAME:
+        raise GeneratorError(f"frame size must be {MIN_FRAME}..{MAX_FRAME} bytes or 'imix' "
+                             f"but got {frame_size!r}")
+
+
+def frame_mix(frame_size: FrameSpec) -> tuple[tuple[int, int], ...]:
+    """(size, share) pairs: one size with share 1, or the IMIX cycle."""
+    check_frame_spec(frame_size)
+    return IMIX if frame_size == "imix" else ((int(frame_size), 1),)
+
+
+def mean_frame_size(frame_size: FrameSpec) -> float:
+    mix = frame_mix(frame_size)
+    return sum(size * n for size, n in mix) / sum(n for _, n in mix)
+
+
+class Generator(abc.ABC):
+    """Sends `flows` UDP flows of `family` at `rate_pps` for `duration_s` and counts what came back."""
+
+    name: str = "generator"
+
+    @abc.abstractmethod
+    def run(self, rate_pps: float, duration_s: float, frame_size: FrameSpec, flows: int,
+            family: Family) -> TrialResult:
+        """One trial; raises GeneratorError when it cannot be run as asked."""
+
+    def close(self) -> None:  # noqa: B027 (optional hook, nothing to release by default)
+        """Release what the generator holds (programs, connections)."""
+
+    def __enter__(self) -> Generator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_trial(rate_pps: float, duration_s: float, flows: int, family: int) -> None:
+    """Raise GeneratorError naming the argument that a trial cannot use."""
+    if not rate_pps > 0:
+        raise GeneratorError(f"rate must be > 0 packets/s but got {rate_pps!r}")
+    if not duration_s > 0:
+        raise GeneratorError(f"duration must be > 0 s but got {duration_s!r}")
+    if not 1 <= flows <= 1 << 24:
+        raise GeneratorError(f"flows must be 1..{1 << 24} but got {flows!r}")
+    if family not in (4, 6):
+        raise GeneratorError(f"family must be 4 or 6 but got {family!r}")

@@ -1,0 +1,157 @@
+"""test_datapath_microbench.py: nanoseconds per packet of the balancer's paths, beside XDP_PASS and MAC-swap floors.
+
+Every case is one BPF_PROG_TEST_RUN with repeat = 1 (repeat > 1 would feed each iteration the
+previous iteration's output) and its kernel-measured `duration`; the cases take turns, run after
+run, so that they share the machine's weather, and each is summarised by its median. Figures are
+printed as a table and are not asserted: absolute times move ±20 % between runs here, so only the
+ratios measured in the same run mean anything (DESIGN: facts about this machine).
+
+    L4LAB_MICROBENCH_RUNS=10000   runs per case (default 10,000)
+    L4LAB_MICROBENCH_BASELINE=F   also time balancer object F (e.g. an older build) in the same run
+
+The results schema's bench payload describes NDR/PDR searches (Mpps per frame size, trials); these
+per-packet times do not fit it, so they are printed only.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from scapy.packet import Packet
+
+from balancer.datapath import Datapath
+from balancer.libbpf import BpfObject, Program
+from suites.datapath import packets as P
+from suites.datapath.conftest import Balancer, standard_world
+
+BUILD = Path(__file__).resolve().parents[2] / "build" / "bpf"
+RING_SIZE = 65537  # the production ring size: ring lookups touch a realistic array
+XDP_ACTIONS = {1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One timed path: a program, the frame it is fed, and the XDP action it must return."""
+
+    name: str
+    program: Program
+    frame: bytes
+    action: int
+
+
+def runs_per_case() -> int:
+    raw = os.environ.get("L4LAB_MICROBENCH_RUNS", "10000")
+    if not raw.isdigit() or int(raw) < 100:
+        raise ValueError(f"L4LAB_MICROBENCH_RUNS must be an integer ≥ 100 but got {raw!r}")
+    return int(raw)
+
+
+def load_balancer(stack: ExitStack, path: Path) -> Balancer:
+    dp = Datapath.load(str(path), max_vips=16, max_reals=64, ring_size=RING_SIZE, lru_size=65536,
+                       fallback_size=1024)
+    stack.callback(dp.close)
+    b = Balancer(dp)
+    b.settings()
+    standard_world(b)
+    return b
+
+
+def load_program(stack: ExitStack, obj_name: str, prog: str) -> Program:
+    obj = BpfObject(str(BUILD / obj_name))
+    stack.callback(obj.close)
+    obj.load()
+    return obj.program(prog)
+
+
+def balancer_cases(b: Balancer, tag: str) -> list[Case]:
+    """The balancer's paths: non-VIP pass, LRU hits per encap, a new flow, a too-big answer."""
+    prog = b.dp.programs["balancer_xdp"]
+    by_id = {c.id: c for c in P.ENCAPS}
+
+    def hit(case_id: str) -> Case:
+        vip = by_id[case_id].vip
+        syn: Packet = P.tcp_to(vip, sport=45000, flags="S")
+        assert b.run(syn).reason == "TX_ENCAP", f"priming {case_id}"  # creates the session
+        ack = bytes(P.tcp_to(vip, sport=45000, flags="A"))
+        assert b.run(ack).events.get("LRU_HIT") == 1, f"{case_id}: the flow must hit its session"
+        return Case(f"{tag}{case_id}-hit", prog, ack, 3)
+
+    return [
+        Case(f"{tag}not-vip-pass", prog, bytes(P.TCP4_NOT_VIP), 2),
+        hit("ip4-ipip"),
+        hit("ip4-gue1"),
+        hit("ip6-ip6ip6"),
+        hit("ip6-gue1"),
+        Case(f"{tag}ip4-ipip-syn", prog, bytes(P.tcp_to(P.VIP4, sport=45001, flags="S")), 3),
+        Case(f"{tag}ip4-too-big", prog, bytes(P.sized_tcp_to(P.VIP4, P.MTU, sport=45002)), 3),
+    ]
+
+
+def time_cases(cases: list[Case], runs: int) -> dict[str, float]:
+    """Median duration (ns) of `runs` single test runs per case, the cases interleaved."""
+    samples: dict[str, list[int]] = {c.name: [] for c in cases}
+    for _ in range(runs):
+        for c in cases:
+            res = c.program.test_run(c.frame)
+            if res.retval != c.action:
+                got = XDP_ACTIONS.get(res.retval, str(res.retval))
+                raise AssertionError(f"{c.name}: {c.program.name} returned {got}, "
+                                     f"expected {XDP_ACTIONS[c.action]}")
+            samples[c.name].append(res.duration_ns)
+    return {name: float(statistics.median(s)) for name, s in samples.items()}
+
+
+@pytest.fixture
+def pinned_cpu() -> Iterator[int]:
+    """Name: pinned_cpu. Scope: function. Depends: nothing.
+
+    Pins the process to one CPU: session tables are per CPU and test runs execute on the caller's.
+        def test_x(pinned_cpu: int) -> None: ...
+    """
+    before = os.sched_getaffinity(0)
+    cpu = max(before)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield cpu
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def table(medians: dict[str, float], floor: str) -> str:
+    base = medians[floor]
+    lines = [f"{'case':<30} {'median ns':>10} {'- floor':>9} {'/ floor':>8}"]
+    for name, ns in medians.items():
+        lines.append(f"{name:<30} {ns:>10.0f} {ns - base:>9.0f} {ns / base:>8.2f}")
+    return "\n".join(lines)
+
+
+def test_datapath_microbench(pinned_cpu: int) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("BPF_PROG_TEST_RUN needs root")
+    missing = [n for n in ("balancer.o", "pass.o", "floor.o") if not (BUILD / n).exists()]
+    if missing:
+        pytest.skip(f"BPF objects missing ({', '.join(missing)}): run make bpf")
+    runs = runs_per_case()
+    with ExitStack() as stack:
+        frame = bytes(P.tcp_to(P.VIP4, sport=45000, flags="A"))
+        cases = [Case("floor-xdp-pass", load_program(stack, "pass.o", "xdp_pass"), frame, 2),
+                 Case("floor-mac-swap-tx", load_program(stack, "floor.o", "xdp_tx_swap"), frame, 3)]
+        cases += balancer_cases(load_balancer(stack, BUILD / "balancer.o"), "")
+        baseline = os.environ.get("L4LAB_MICROBENCH_BASELINE")
+        if baseline:
+            cases += balancer_cases(load_balancer(stack, Path(baseline)), "base:")
+        medians = time_cases(cases, runs)
+    print(f"\ndatapath microbench: {runs} single test runs per case on CPU {pinned_cpu}, medians\n"
+          + table(medians, "floor-mac-swap-tx"))
+    hit, floor = medians["ip4-ipip-hit"], medians["floor-mac-swap-tx"]
+    print(f"ip4-ipip LRU hit / MAC-swap floor = {hit / floor:.3f}; "
+          f"/ xdp_pass = {hit / medians['floor-xdp-pass']:.3f}")
+    if baseline:
+        print(f"ip4-ipip LRU hit / baseline's = {hit / medians['base:ip4-ipip-hit']:.3f}")
+    assert all(ns > 0 for ns in medians.values()), f"every case was timed: {medians}"
