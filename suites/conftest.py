@@ -47,6 +47,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 _FAILED = pytest.StashKey[bool]()
 
 
+def _failed(item: pytest.Item) -> bool:
+    return bool(item.stash.get(_FAILED, False))  # type: ignore[arg-type]
+
+
 def _needs_root_and_build() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root (network namespaces, BPF): run as root, e.g. sudo make test")
@@ -110,8 +114,8 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
         yield handle
     finally:
         keep = request.config.getoption("--lab-keep")
-        failed = any(item.stash.get(_FAILED, False) for item in request.session.items
-                     if item.module is request.module)
+        failed = any(_failed(item) for item in request.session.items
+                     if getattr(item, "module", None) is request.module)
         if keep == "always" or (keep == "failed" and failed):
             handle.kept = True
             sys.stderr.write(f"\nkept lab '{name}' (--lab-keep={keep}); remove it with: "
@@ -205,7 +209,7 @@ def balancer(request: pytest.FixtureRequest, lab: Lab, encap: str, tmp_path: Pat
         yield b
     finally:
         keep = request.config.getoption("--lab-keep")
-        if keep == "always" or (keep == "failed" and request.node.stash.get(_FAILED, False)):
+        if keep == "always" or (keep == "failed" and _failed(request.node)):
             sys.stderr.write(f"\nkept balancer '{b.instance}' (--lab-keep={keep})\n")
         else:
             b.lbctl("unload", check=False)

@@ -1,0 +1,279 @@
+"""Stats: the LB's per-VIP, per-real and per-reason counters equal the packets on the wire, exactly.
+
+For every encap the client sends exactly UDP_DATAGRAMS datagrams (one per flow, each answered) to
+the VIP's UDP port, opens exactly TCP_CONNECTIONS HTTP connections to its TCP port, and pings the
+VIP ECHOS_TO_VIP times and the LB's own address ECHOS_TO_LB times, while the router's link to the
+LB is captured. The capture is the reference: every frame towards the LB is classified the way the
+datapath must count it (client→VIP TCP/UDP: TX_ENCAP; echo request to the VIP: TX_ICMP_ECHO; ARP:
+PASS_NOT_IP; ICMP / ICMPv6 for another address: PASS_ICMP_NOT_VIP; any other IP: PASS_NOT_VIP), and
+
+* each reason's packet and byte deltas equal the capture's (bytes = the frame's length on the wire,
+  what the datapath counts), and the deltas of all reasons together equal the frames sent to the LB;
+* each VIP's deltas equal the capture's frames (and bytes) to that VIP port;
+* each real's deltas equal the encapsulated frames the LB sent to it (counted in input bytes);
+* the capture holds exactly the datagrams, first SYNs and echo requests the client sent.
+
+Packets the test cannot control: ARP / neighbour discovery between the router and the LB (the
+router gets permanent neighbour entries for the LB, so it sends no requests of its own, but the LB's
+kernel, answering the echo requests to its address, may ask for the router's MAC: the router's
+ARP reply / neighbour advertisement then reaches the LB), and TCP retransmissions, which are
+detected in the capture (same flow, sequence number, length and flags seen again) and reported.
+None of them is assumed absent: each is classified under its reason like every other frame, and
+the counters must match the wire whatever it carried. Deltas are read in this process
+from the pinned maps; after the client's sockets are quiet (every connection closed or in
+TIME-WAIT) the counters are polled, with a deadline, until they catch up with the capture.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from balancer.controller import Instance
+from lab.capture import Capture
+from lab.lbconf import lb_link, peer_mac, real_addresses
+from suites.conftest import Balancer, Lab
+
+from ._record import recorded
+from ._settle import poll, wait_client_quiet
+from ._wire import (
+    ETH_P_ARP,
+    PROTO_ICMP,
+    PROTO_ICMPV6,
+    PROTO_TCP,
+    PROTO_UDP,
+    Frame,
+    counts_by,
+    decapsulate,
+    ip_of,
+    read_frames,
+)
+
+pytestmark = pytest.mark.topology("default")
+GUE_PORT = 6080
+UDP_DATAGRAMS = 25
+TCP_CONNECTIONS = 10
+QUIET_DEADLINE_S = 20.0
+CATCH_UP_DEADLINE_S = 5.0
+ECHOS_TO_VIP = 3  # answered by the LB itself: TX_ICMP_ECHO
+ECHOS_TO_LB = 2  # to the LB's own address, answered by its kernel: PASS_ICMP_NOT_VIP
+ICMP_ECHO = b"\x08"
+ICMPV6_ECHO = b"\x80"
+TCP_SYN = 0x02
+TCP_FIN = 0x01
+
+
+def _clients(lab: Lab, family: int) -> list[str]:
+    return sorted({str(a.ip) for link in lab.topology.links for ep in link.endpoints
+                   if ep.node == "client" for a in ep.all_addresses if a.version == family})
+
+
+def _lb_addresses(lab: Lab) -> list[tuple[str, str]]:
+    """(address, ifname) of the LB's end of its link, every family."""
+    lb_if, _, _ = lb_link(lab.topology)
+    return [(str(a.ip), lb_if) for link in lab.topology.links for ep in link.endpoints
+            if ep.node == "lb" for a in ep.all_addresses]
+
+
+@pytest.fixture(scope="module")
+def quiet_neighbours(lab: Lab) -> Iterator[None]:
+    """Name: quiet_neighbours. Scope: module. Depends: lab.
+
+    Permanent neighbour entries on the router for the LB's addresses, so it sends no ARP/ND to it::
+
+        def test_x(lab, quiet_neighbours): ...
+    """
+    lb_if, router, router_if = lb_link(lab.topology)
+    mac = peer_mac(lab.name, "lb", lb_if)
+    made = []
+    try:
+        for addr, _ in _lb_addresses(lab):
+            lab.run(router, ["ip", "neigh", "replace", addr, "lladdr", mac, "dev", router_if, "nud", "permanent"])
+            made.append(addr)
+        yield
+    finally:
+        for addr in made:
+            lab.run(router, ["ip", "neigh", "del", addr, "dev", router_if], check=False)
+
+
+def _stats(balancer: Balancer) -> dict[str, Any]:
+    inst = Instance.open(balancer.instance)
+    try:
+        return inst.stats()
+    finally:
+        inst.close()
+
+
+def _delta(after: dict[str, Any], before: dict[str, Any], section: str) -> dict[str, tuple[int, int]]:
+    out = {}
+    for key, now in after[section].items():
+        was = before[section].get(key, {"packets": 0, "bytes": 0})
+        out[key] = (now["packets"] - was["packets"], now["bytes"] - was["bytes"])
+    return {k: v for k, v in out.items() if v != (0, 0)}
+
+
+class Wire:
+    """What the capture of the LB's link says the counters must be."""
+
+    def __init__(self, frames: list[Frame], lb_mac: str, vips: dict[tuple[str, int, int], str],
+                 reals: dict[str, str], clients: list[str]) -> None:
+        self.clients = set(clients)
+        self.vip_addrs = {addr for addr, _, _ in vips}
+        self.reasons: dict[str, list[int]] = {}
+        self.vips: dict[str, list[int]] = {}
+        self.reals: dict[str, list[int]] = {}
+        self.unexpected: list[str] = []  # frames not sent by the client: what the test did not control
+        self.tcp_segments: list[tuple[tuple[Any, ...], int]] = []  # (segment identity, frame index)
+        self.udp_datagrams = 0
+        self.echo_to_vip = 0  # the client's echo requests to the VIP address
+        self.echo_to_lb = 0  # the client's echo requests to the LB's own address
+        self.encapsulated: dict[str, int] = {}
+        for f in frames:
+            if f.dst_mac == lb_mac:
+                self._to_lb(f, vips)
+            elif f.src_mac == lb_mac:
+                enc = decapsulate(f, GUE_PORT)
+                if enc is not None:
+                    self.encapsulated[enc.outer.dst] = self.encapsulated.get(enc.outer.dst, 0) + 1
+        self.real_frames = {node: self.encapsulated.get(addr, 0) for node, addr in reals.items()}
+
+    @staticmethod
+    def _add(table: dict[str, list[int]], key: str, frame: Frame) -> None:
+        row = table.setdefault(key, [0, 0])
+        row[0] += 1
+        row[1] += frame.wire_len
+
+    def _to_lb(self, f: Frame, vips: dict[tuple[str, int, int], str]) -> None:
+        if f.ethertype == ETH_P_ARP:
+            self._add(self.reasons, "PASS_NOT_IP", f)
+            self.unexpected.append(f"frame {f.index}: ARP")
+            return
+        ip = ip_of(f)
+        if ip is None:
+            self._add(self.reasons, "PASS_NOT_IP", f)
+            self.unexpected.append(f"frame {f.index}: ethertype {f.ethertype:#06x}")
+            return
+        sport, dport = ip.ports()
+        vip = vips.get((ip.dst, ip.proto, dport))
+        if vip is not None:
+            self._add(self.reasons, "TX_ENCAP", f)
+            self._add(self.vips, vip, f)
+            if ip.proto == PROTO_UDP:
+                self.udp_datagrams += 1
+            else:
+                seq = struct.unpack("!I", ip.payload[4:8])[0]
+                flags = ip.payload[13]
+                data_len = len(ip.payload) - (ip.payload[12] >> 4) * 4
+                self.tcp_segments.append(((ip.flow(), seq, data_len, flags), f.index))
+            return
+        echo = ip.proto in (PROTO_ICMP, PROTO_ICMPV6) and ip.payload[:1] in (ICMP_ECHO, ICMPV6_ECHO)
+        if echo and ip.src in self.clients and ip.dst in self.vip_addrs:
+            self._add(self.reasons, "TX_ICMP_ECHO", f)
+            self.echo_to_vip += 1
+            return
+        reason = "PASS_ICMP_NOT_VIP" if ip.proto in (PROTO_ICMP, PROTO_ICMPV6) else "PASS_NOT_VIP"
+        self._add(self.reasons, reason, f)
+        if echo and ip.src in self.clients:
+            self.echo_to_lb += 1
+        else:
+            self.unexpected.append(f"frame {f.index}: IPv{ip.version} {ip.src} > {ip.dst} proto {ip.proto}")
+
+    def syns(self) -> int:
+        return sum(1 for (_, _, _, flags), _ in self.tcp_segments if flags & TCP_SYN)
+
+    def retransmissions(self) -> list[tuple[int, tuple[Any, ...]]]:
+        """(frame index, segment) of segments carrying data, SYN or FIN seen before with the same
+        flow, sequence number, length and flags."""
+        seen: set[tuple[Any, ...]] = set()
+        out = []
+        for ident, index in self.tcp_segments:
+            _, _, data_len, flags = ident
+            if not (data_len or flags & (TCP_SYN | TCP_FIN)):
+                continue  # a pure ACK repeats legitimately (duplicate ACKs)
+            if ident in seen:
+                out.append((index, ident))
+            seen.add(ident)
+        return out
+
+
+def test_counters_equal_the_wire(lab: Lab, balancer: Balancer, encap: str, quiet_neighbours: None,
+                                 tmp_path: Path) -> None:
+    with recorded("test_counters_equal_the_wire", encap):
+        fam = balancer.family
+        vip = next(str(v.address) for v in lab.topology.vips if v.address.version == fam)
+        clients = _clients(lab, fam)
+        reals = real_addresses(lab.topology, fam)
+        lb_if, router, router_if = lb_link(lab.topology)
+        lb_mac = peer_mac(lab.name, "lb", lb_if).lower()
+        lb_addr = next(a for a, _ in _lb_addresses(lab) if (":" in a) == (fam == 6))
+        config = balancer.config_for()
+        vips = {(str(v.address), PROTO_TCP if v.proto == "tcp" else PROTO_UDP, v.port): v.name
+                for v in config.vips}
+        pcap = tmp_path / "lb-link.pcap"
+        sources = [a for c in clients for a in ("--source", c)]
+
+        with Capture(lab.name, router, router_if, pcap, snaplen=256):
+            before = _stats(balancer)
+            answers = json.loads(lab.python("client", "lab.traffic", "udp", "--vip", vip, "--port", "9000",
+                                            "--count", str(UDP_DATAGRAMS), *sources).stdout)
+            answers += json.loads(lab.python("client", "lab.traffic", "http", "--vip", vip, "--port", "80",
+                                             "--count", str(TCP_CONNECTIONS), *sources).stdout)
+            for target, count in ((vip, ECHOS_TO_VIP), (lb_addr, ECHOS_TO_LB)):
+                echoed = json.loads(lab.python("client", "suites.conformance._echo", "--count", str(count),
+                                               target).stdout)
+                assert echoed["answered"] == count, f"echo requests to {target}: {echoed}"
+            wait_client_quiet(lab, vip, QUIET_DEADLINE_S)
+
+            def behind() -> list[str]:
+                wire = Wire(read_frames(pcap), lb_mac, vips, reals, clients)
+                moved = _delta(_stats(balancer), before, "reasons")
+                got = {k: v[0] for k, v in moved.items()}
+                want = {k: v[0] for k, v in wire.reasons.items()}
+                emitted = sum(wire.encapsulated.values())
+                if got == want and emitted == want.get("TX_ENCAP", 0):
+                    return []
+                return [f"counters {got}, frames to the LB {want}, encapsulated frames back {emitted}"]
+
+            lag = poll(CATCH_UP_DEADLINE_S, behind)
+            after = _stats(balancer)
+        wire = Wire(read_frames(pcap), lb_mac, vips, reals, clients)
+
+        failed = [a for a in answers if "error" in a]
+        assert not failed, f"{len(failed)} requests failed: {failed[:3]}"
+        evidence = (f"\ncapture {pcap}; frames the test did not send: {wire.unexpected[:10]}; "
+                    f"TCP retransmissions: {wire.retransmissions()}\nstats before: {before}\nafter: {after}")
+        assert wire.udp_datagrams == UDP_DATAGRAMS, f"the wire carried {wire.udp_datagrams} datagrams{evidence}"
+        assert (wire.echo_to_vip, wire.echo_to_lb) == (ECHOS_TO_VIP, ECHOS_TO_LB), \
+            f"the wire carried {wire.echo_to_vip} echo requests to the VIP, {wire.echo_to_lb} to the LB{evidence}"
+        retrans_syns = sum(1 for _, (_, _, _, flags) in wire.retransmissions() if flags & TCP_SYN)
+        assert wire.syns() - retrans_syns == TCP_CONNECTIONS, f"the wire carried {wire.syns()} SYNs{evidence}"
+
+        reasons = _delta(after, before, "reasons")
+        want_reasons = {k: (v[0], v[1]) for k, v in wire.reasons.items()}
+        assert reasons == want_reasons, f"reason counters {reasons} differ from the wire {want_reasons}{evidence}"
+        to_lb = sum(v[0] for v in want_reasons.values())
+        assert not lag, f"counters never caught up with the wire: {lag}"
+
+        vip_moves = _delta(after, before, "vips")
+        want_vips = {k: (v[0], v[1]) for k, v in wire.vips.items()}
+        assert vip_moves == want_vips, f"per-VIP counters {vip_moves} differ from the wire {want_vips}{evidence}"
+
+        real_moves = {addr: v for addr, v in _delta(after, before, "reals").items()}
+        want_reals = {reals[n]: c for n, c in wire.real_frames.items() if c}
+        got_reals = {addr: v[0] for addr, v in real_moves.items()}
+        assert got_reals == want_reals, (f"per-real packet counters {got_reals} differ from the encapsulated "
+                                         f"frames on the wire per outer destination {want_reals}{evidence}")
+        assert sum(v[1] for v in real_moves.values()) == want_reasons["TX_ENCAP"][1], \
+            "per-real bytes (input frame lengths) do not add up to the TX_ENCAP bytes"
+
+        events = {k: after["events"][k] - before["events"][k] for k in after["events"]}
+        sys.stdout.write(f"\n{encap}: {to_lb} frames to the LB, reasons {reasons}, VIPs {vip_moves}, "
+                         f"reals {real_moves}, events {events}, retransmissions {len(wire.retransmissions())}, "
+                         f"uncontrolled frames {len(wire.unexpected)}; reals seen "
+                         f"{sorted(counts_by(a.get('node') for a in answers).items(), key=str)}\n")
