@@ -106,6 +106,9 @@ def _run_exec(args: argparse.Namespace) -> int:
             "l4lab exec: give a command after --, e.g. l4lab exec client -- ping -c1 203.0.113.18"
         )
     ns = _node_netns(args)
+    from lab import frr
+
+    command = frr.exec_argv(args.name, args.node, command)  # vtysh finds the node's own FRR daemons
     try:
         return subprocess.run(nsenter_argv(ns, command), check=False).returncode
     except OSError as exc:

@@ -1,5 +1,10 @@
 """The netns lab builder: turns a Topology into namespaces, veths, addresses, routes, programs and services.
 
+Nodes of kind "vm" get no namespace: their link's other end is a tap in that node's namespace,
+made by the VM's supervisor process (lab.vmnodes). Nodes with `bgp_asn` get their FRR daemons and,
+on LB nodes, the health hook that announces the VIPs (lab.frr); the build waits for every BGP
+session to be Established.
+
 Every step that creates something registers its undo in an ExitStack and in the lab's persisted
 journal (lab.state) the moment it succeeds; a failure or KeyboardInterrupt at any step unwinds
 everything already made, and `teardown()` replays the journal of a lab built by another process.
@@ -107,16 +112,18 @@ class Builder:
         with ExitStack() as stack:
             stack.callback(self._close_sockets)
             self._make_state_dir(stack)
-            for node in self.topo.nodes:
+            self._check_tools()
+            for node in self.topo.netns_nodes():
                 self._make_node(stack, node)
             for k, link in enumerate(self.topo.links):
-                self._make_veth(stack, link.a, link.b, link.mtu, FIRST_IFINDEX + k)
-            for node in self.topo.nodes:
+                if not self.topo.is_vm_endpoint(link.a):
+                    self._make_veth(stack, link.a, link.b, link.mtu, FIRST_IFINDEX + k)
+            for node in self.topo.netns_nodes():
                 self._configure_node(node)
-            for node in self.topo.nodes:
+            for node in self.topo.netns_nodes():
                 self._links_up(node)
             self._wait_links_ready()
-            for node in self.topo.nodes:
+            for node in self.topo.netns_nodes():
                 self._add_routes(node)
             for link in self.topo.links:
                 for ep in link.endpoints:
@@ -124,12 +131,33 @@ class Builder:
             if self.with_programs:
                 self._attach_programs(stack)
             self._start_services(stack)
+            self._start_vms(stack)
+            self._start_frr(stack)
             with self._step("record the lab as complete"):
                 self.state.complete = True
                 self.state.save()
             stack.pop_all()
             self._close_sockets()
         return self.state
+
+    def _check_tools(self) -> None:
+        """Refuse early, before any namespace exists, when FRR or qemu is needed and missing."""
+        from lab import frr, vmnodes
+
+        if self.topo.bgp_nodes():
+            with self._step("check that FRR is installed"):
+                reason = frr.missing()
+                if reason:
+                    raise LabError(f"topology '{self.topo.name}' runs BGP nodes but {reason}")
+        if self.topo.vm_nodes():
+            with self._step("check that qemu and the VM kernel are installed"):
+                reason = vmnodes.missing()
+                if reason:
+                    raise LabError(f"topology '{self.topo.name}' has VM reals but {reason}")
+
+    def _endpoints(self, node: str) -> list[Endpoint]:
+        """The endpoints of `node` that the builder makes (a VM's tap is made by its supervisor)."""
+        return [ep for ep in self.topo.endpoints_of(node) if not self.topo.is_vm_endpoint(ep)]
 
     def _close_sockets(self) -> None:
         for ipr in self.ipr.values():
@@ -201,14 +229,15 @@ class Builder:
     def _configure_node(self, node: Node) -> None:
         ns = netns_name(self.lab, node.name)
         ipr = self.ipr[node.name]
-        ifnames = [ep.ifname for ep in self.topo.endpoints_of(node.name)]
+        # A VM's tap appears later and inherits the `default` values set here.
+        ifnames = [ep.ifname for ep in self._endpoints(node.name)]
         for key, value in node.sysctls:
             if ".*." in key:
                 for ifname in ("all", "default", "lo", *ifnames):
                     concrete = key.replace(".*.", f".{ifname}.")
                     with self._step(f"set {concrete}={value} in {ns}"):
                         _write_sysctl(ns, concrete, value)
-        for ep in self.topo.endpoints_of(node.name):
+        for ep in self._endpoints(node.name):
             index = _index(ipr, ep.ifname, ns)
             for addr in ep.all_addresses:
                 with self._step(f"add address {addr} to {ep.ifname} in {ns}"):
@@ -231,7 +260,7 @@ class Builder:
     def _links_up(self, node: Node) -> None:
         ns = netns_name(self.lab, node.name)
         ipr = self.ipr[node.name]
-        for ifname in ("lo", *[ep.ifname for ep in self.topo.endpoints_of(node.name)]):
+        for ifname in ("lo", *[ep.ifname for ep in self._endpoints(node.name)]):
             with self._step(f"set {ifname} up in {ns}"):
                 ipr.link("set", index=_index(ipr, ifname, ns), state="up")
 
@@ -251,9 +280,9 @@ class Builder:
 
     def _not_ready(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
-        for node in self.topo.nodes:
+        for node in self.topo.netns_nodes():
             ipr = self.ipr[node.name]
-            mine = {ep.ifname for ep in self.topo.endpoints_of(node.name)}
+            mine = {ep.ifname for ep in self._endpoints(node.name)}
             names = {}
             for link in ipr.get_links():
                 name = link.get_attr("IFLA_IFNAME")
@@ -285,6 +314,8 @@ class Builder:
                 ipr.route("add", family=family, dst=dst, gateway=str(route.via))
 
     def _set_offloads(self, ep: Endpoint) -> None:
+        if self.topo.is_vm_endpoint(ep):
+            return
         ns = netns_name(self.lab, ep.node)
         for feature, on in ep.offloads:
             with self._step(f"set {feature} checksum offload {'on' if on else 'off'} on {ep.ifname} in {ns}"):
@@ -301,9 +332,9 @@ class Builder:
         def journal(kind: str, path: str) -> None:
             self._register(stack, Undo(kind, path))
 
-        for node in self.topo.nodes:
+        for node in self.topo.netns_nodes():
             ns = netns_name(self.lab, node.name)
-            xdp_eps = [ep for ep in self.topo.endpoints_of(node.name) if ep.xdp is not None]
+            xdp_eps = [ep for ep in self._endpoints(node.name) if ep.xdp is not None]
             if not xdp_eps and node.decap is None:
                 continue
             node_dir = root / node.name
@@ -328,6 +359,8 @@ class Builder:
         run_dir = state_dir(self.lab)
         started = []
         for node in self.topo.nodes_with_role("real"):
+            if node.kind != "netns":
+                continue  # a VM real runs its services itself
             binds = [
                 (port.service, str(vip.address), port.port) for vip in self.topo.vips for port in vip.ports
             ]
@@ -341,6 +374,60 @@ class Builder:
             started.append(proc)
         with self._step("wait for the services to listen"):
             services.wait_ready(started, run_dir)
+
+    def _start_vms(self, stack: ExitStack) -> None:
+        """Boot every VM real (in parallel), each under a supervisor process; journal both processes."""
+        from lab import vmnodes
+
+        started = []
+        for node in self.topo.vm_nodes():
+            vm_ep, tap_ep = self.topo.vm_link(node.name)
+            ns = netns_name(self.lab, tap_ep.node)
+            with self._step(f"start VM real {node.name} (tap {tap_ep.ifname} in {ns})"):
+                proc = vmnodes.start(self.lab, ns, self.topo, node, state_dir(self.lab))
+            self.state.processes.append(proc)
+            self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
+            started.append(proc)
+        for proc in started:
+            with self._step(f"wait for VM real {proc.node} to boot"):
+                ready = vmnodes.wait_ready(proc, state_dir(self.lab))
+            qemu = vmnodes.qemu_process(proc.node, ready)
+            self.state.processes.append(qemu)
+            self._register(stack, Undo("process", str(qemu.pid), starttime=qemu.starttime))
+            self.state.vm_boot_seconds[proc.node] = ready.boot_seconds
+            self.state.vm_guest_uptime[proc.node] = ready.guest_uptime
+            self.state.save()
+
+    def _start_frr(self, stack: ExitStack) -> None:
+        """Start zebra, bfdd and bgpd in every BGP node, the health hook in LB nodes; wait for BGP."""
+        from lab import frr
+
+        nodes = self.topo.bgp_nodes()
+        if not nodes:
+            return
+        frr_root = state_dir(self.lab) / "frr"
+        for node in nodes:
+            ns = netns_name(self.lab, node.name)
+            with self._step(f"write the FRR configs of {node.name}"):
+                frr.write_configs(self.lab, self.topo, node)
+            for daemon in frr.DAEMONS:
+                with self._step(f"start {daemon} in {ns}"):
+                    proc = frr.start_daemon(self.lab, ns, node.name, daemon)
+                self.state.processes.append(proc)
+                self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
+                with self._step(f"wait for {daemon} of {node.name}"):
+                    frr.wait_daemon(self.lab, proc, daemon)
+            if node.role == "lb":
+                interface = self._endpoints(node.name)[0].ifname
+                with self._step(f"start the health hook of {node.name} in {ns}"):
+                    proc = frr.start_hook(self.lab, ns, self.topo, node.name, interface)
+                self.state.processes.append(proc)
+                self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
+                with self._step(f"wait for the health hook of {node.name}"):
+                    frr.wait_hook(self.lab, proc)
+        with self._step(f"wait for every BGP session to be Established (logs under {frr_root})"):
+            self.state.bgp_established_seconds = frr.wait_established(self.lab, self.topo)
+            self.state.save()
 
 
 def build(

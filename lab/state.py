@@ -71,7 +71,7 @@ class Program:
 
 @dataclass
 class Process:
-    """A background process of the lab (a node's services)."""
+    """A background process of the lab (a node's services, a VM and its supervisor, an FRR daemon)."""
 
     node: str
     pid: int
@@ -92,6 +92,9 @@ class LabState:
     undo: list[Undo] = field(default_factory=list)
     programs: list[Program] = field(default_factory=list)
     processes: list[Process] = field(default_factory=list)
+    vm_boot_seconds: dict[str, float] = field(default_factory=dict)  # VM real -> qemu start to ready
+    vm_guest_uptime: dict[str, float] = field(default_factory=dict)  # VM real -> its uptime when ready
+    bgp_established_seconds: float | None = None  # FRR start to every BGP session Established
 
     @property
     def path(self) -> Path:
@@ -123,6 +126,9 @@ class LabState:
             undo=[Undo(**u) for u in raw["undo"]],
             programs=[Program(**p) for p in raw["programs"]],
             processes=[Process(**p) for p in raw["processes"]],
+            vm_boot_seconds=raw.get("vm_boot_seconds", {}),
+            vm_guest_uptime=raw.get("vm_guest_uptime", {}),
+            bgp_established_seconds=raw.get("bgp_established_seconds"),
         )
 
 

@@ -6,8 +6,11 @@ The file format (see lab/topologies/default.toml for a complete example):
     lb_source_prefixes = ["198.51.100.128/25", ...]      # recorded for the balancer config only
     [node_defaults] sysctls = {...}                       # every node
     [roles.<role>]  sysctls = {...}                       # every node of that role
-    [[nodes]]  name, role (client|router|lb|real), kind ("netns"), sysctls, routes = [{dst, via}],
-               decap = {mode = "bpf", ifname, attach = "tc"|"xdp"}         (reals only)
+    [bgp]      bfd_interval_ms = 100, bfd_multiplier = 3              (FRR BGP + BFD between nodes)
+    [[nodes]]  name, role (client|router|lb|real), kind ("netns"|"vm"), sysctls, routes = [{dst, via}],
+               decap = {mode = "bpf", ifname, attach = "tc"|"xdp"}         (netns reals)
+               decap = {mode = "kernel", gue_port = 6080}                  (vm reals: tunl0, fou/GUE)
+               bgp_asn = 65000                         (router and lb nodes that run FRR, see lab.frr)
     [[links]]  mtu, a = {endpoint}, b = {endpoint}; endpoint = {node, ifname, addresses,
                extra_addresses, offloads = {tx = false}, xdp = {object, program, mode}}
     [[vips]]   address, ports = [{proto = "tcp"|"udp", port, service = "http"|"udp-echo"}]
@@ -16,6 +19,13 @@ A sysctl key with `*` in the interface position (`net.ipv4.conf.*.rp_filter`) ap
 `default`, `lo` and every lab interface of the node. Every real holds every VIP on its loopback
 and runs the VIPs' services bound to them. Every error names the file, the key, the value and
 what was expected.
+
+A node of kind "vm" is a real server in a qemu VM (lab.vmnodes): it has exactly one link, to a
+netns node whose end of the link is the VM's tap (that end carries the VM's gateway addresses);
+the VM's own end has one IPv4 and at most one IPv6 address, and no routes, sysctls, offloads or XDP
+of its own: its default routes point at the tap's addresses. Every node with `bgp_asn` runs FRR
+(zebra, bgpd, bfdd) and peers over every link to another such node (eBGP, one session per family,
+BFD on each); an LB node announces the VIPs while its balancer is loaded and healthy.
 """
 
 from __future__ import annotations
@@ -33,9 +43,11 @@ from lab.errors import TopologyError, UsageError
 TOPOLOGY_DIR = Path(__file__).resolve().parent / "topologies"
 
 ROLES = ("client", "router", "lb", "real")
-KINDS = ("netns",)
+KINDS = ("netns", "vm")
 SERVICES = {"http": "tcp", "udp-echo": "udp"}
-DECAP_MODES = ("bpf",)
+DECAP_MODES = ("bpf", "kernel")
+BGP_ROLES = ("router", "lb")
+DEFAULT_GUE_PORT = 6080
 DECAP_ATTACH = ("tc", "xdp")
 XDP_MODES = ("native", "generic")
 OFFLOADS = ("tx",)
@@ -106,9 +118,10 @@ class Route:
 class Decap:
     """How a real removes the LB's encapsulation."""
 
-    mode: str
+    mode: str  # "bpf" (our decap program) or "kernel" (tunl0, ip6tnl0 and fou in a VM)
     ifname: str
-    attach: str
+    attach: str  # "tc" or "xdp" for bpf; "" for kernel
+    gue_port: int = DEFAULT_GUE_PORT  # kernel: `ip fou add port P gue` (both GUE variants)
 
 
 @dataclass(frozen=True)
@@ -121,6 +134,15 @@ class Node:
     sysctls: tuple[tuple[str, str], ...]
     routes: tuple[Route, ...]
     decap: Decap | None
+    bgp_asn: int | None = None  # runs FRR and peers over its links with other BGP nodes
+
+
+@dataclass(frozen=True)
+class Bgp:
+    """Lab-wide BGP settings: the BFD timers every session uses."""
+
+    bfd_interval_ms: int = 100
+    bfd_multiplier: int = 3
 
 
 @dataclass(frozen=True)
@@ -151,6 +173,7 @@ class Topology:
     links: tuple[Link, ...]
     vips: tuple[Vip, ...]
     lb_source_prefixes: tuple[IpNetwork, ...]
+    bgp: Bgp = Bgp()
 
     def node(self, name: str) -> Node:
         for node in self.nodes:
@@ -164,6 +187,31 @@ class Topology:
 
     def nodes_with_role(self, role: str) -> list[Node]:
         return [n for n in self.nodes if n.role == role]
+
+    def netns_nodes(self) -> list[Node]:
+        """The nodes that are network namespaces (every node but the VMs)."""
+        return [n for n in self.nodes if n.kind == "netns"]
+
+    def vm_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.kind == "vm"]
+
+    def bgp_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.bgp_asn is not None]
+
+    def vm_link(self, node: str) -> tuple[Endpoint, Endpoint]:
+        """(the VM's end, the tap's end) of the one link of VM node `node`."""
+        for link in self.links:
+            for mine, peer in ((link.a, link.b), (link.b, link.a)):
+                if mine.node == node:
+                    return mine, peer
+        raise UsageError(f"topology '{self.name}' gives VM node '{node}' no link")
+
+    def is_vm_endpoint(self, ep: Endpoint) -> bool:
+        """Whether `ep` is on a link to a VM: the VM's end, or the tap that qemu's VM is joined by."""
+        vms = {n.name for n in self.vm_nodes()}
+        return any(
+            ep in link.endpoints and (link.a.node in vms or link.b.node in vms) for link in self.links
+        )
 
 
 def shipped() -> list[str]:
@@ -288,7 +336,9 @@ class _Reader:
 
     def topology(self, raw: dict[str, Any], path: Path) -> Topology:
         self.unknown_keys(
-            raw, ("description", "lb_source_prefixes", "node_defaults", "roles", "nodes", "links", "vips"), ""
+            raw,
+            ("description", "lb_source_prefixes", "bgp", "node_defaults", "roles", "nodes", "links", "vips"),
+            "",
         )
         description = self.string(raw, "description", "")
         prefixes = tuple(
@@ -355,7 +405,66 @@ class _Reader:
         vips = tuple(
             self.vip(body, f"vips[{i}]") for i, body in enumerate(self.array(raw, "vips", "", required=False))
         )
-        return Topology(path.stem, path, description, nodes, links, vips, prefixes)
+        kinds = {n.name: n.kind for n in nodes}
+        for i, link in enumerate(links):
+            for side, ep, peer in (("a", link.a, link.b), ("b", link.b, link.a)):
+                if kinds[ep.node] == "vm":
+                    self.vm_endpoints(f"links[{i}]", side, ep, peer, kinds[peer.node])
+                    if link.mtu != 1500:
+                        raise self.fail(f"links[{i}].mtu", link.mtu, "1500 on a VM's link (its tap's MTU)")
+        if any(n.kind == "vm" for n in nodes):
+            self.vm_services(vips)
+        body = self.table(raw, "bgp", "", required=False)
+        self.unknown_keys(body, ("bfd_interval_ms", "bfd_multiplier"), "bgp")
+        bgp = Bgp(
+            self.integer(body, "bfd_interval_ms", "bgp", 10, 60000, default=Bgp.bfd_interval_ms),
+            self.integer(body, "bfd_multiplier", "bgp", 2, 255, default=Bgp.bfd_multiplier),
+        )
+        return Topology(path.stem, path, description, nodes, links, vips, prefixes, bgp)
+
+    def vm_endpoints(self, where: str, side: str, ep: Endpoint, peer: Endpoint, peer_kind: str) -> None:
+        """A link to a VM: the VM's end and the tap's end must fit what a VmReal can be given."""
+        other = "b" if side == "a" else "a"
+        if peer_kind != "netns":
+            raise self.fail(f"{where}.{other}.node", peer.node, "a netns node (the VM's tap lives in it)")
+        for key, value in (("extra_addresses", ep.extra_addresses), ("offloads", ep.offloads)):
+            if value:
+                raise self.fail(f"{where}.{side}.{key}", value, f"absent on the VM's end (node '{ep.node}')")
+        if ep.xdp is not None:
+            raise self.fail(f"{where}.{side}.xdp", ep.xdp, f"absent on the VM's end (node '{ep.node}')")
+        for key, value in (("extra_addresses", peer.extra_addresses), ("offloads", peer.offloads)):
+            if value:
+                raise self.fail(f"{where}.{other}.{key}", value, "absent on a VM's tap")
+        if peer.xdp is not None:
+            raise self.fail(f"{where}.{other}.xdp", peer.xdp, "absent on a VM's tap")
+        for version in (4, 6):
+            mine = [a for a in ep.addresses if a.version == version]
+            theirs = [a for a in peer.addresses if a.version == version]
+            if len(mine) > 1 or (version == 4 and not mine):
+                raise self.fail(
+                    f"{where}.{side}.addresses",
+                    [str(a) for a in ep.addresses],
+                    "one IPv4 and at most one IPv6 address on the VM's end",
+                )
+            if len(theirs) > 1 or (mine and (not theirs or theirs[0].network != mine[0].network)):
+                raise self.fail(
+                    f"{where}.{other}.addresses",
+                    [str(a) for a in peer.addresses],
+                    f"one IPv{version} address in the subnet of the VM's "
+                    + (str(mine[0].network) if mine else f"IPv{version} address (it has none)")
+                    + " (the VM's gateway)",
+                )
+
+    def vm_services(self, vips: tuple[Vip, ...]) -> None:
+        """A VM serves HTTP on one port and UDP echo on one port, on every VIP."""
+        for service in SERVICES:
+            ports = {p.port for v in vips for p in v.ports if p.service == service}
+            if len(ports) > 1:
+                raise self.fail(
+                    "vips",
+                    sorted(ports),
+                    f"one port for service '{service}' on every VIP (a VM real serves one)",
+                )
 
     def endpoint(self, raw: object, where: str, nodes: set[str]) -> Endpoint:
         if not isinstance(raw, dict):
@@ -417,13 +526,32 @@ class _Reader:
         by_role: dict[str, dict[str, str]],
         links: tuple[Link, ...],
     ) -> Node:
-        self.unknown_keys(raw, ("name", "role", "kind", "sysctls", "routes", "decap"), where)
+        self.unknown_keys(raw, ("name", "role", "kind", "sysctls", "routes", "decap", "bgp_asn"), where)
         name = raw["name"]
         role = self.string(raw, "role", where, choices=ROLES)
-        kind = raw.get("kind", "netns")
-        if kind == "vm":
-            raise self.fail(f"{where}.kind", kind, '"netns" (kind = "vm" is not supported yet)')
         kind = self.string(raw, "kind", where, choices=KINDS, default="netns")
+        if kind == "vm" and role != "real":
+            raise self.fail(
+                f"{where}.kind", kind, f"\"netns\" for a node of role '{role}' (only reals can be VMs)"
+            )
+        bgp_asn = None
+        if "bgp_asn" in raw:
+            bgp_asn = self.integer(raw, "bgp_asn", where, 1, 4294967294)
+            if role not in BGP_ROLES or kind != "netns":
+                raise self.fail(
+                    f"{where}.bgp_asn", bgp_asn, f"absent on a {kind} node of role '{role}' (FRR runs on "
+                    "netns nodes of role " + " or ".join(BGP_ROLES) + ")"
+                )
+        if kind == "vm":
+            for key in ("routes", "sysctls"):
+                if key in raw:
+                    raise self.fail(
+                        f"{where}.{key}",
+                        raw[key],
+                        "absent on a VM (it routes via its tap and sets its own sysctls)",
+                    )
+            if "decap" not in raw:
+                raise self.fail(f"{where}.decap", None, 'a table {mode = "kernel"} (a VM real decapsulates)')
         sysctls = {
             **base,
             **by_role.get(role, {}),
@@ -454,17 +582,26 @@ class _Reader:
         decap = None
         if "decap" in raw:
             body = self.table(raw, "decap", where)
-            self.unknown_keys(body, ("mode", "ifname", "attach"), f"{where}.decap")
             if role != "real":
                 raise self.fail(
                     f"{where}.decap", body, f"absent on a node of role '{role}' (only reals decapsulate)"
                 )
             mode = body.get("mode")
+            if kind == "vm":
+                if mode != "kernel":
+                    raise self.fail(f"{where}.decap.mode", mode, '"kernel" on a VM (its kernel decapsulates)')
+                self.unknown_keys(body, ("mode", "gue_port"), f"{where}.decap")
+                if len(mine) != 1:
+                    raise self.fail(
+                        f"{where}.name", name, f"a VM with exactly one link (it has {len(mine)})"
+                    )
+                port = self.integer(body, "gue_port", f"{where}.decap", 1, 65535, default=DEFAULT_GUE_PORT)
+                decap = Decap("kernel", mine[0].ifname, "", port)
+                return Node(name, role, kind, tuple(sysctls.items()), (), decap, bgp_asn)
+            self.unknown_keys(body, ("mode", "ifname", "attach"), f"{where}.decap")
             if mode == "kernel":
-                raise self.fail(
-                    f"{where}.decap.mode", mode, '"bpf" (kernel decap needs kind = "vm", not supported yet)'
-                )
-            mode = self.string(body, "mode", f"{where}.decap", choices=DECAP_MODES)
+                raise self.fail(f"{where}.decap.mode", mode, '"bpf" (kernel decap needs kind = "vm")')
+            mode = self.string(body, "mode", f"{where}.decap", choices=("bpf",))
             ifname = self.string(body, "ifname", f"{where}.decap")
             if ifname not in [ep.ifname for ep in mine]:
                 raise self.fail(
@@ -477,7 +614,7 @@ class _Reader:
                 ifname,
                 self.string(body, "attach", f"{where}.decap", choices=DECAP_ATTACH, default="tc"),
             )
-        return Node(name, role, kind, tuple(sysctls.items()), tuple(routes), decap)
+        return Node(name, role, kind, tuple(sysctls.items()), tuple(routes), decap, bgp_asn)
 
     def vip(self, raw: object, where: str) -> Vip:
         if not isinstance(raw, dict):

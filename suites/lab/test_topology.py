@@ -34,7 +34,7 @@ ports = [{ proto = "tcp", port = 80, service = "http" }]
 
 ERRORS = [
     ("vm-kind", ('kind = "netns"\nrou', 'kind = "vm"\nrou'),
-     """nodes[0].kind must be "netns" (kind = "vm" is not supported yet) but got 'vm'"""),
+     """nodes[0].kind must be "netns" for a node of role 'client' (only reals can be VMs) but got 'vm'"""),
     ("bad-role", ('role = "client"', 'role = "server"'),
      "nodes[0].role must be one of 'client', 'router', 'lb', 'real' but got 'server'"),
     ("route-off-link", ('via = "10.0.0.2"', 'via = "10.9.9.9"'),
@@ -55,10 +55,10 @@ ERRORS = [
     ("vip-address", ('address = "198.51.100.100"', 'address = "198.51.100.300"'),
      "vips[0].address must be an IPv4 or IPv6 address but got '198.51.100.300'"),
     ("unknown-key", ('description = "two nodes"', 'description = "two nodes"\ncolour = "red"'),
-     "colour must be absent (known keys: description, lb_source_prefixes, node_defaults, roles, nodes, "
+     "colour must be absent (known keys: description, lb_source_prefixes, bgp, node_defaults, roles, nodes, "
      "links, vips) but got 'red'"),
     ("kernel-decap", ('mode = "bpf"', 'mode = "kernel"'),
-     'nodes[1].decap.mode must be "bpf" (kernel decap needs kind = "vm", not supported yet) '
+     'nodes[1].decap.mode must be "bpf" (kernel decap needs kind = "vm") '
      "but got 'kernel'"),
     ("decap-ifname", ('ifname = "b-a" }\n[[links]]', 'ifname = "eth0" }\n[[links]]'),
      "nodes[1].decap.ifname must be an interface of node 'b': b-a but got 'eth0'"),
@@ -109,16 +109,18 @@ def test_shipped_topology_is_a_valid_netns_lab(name: str) -> None:
     topo = topology.load(name)
     roles = {n.role for n in topo.nodes}
     assert {"client", "router", "lb", "real"} <= roles
-    assert all(n.kind == "netns" for n in topo.nodes)
+    assert all(n.kind == "netns" for n in topo.nodes if n.role != "real")
     for link in topo.links:
         for ep in link.endpoints:
             assert len(ep.ifname) <= 15
     for real in topo.nodes_with_role("real"):
-        assert real.decap is not None and real.decap.mode == "bpf"
-    rt_lb = [ep for link in topo.links for ep in link.endpoints if ep.ifname == "rt-lb"]
-    assert len(rt_lb) == 1 and rt_lb[0].node == "router"
-    assert rt_lb[0].offloads == (("tx", False),)
-    assert rt_lb[0].xdp == topology.XdpProgram("pass.o", "xdp_pass", "native")
+        assert real.decap is not None and real.decap.mode == ("bpf" if real.kind == "netns" else "kernel")
+    for lb in topo.nodes_with_role("lb"):
+        (rt_lb,) = [link.a if link.a.node == "router" else link.b for link in topo.links
+                    if {link.a.node, link.b.node} == {"router", lb.name}]  # fmt: skip
+        assert rt_lb.ifname == f"rt-{lb.name}"
+        assert rt_lb.offloads == (("tx", False),)
+        assert rt_lb.xdp == topology.XdpProgram("pass.o", "xdp_pass", "native")
 
 
 def test_default_topology_has_the_documented_plan() -> None:

@@ -1,0 +1,208 @@
+"""VM nodes of a topology: a supervisor process per VM real that boots its VmReal and stops it on SIGTERM.
+
+A node of kind "vm" is a `lab.vm.VmReal` whose tap is the other end of its one link: the tap lives
+in that netns node (normally the router) and carries the router's addresses on the link, the VM's
+eth0 the node's own. The builder starts `python -m lab.vmnodes` per VM node, outside any namespace
+and in its own session, so the VM outlives `l4lab up`; the supervisor boots the VM, writes a ready
+file (JSON: boot time, qemu's pid) and waits for SIGTERM, then kills qemu and removes the tap. The
+builder journals both the supervisor and qemu, so `l4lab down` removes the VM even if the
+supervisor was killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab.errors import LabError
+from lab.state import Process
+from lab.topology import Node, Topology
+
+READY_TIMEOUT_S = 240.0  # the first boot may build the initramfs from Debian packages
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Ready:
+    """What a supervisor reports once its VM is up."""
+
+    boot_seconds: float
+    guest_uptime: float
+    qemu_pid: int
+    qemu_starttime: int
+    qemu_argv: list[str]
+    serial_log: str
+
+
+def missing() -> str | None:
+    """None when VM reals can boot here, else what is missing and how to get it (a skip reason)."""
+    from lab.vm_init.image import SETUP_HINT, ImageError, find_kernel, missing_tools
+
+    tools = missing_tools()
+    if tools:
+        return f"VM reals need {', '.join(tools)}: run `{SETUP_HINT}`"
+    try:
+        find_kernel()
+    except ImageError as exc:
+        return str(exc)
+    return None
+
+
+def supervisor_argv(lab: str, netns: str, topo: Topology, node: Node, ready: Path) -> list[str]:
+    """The supervisor's command line for VM node `node`, derived from its link and the VIPs."""
+    assert node.decap is not None
+    vm_ep, tap_ep = topo.vm_link(node.name)
+    argv = [sys.executable, "-m", "lab.vmnodes", "--lab", lab, "--node", node.name, "--netns", netns,
+            "--tap", tap_ep.ifname, "--gue-port", str(node.decap.gue_port), "--ready-file", str(ready)]  # fmt: skip
+    for version, (addr_flag, gw_flag) in ((4, ("--addr", "--gateway")), (6, ("--addr6", "--gateway6"))):
+        mine = [a for a in vm_ep.addresses if a.version == version]
+        theirs = [a for a in tap_ep.addresses if a.version == version]
+        if mine:
+            argv += [addr_flag, str(mine[0]), gw_flag, str(theirs[0].ip)]
+    for vip in topo.vips:
+        argv += ["--vip", str(vip.address)]
+    ports = {p.service: p.port for v in topo.vips for p in v.ports}
+    if "http" in ports:
+        argv += ["--http-port", str(ports["http"])]
+    if "udp-echo" in ports:
+        argv += ["--udp-echo-port", str(ports["udp-echo"])]
+    return argv
+
+
+def start(lab: str, netns: str, topo: Topology, node: Node, run_dir: Path) -> Process:
+    """Start the supervisor of VM node `node` (its tap goes into `netns`); returns at once."""
+    from lab.services import starttime
+
+    ready = run_dir / f"{node.name}.ready"
+    log = run_dir / f"{node.name}.log"
+    argv = supervisor_argv(lab, netns, topo, node, ready)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
+    try:
+        pid = os.posix_spawn(
+            argv[0],
+            argv,
+            env,
+            setsid=True,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
+                (os.POSIX_SPAWN_DUP2, 1, 2),
+            ],
+        )
+    except OSError as exc:
+        raise LabError(f"cannot start the VM supervisor of {node.name}: {exc}", command=" ".join(argv)) from exc
+    return Process(node=node.name, pid=pid, starttime=starttime(pid) or 0, argv=argv, log=str(log))
+
+
+def wait_ready(proc: Process, run_dir: Path, timeout: float = READY_TIMEOUT_S) -> Ready:
+    """Poll for the supervisor's ready file; raise with the end of its log if it exits first."""
+    from lab.services import starttime
+
+    path = run_dir / f"{proc.node}.ready"
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if starttime(proc.pid) != proc.starttime:
+            tail = _tail(proc.log)
+            raise LabError(f"VM real {proc.node} did not boot: {tail}", command=" ".join(proc.argv), stderr=tail)
+        if time.monotonic() > deadline:
+            raise LabError(f"VM real {proc.node} was not ready within {timeout:g} s; see {proc.log}")
+        time.sleep(0.05)  # polling interval, not synchronisation: the loop re-checks state
+    return Ready(**json.loads(path.read_text()))
+
+
+def qemu_process(node: str, ready: Ready) -> Process:
+    """The VM's qemu as a journaled lab process (so that `down` ends it even without its supervisor)."""
+    return Process(node=node, pid=ready.qemu_pid, starttime=ready.qemu_starttime, argv=ready.qemu_argv,
+                   log=ready.serial_log)
+
+
+class _Stop(Exception):
+    """SIGTERM or SIGINT arrived: stop the VM (also in the middle of its boot)."""
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def supervise(args: argparse.Namespace) -> None:
+    """Boot the VM, write the ready file, wait for SIGTERM/SIGINT, stop the VM (also mid-boot)."""
+    from lab.services import starttime
+    from lab.vm import VmReal
+
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+    addr, prefix = args.addr.split("/")
+    addr6, prefix6 = args.addr6.split("/") if args.addr6 else (None, "64")
+    vm = VmReal(
+        args.node, args.netns, addr=addr, prefix=int(prefix), gateway=args.gateway, vips=args.vip,
+        gue_ports=[args.gue_port], addr6=addr6, prefix6=int(prefix6), gateway6=args.gateway6, tap=args.tap,
+        http_port=args.http_port, udp_echo_port=args.udp_echo_port, keep_logs=False,
+    )  # fmt: skip
+    try:
+        vm.start()  # undoes itself on any exception, _Stop included
+        process = vm._process
+        assert process is not None and vm.boot_seconds is not None and vm.guest_uptime is not None
+        ready = Ready(
+            boot_seconds=vm.boot_seconds,
+            guest_uptime=vm.guest_uptime,
+            qemu_pid=process.pid,
+            qemu_starttime=starttime(process.pid) or 0,
+            qemu_argv=[str(a) for a in process.args],  # type: ignore[union-attr]
+            serial_log=str(vm.serial_log),
+        )
+        tmp = args.ready_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(ready.__dict__))
+        os.replace(tmp, args.ready_file)
+        print(f"VM {args.node} ready in {vm.boot_seconds:.2f} s (qemu pid {process.pid})", flush=True)
+        while True:
+            signal.pause()
+    except _Stop as stop:
+        print(f"VM {args.node}: {stop} received, stopping", flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        vm.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab.vmnodes", description="supervise one VM real of a lab")
+    parser.add_argument("--lab", required=True, help="the lab this process belongs to (for finding it)")
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--netns", required=True, help="the namespace that holds the VM's tap")
+    parser.add_argument("--tap", required=True)
+    parser.add_argument("--addr", required=True, metavar="ADDR/PREFIX")
+    parser.add_argument("--gateway", required=True)
+    parser.add_argument("--addr6", metavar="ADDR/PREFIX")
+    parser.add_argument("--gateway6")
+    parser.add_argument("--vip", action="append", default=[])
+    parser.add_argument("--gue-port", type=int, default=6080)
+    parser.add_argument("--http-port", type=int, default=80)
+    parser.add_argument("--udp-echo-port", type=int, default=9000)
+    parser.add_argument("--ready-file", required=True, type=Path)
+    args = parser.parse_args(argv)
+    try:
+        supervise(args)
+    except LabError as exc:
+        print(f"VM {args.node}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def _tail(log: str) -> str:
+    try:
+        lines = Path(log).read_text(errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return "(no log)"
+    return " | ".join(lines[-3:]) if lines else "(empty log)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
