@@ -16,6 +16,7 @@ import base64
 import io
 import math
 import sys
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -333,13 +334,16 @@ def _rss(results: list[Result]) -> Section:
         section.empty = True
         return section
     table_rows = []
+    # The NIC model's scenarios first, then what was measured on a real's CPUs.
+    found = sorted(found, key=lambda rp: (any(sc.source != "model" for sc in rp[1].scenarios), rp[0].id))
     for result, payload in found:
         scenarios = payload.scenarios
         ncols = min(3, len(scenarios))
         nrows = math.ceil(len(scenarios) / ncols)
-        fig = _figure(width=3.4 * ncols, height=2.8 * nrows + 0.5)
+        width = max(3.4 * ncols, 5.0)
+        fig = _figure(width=width, height=2.8 * nrows + 0.8)
         title = f"Flows per receive queue ({result.id})"
-        fig.suptitle(title)
+        fig.suptitle(textwrap.fill(title, int(width * 9)))
         for i, sc in enumerate(scenarios):
             ax = fig.add_subplot(nrows, ncols, i + 1)
             ax.bar(range(sc.nqueues), sc.queue_counts, color="#4c72b0")
