@@ -1,0 +1,184 @@
+"""TCP services the PMTU and churn suites run on the reals (a byte sink and a line echo), and their launcher.
+
+Both bind every VIP address given (the VIP sits on the real's lo), name the real in every answer,
+and serve any number of connections from one thread with a selector:
+
+    sink    reads until the client shuts its side down, then answers b"<node> <bytes read>\\n"
+    echo    answers each line b"<line>" with b"<node> <line>"; connections live until the client closes
+
+    python -m suites.conformance._tcp_services sink --node real1 --bind 198.51.100.100:5001
+
+The process prints "ready" once every socket listens. `Services` starts one per node through
+nsenter, waits for each "ready" with a deadline, and ends them all when the `with` block exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from lab.nsexec import nsenter_argv
+from lab.state import netns_name
+
+READY_TIMEOUT_S = 10.0
+_REPO = Path(__file__).resolve().parent.parent.parent
+
+
+# ---- the server (runs inside a real)
+
+
+def _listen(spec: str) -> socket.socket:
+    host, _, port = spec.rpartition(":")
+    host = host.strip("[]")
+    fam = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    sock = socket.socket(fam, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, int(port)))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+class _Conn:
+    """One accepted connection: bytes read so far and the partial line not yet answered."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.count = 0
+        self.pending = b""
+
+
+def serve(kind: str, node: str, binds: Sequence[str]) -> None:
+    """Serve `kind` ("sink" or "echo") on every ADDR:PORT in binds until SIGTERM."""
+    sel = selectors.DefaultSelector()
+    for spec in binds:
+        sel.register(_listen(spec), selectors.EVENT_READ, None)
+    prefix = f"{node} ".encode()
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        for key, _ in sel.select():
+            if key.data is None:
+                listener: socket.socket = key.fileobj  # type: ignore[assignment]
+                with contextlib.suppress(BlockingIOError):
+                    sock, _peer = listener.accept()
+                    sock.setblocking(True)  # answers are small: a blocking send never waits long
+                    sel.register(sock, selectors.EVENT_READ, _Conn(sock))
+                continue
+            conn: _Conn = key.data
+            try:
+                data = conn.sock.recv(262144)
+            except OSError:
+                data = b""
+                conn.count = -1  # reset by the peer: nothing to answer
+            if data:
+                conn.count += len(data)
+                if kind == "echo":
+                    conn.pending += data
+                    *lines, conn.pending = conn.pending.split(b"\n")
+                    with contextlib.suppress(OSError):
+                        conn.sock.sendall(b"".join(prefix + line + b"\n" for line in lines))
+                continue
+            sel.unregister(conn.sock)
+            if kind == "sink" and conn.count >= 0:
+                with contextlib.suppress(OSError):
+                    conn.sock.sendall(prefix + f"{conn.count}\n".encode())
+            conn.sock.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m suites.conformance._tcp_services")
+    ap.add_argument("kind", choices=("sink", "echo"))
+    ap.add_argument("--node", required=True)
+    ap.add_argument("--bind", action="append", required=True, metavar="ADDR:PORT")
+    ap.add_argument("--cpu", type=int, help="pin the process to this CPU")
+    args = ap.parse_args(argv)
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    serve(args.kind, args.node, args.bind)
+    return 0
+
+
+# ---- the launcher (runs in the test)
+
+
+class Services:
+    """One `kind` server per node of a lab, bound to `binds`; ready on entry, stopped on exit."""
+
+    def __init__(self, lab: str, nodes: Sequence[str], kind: str, binds: Sequence[str],
+                 cpu: int | None = None) -> None:
+        self.lab = lab
+        self.cpu = cpu
+        self.nodes = list(nodes)
+        self.kind = kind
+        self.binds = list(binds)
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+
+    def __enter__(self) -> Services:
+        try:
+            for node in self.nodes:
+                argv = [sys.executable, "-m", "suites.conformance._tcp_services", self.kind, "--node", node]
+                argv += [a for b in self.binds for a in ("--bind", b)]
+                argv += ["--cpu", str(self.cpu)] if self.cpu is not None else []
+                self.procs[node] = subprocess.Popen(
+                    nsenter_argv(netns_name(self.lab, node), argv), cwd=_REPO, text=True,
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for node, proc in self.procs.items():
+                self._wait_ready(node, proc)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, node: str, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if sel.select(deadline - time.monotonic()):
+                line = proc.stdout.readline()
+                if line.strip() == "ready":
+                    return
+                if not line:
+                    break
+        stderr = ""
+        if proc.poll() is not None and proc.stderr is not None:
+            stderr = proc.stderr.read()[-1000:]
+        raise AssertionError(f"the {self.kind} service on {node} ({netns_name(self.lab, node)}) did not say "
+                             f"'ready' within {READY_TIMEOUT_S:g} s (exit {proc.poll()}): {stderr or 'no stderr'}")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+        self.procs.clear()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

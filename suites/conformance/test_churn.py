@@ -1,0 +1,336 @@
+"""Maglev churn: ring disruption against 1/N and Katran, and live TCP connections while reals leave, join and drain.
+
+Ring disruption (no lab): for N = 3, 10, 50, 100 equal-weight reals, removing one changes the
+slots it owned plus a few others ("collateral"); collateral must stay ≤ 1 % of the ring, and is
+reported beside the theoretical ring/N and Katran's figures (../shared/conformance/katran).
+
+Live (topology `default`, every encap): CONNS long-lived connections to a line echo on each real
+(ECHO_PORT, our own service: the lab's HTTP server closes every connection after one answer),
+a request on each every INTERVAL_S, and a new connection every NEW_EVERY_S. The LB serves only
+the echo VIP (one per family) unless said otherwise, while:
+
+    remove  `lbctl real del` takes one of 3 reals off the VIP. No VIP uses it any more, so its
+            lb_reals entry is cleared and sessions naming it no longer hold: the flow's next packet
+            is hashed on the new ring to a surviving real, which has no such connection and answers
+            RST. Flows of the removed real therefore fail fast by RESET (not timeout), within one
+            request interval; flows of surviving reals see 0 resets; new flows land only on live
+            reals. (The removed real, still running, keeps those connections open: nothing reaches
+            it any more to end them.)
+    add     `lbctl real add` brings the third real back: sessions keep every existing flow on its
+            real (0 resets), and new flows reach the new real.
+    drain   `lbctl real set-weight 0`: the real leaves the ring but stays in lb_reals, so its
+            sessions hold: its existing flows keep being answered, and no new flow reaches it.
+    no-lru  the VIP bypasses the session tables (lru = false) and the third real is added: every
+            flow whose ring slot moved to the new real is sent there and reset by it — the
+            fraction the Maglev model predicts — while the rest survive.
+    one VIP the topology's VIPs are served too and the real leaves only the echo VIP: its lb_reals
+            entry stays (the other VIPs use it), sessions naming it hold, and its flows go on
+            being answered — removal acts as a drain. Whether a removed real's flows die or live
+            thus depends on whether it still serves another VIP (run for one encap per family).
+
+Every process of the flows (client and echo servers) is pinned to CPU 0. On veth the LB's XDP
+runs on the CPU that sent the frame, and the session tables are per CPU: unpinned, a client's ACKs
+leave from whichever CPU took the server's reply, miss the session made on the other CPU and are
+hashed on the new ring, so a drain or an add resets flows (measured: every flow of a drained real).
+A NIC's RSS keeps a flow on one CPU; pinning is the lab's stand-in for it. Results: kind churn.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from balancer import config as cfg
+from balancer import maglev
+from lab.lbconf import real_addresses
+from reports.schema import ChurnPayload, ChurnPoint, ConnectionOutcomes, KatranChurn, write_result
+from suites.conformance._churn_client import ChurnClient
+from suites.conformance._counters import changed, counters
+from suites.conformance._tcp_services import Services
+from suites.conftest import Balancer, Lab
+from suites.corpus import KATRAN_CORPUS
+
+pytestmark = pytest.mark.topology("default")
+ECHO_PORT = 7007
+CONNS = 200
+INTERVAL_S = 0.25
+TIMEOUT_S = 2.0
+NEW_EVERY_S = 0.05
+OBSERVE_S = 2.5
+FAIL_FAST_S = INTERVAL_S + TIMEOUT_S  # a flow of a removed real must have failed by then
+RING = maglev.DEFAULT_RING_SIZE
+KATRAN = KATRAN_CORPUS / "maglev_churn.json"
+MOVED = "real3"  # the real that is removed, added, drained
+
+
+# ---- ring disruption, from the model the controller writes
+
+
+def _katran() -> dict[int, dict[str, Any]]:
+    if not KATRAN.exists():
+        return {}
+    return {int(p["n"]): p for p in json.loads(KATRAN.read_text())}
+
+
+def _reals(n: int) -> dict[int, tuple[str, int]]:
+    return {i: (f"2001:db8:5::{i:x}", 1) for i in range(1, n + 1)}
+
+
+@pytest.mark.parametrize("n", [3, 10, 50, 100])
+def test_ring_disruption(n: int) -> None:
+    reals = _reals(n)
+    old = maglev.build_ring(reals, RING)
+    gone = n // 2 + 1
+    new = maglev.build_ring({i: r for i, r in reals.items() if i != gone}, RING)
+    owned = int(np.count_nonzero(old == gone))
+    changed = int(np.count_nonzero(old != new))
+    added = maglev.build_ring({**reals, n + 1: ("2001:db8:5::ffff", 1)}, RING)
+    gained = int(np.count_nonzero(added == n + 1))
+    add_changed = int(np.count_nonzero(added != old))
+    kat = _katran().get(n)
+    point = ChurnPoint(n=n, ring_size=RING, slots_owned_by_removed=owned, slots_changed=changed,
+                       theoretical_slots=RING / n,
+                       katran=KatranChurn(ring_size=RING, slots_owned_by_removed=int(kat["slots_owned_by_removed"]),
+                                          slots_changed=int(kat["slots_changed"])) if kat else None)
+    write_result("churn", f"test_ring_disruption[n{n}]", ChurnPayload(points=[point]))
+    kat_text = (f"Katran: owned {kat['slots_owned_by_removed']}, changed {kat['slots_changed']}, "
+                f"collateral {kat['collateral_moves']}" if kat else "Katran's figures missing")
+    evidence = (f"n={n}: removed real owned {owned} of {RING} slots (ring/n {RING / n:.0f}), {changed} changed, "
+                f"collateral {changed - owned}; add one: gained {gained}, changed {add_changed}; {kat_text}")
+    assert abs(owned - RING / n) <= 1, evidence
+    assert 0 <= changed - owned <= 0.01 * RING, evidence
+    assert 0 <= add_changed - gained <= 0.01 * RING, evidence
+    assert abs(gained - RING / (n + 1)) <= 1, evidence
+    if kat:  # the same order of collateral as Katran's Maglev (theirs: 15, 157, 302, 337 slots)
+        assert changed - owned <= 2 * int(kat["collateral_moves"]), evidence
+
+
+# ---- live connections
+
+
+@pytest.fixture(scope="module")
+def echo_services(lab: Lab) -> Iterator[Services]:
+    """The line echo on every real, on ECHO_PORT of every VIP address."""
+    binds = [f"[{v.address}]:{ECHO_PORT}" if v.address.version == 6 else f"{v.address}:{ECHO_PORT}"
+             for v in lab.topology.vips]
+    with Services(lab.name, sorted(real_addresses(lab.topology, 4)), "echo", binds, cpu=0) as services:
+        yield services
+
+
+def _kill_echo_connections(lab: Lab) -> None:
+    """Destroy every connection of the echo port on the reals (`ss -K`, SOCK_DESTROY).
+
+    A real whose flows were taken away (removed, or reset elsewhere) keeps them ESTABLISHED: nothing
+    reaches it to end them. Should a later client reuse such a source port and be hashed there, its
+    packets fall outside the stale connection's window and are answered by bare ACKs, not RST:
+    the flow times out instead of resetting. Each test starts and ends with none.
+    """
+    for node in sorted(real_addresses(lab.topology, 4)):
+        lab.run(node, ["ss", "-K", "-tn", "state", "connected", "sport", "=", f":{ECHO_PORT}"])
+
+
+@pytest.fixture
+def echoes(lab: Lab, echo_services: Services) -> Iterator[Services]:
+    """Name: echoes. Scope: function. Depends: lab, echo_services. The echo service, with no connection
+    left over from an earlier test on any real, before and after the test."""
+    _kill_echo_connections(lab)
+    try:
+        yield echo_services
+    finally:
+        _kill_echo_connections(lab)
+
+
+def _vip(lab: Lab, family: int) -> str:
+    return next(str(v.address) for v in lab.topology.vips if v.address.version == family)
+
+
+def _configure(balancer: Balancer, *, without: str | None = None, lru: bool = True, others: bool = False) -> None:
+    """A TCP VIP on ECHO_PORT (per VIP address), optionally without one real, LRU on or off.
+
+    Only that VIP unless `others` (the topology's VIPs too): then `lbctl real del` on the echo VIP
+    leaves the real behind the others, its lb_reals entry stays, and sessions naming it hold."""
+    conf = balancer.config_for(lru=lru)
+    first: dict[Any, cfg.Vip] = {}
+    for v in conf.vips:
+        first.setdefault(v.address, v)
+    vips = tuple(replace(v, port=ECHO_PORT, proto="tcp") for v in first.values())
+    vips += conf.vips if others else ()
+    if without:
+        gone = real_addresses(balancer.lab.topology, balancer.family)[without]
+        vips = tuple(replace(v, reals=tuple(r for r in v.reals if str(r.address) != gone)) for v in vips)
+    balancer.apply(replace(conf, vips=vips))
+
+
+def _real_cmd(balancer: Balancer, *args: str) -> Callable[[], None]:
+    """A change: `lbctl real ARGS` on the echo VIP."""
+    vip = _vip(balancer.lab, balancer.family)
+
+    def change() -> None:
+        balancer.lbctl("real", args[0], vip, str(ECHO_PORT), "tcp", *args[1:])
+    return change
+
+
+def _run(balancer: Balancer, change: Callable[[], None]) -> dict[str, Any]:
+    """Connections up, then the change, then OBSERVE_S seconds; the client's report with the marks."""
+    lab = balancer.lab
+    with ChurnClient(lab.name, "client", _vip(lab, balancer.family), ECHO_PORT, "--conns", str(CONNS),
+                     "--interval", str(INTERVAL_S), "--timeout", str(TIMEOUT_S),
+                     "--new-every", str(NEW_EVERY_S), "--cpu", "0") as client:
+        client.mark("change")
+        before = counters(balancer)
+        change()
+        client.mark("applied")
+        report = client.stop(after=OBSERVE_S)
+    report["lb"] = changed(before, counters(balancer))
+    sys.stdout.write(f"\n{balancer.encap_id}: {_summary(report)}\n")
+    return report
+
+
+def _summary(report: dict[str, Any]) -> str:
+    by: dict[str, dict[str, int]] = {}
+    for c in report["conns"]:
+        by.setdefault(c["node"], {}).setdefault(c["status"], 0)
+        by[c["node"]][c["status"]] += 1
+    new: dict[str, int] = {}
+    for f in report["new"]:
+        key = f.get("node") or f.get("error", "?")
+        new[key] = new.get(key, 0) + 1
+    odd = [c for c in report["conns"] if c["status"] not in ("ok", "reset")][:5]
+    failed = [c["failed_at"] - report["marks"]["change"] for c in report["conns"] if c["failed_at"] is not None]
+    fail_s = f"failed {min(failed):.2f}..{max(failed):.2f} s after the change" if failed else "none failed"
+    return (f"connections by real and fate: {by} ({fail_s}); new flows by real: {new}; marks: {report['marks']}; "
+            f"LB counters over the change: {report.get('lb')}; examples: {odd}")
+
+
+def _new_after(report: dict[str, Any], mark: str) -> list[dict[str, Any]]:
+    return [f for f in report["new"] if f["t"] > report["marks"][mark]]
+
+
+def _lab_rings(balancer: Balancer) -> tuple[maglev.Ring, maglev.Ring, int]:
+    """The rings of the lab's reals with and without MOVED as the controller builds them, and MOVED's id."""
+    addrs = real_addresses(balancer.lab.topology, balancer.family)
+    ids = {node: i for i, node in enumerate(sorted(addrs), start=1)}
+    full = maglev.build_ring({ids[n]: (a, 1) for n, a in addrs.items()}, RING)
+    less = maglev.build_ring({ids[n]: (a, 1) for n, a in addrs.items() if n != MOVED}, RING)
+    return full, less, ids[MOVED]
+
+
+def _point(balancer: Balancer, report: dict[str, Any]) -> ChurnPayload:
+    """The lab's ring change (MOVED in or out of 3 reals) with what happened to the connections."""
+    full, less, moved_id = _lab_rings(balancer)
+    n = len(real_addresses(balancer.lab.topology, balancer.family))
+    kat = _katran().get(n)
+    conns = report["conns"]
+    outcomes = ConnectionOutcomes(survived=sum(c["status"] == "ok" for c in conns),
+                                  reset=sum(c["status"] == "reset" for c in conns),
+                                  failed_fast=sum(c["status"] in ("reset", "timeout") for c in conns))
+    return ChurnPayload(points=[ChurnPoint(
+        n=n, ring_size=RING, slots_owned_by_removed=int(np.count_nonzero(full == moved_id)),
+        slots_changed=int(np.count_nonzero(full != less)), theoretical_slots=RING / n, connections=outcomes,
+        katran=KatranChurn(ring_size=RING, slots_owned_by_removed=int(kat["slots_owned_by_removed"]),
+                           slots_changed=int(kat["slots_changed"])) if kat else None)])
+
+
+def test_remove_real(balancer: Balancer, echoes: Services) -> None:
+    _configure(balancer)
+    address = real_addresses(balancer.lab.topology, balancer.family)[MOVED]
+    report = _run(balancer, _real_cmd(balancer, "del", address))
+    change = report["marks"]["change"]
+    survivors = [c for c in report["conns"] if c["node"] != MOVED]
+    victims = [c for c in report["conns"] if c["node"] == MOVED]
+    write_result("churn", f"test_remove_real[{balancer.encap_id}]", _point(balancer, report))
+
+    evidence = _summary(report)
+    assert victims and survivors, f"the {CONNS} connections did not spread over the reals: {evidence}"
+    broken = [c for c in survivors if c["status"] != "ok"]
+    assert not broken, f"{len(broken)} flows of surviving reals broke: {broken[:5]}; {evidence}"
+    alive = [c for c in victims if c["status"] not in ("reset", "timeout")]
+    assert not alive, f"{len(alive)} flows of the removed {MOVED} still answer: {alive[:3]}; {evidence}"
+    slow = [c for c in victims if c["failed_at"] - change > FAIL_FAST_S + _apply_time(report)]
+    assert not slow, f"{len(slow)} flows of {MOVED} took longer than {FAIL_FAST_S} s to fail: {slow[:3]}"
+    kinds = {c["status"] for c in victims}
+    assert kinds == {"reset"}, f"flows of the removed real should be reset by a surviving real, got {kinds}"
+    late = [f for f in _new_after(report, "applied") if f.get("node") != MOVED and "error" not in f]
+    wrong = [f for f in _new_after(report, "applied") if f not in late]
+    assert late and not wrong, f"new flows after the removal reached {MOVED} or failed: {wrong[:5]}; {evidence}"
+
+
+@pytest.mark.parametrize("encap", ["ip4-ipip", "ip6-ip6ip6"])
+def test_remove_real_from_one_vip(balancer: Balancer, echoes: Services) -> None:
+    """The real leaves the echo VIP but still serves the topology's VIPs: its flows are kept, as in a drain."""
+    _configure(balancer, others=True)
+    address = real_addresses(balancer.lab.topology, balancer.family)[MOVED]
+    report = _run(balancer, _real_cmd(balancer, "del", address))
+    evidence = _summary(report)
+    kept = [c for c in report["conns"] if c["node"] == MOVED]
+    broken = [c for c in report["conns"] if c["status"] != "ok"]
+    assert kept and not broken, f"{len(broken)} flows broke when {MOVED} left one of its VIPs: {evidence}"
+    idle = [c for c in kept if (c["last_ok_at"] or 0) <= report["marks"]["applied"]]
+    assert not idle, f"{len(idle)} flows of {MOVED} got no answer after it left the VIP: {evidence}"
+    late = _new_after(report, "applied")
+    assert late and all(f.get("node") not in (MOVED, None) for f in late), \
+        f"new flows reached {MOVED} after it left the VIP, or failed: {evidence}"
+    write_result("churn", f"test_remove_real_from_one_vip[{balancer.encap_id}]", _point(balancer, report))
+
+
+def _apply_time(report: dict[str, Any]) -> float:
+    return float(report["marks"]["applied"] - report["marks"]["change"])
+
+
+def test_add_real(balancer: Balancer, echoes: Services) -> None:
+    _configure(balancer, without=MOVED)
+    address = real_addresses(balancer.lab.topology, balancer.family)[MOVED]
+    report = _run(balancer, _real_cmd(balancer, "add", address))
+    evidence = _summary(report)
+    assert all(c["node"] != MOVED for c in report["conns"]), f"{MOVED} served before it was added: {evidence}"
+    broken = [c for c in report["conns"] if c["status"] != "ok"]
+    assert not broken, f"{len(broken)} established flows broke when {MOVED} joined (LRU on): {broken[:5]}; {evidence}"
+    late = _new_after(report, "applied")
+    assert any(f.get("node") == MOVED for f in late), f"no new flow reached the added {MOVED}: {evidence}"
+    assert all("error" not in f for f in late), f"new flows failed after the add: {evidence}"
+    write_result("churn", f"test_add_real[{balancer.encap_id}]", _point(balancer, report))
+
+
+def test_drain_real(balancer: Balancer, echoes: Services) -> None:
+    _configure(balancer)
+    address = real_addresses(balancer.lab.topology, balancer.family)[MOVED]
+    report = _run(balancer, _real_cmd(balancer, "set-weight", address, "--weight", "0"))
+    evidence = _summary(report)
+    drained = [c for c in report["conns"] if c["node"] == MOVED]
+    assert drained, f"no connection reached {MOVED} before the drain: {evidence}"
+    broken = [c for c in report["conns"] if c["status"] != "ok"]
+    assert not broken, f"{len(broken)} flows broke during the drain: {broken[:5]}; {evidence}"
+    idle = [c for c in drained if (c["last_ok_at"] or 0) <= report["marks"]["applied"]]
+    assert not idle, f"{len(idle)} flows of the drained {MOVED} got no answer after the drain: {evidence}"
+    late = _new_after(report, "applied")
+    assert late and all(f.get("node") not in (MOVED, None) for f in late), \
+        f"new flows reached the drained {MOVED} or failed: {evidence}"
+    write_result("churn", f"test_drain_real[{balancer.encap_id}]", _point(balancer, report))
+
+
+def test_add_real_without_lru(balancer: Balancer, echoes: Services) -> None:
+    _configure(balancer, without=MOVED, lru=False)
+    address = real_addresses(balancer.lab.topology, balancer.family)[MOVED]
+    report = _run(balancer, _real_cmd(balancer, "add", address))
+    full, less, _ = _lab_rings(balancer)
+    moved = float(np.count_nonzero(full != less)) / RING  # flows whose slot changes owner
+    payload = _point(balancer, report)
+    write_result("churn", f"test_add_real_without_lru[{balancer.encap_id}]", payload)
+    outcomes = payload.points[0].connections
+    assert outcomes is not None
+    evidence = _summary(report)
+    kinds = {c["status"] for c in report["conns"]}
+    assert kinds <= {"ok", "reset"}, f"without the LRU a moved flow should be reset, got {kinds}: {evidence}"
+    # Each flow moves with probability `moved`; allow four standard deviations either way.
+    expect = CONNS * moved
+    spread = 4 * math.sqrt(CONNS * moved * (1 - moved))
+    assert expect - spread <= outcomes.reset <= expect + spread, \
+        f"{outcomes.reset} of {CONNS} flows reset; the ring moved {moved:.1%} of slots " \
+        f"(≈{expect:.0f} flows): {evidence}"
