@@ -84,10 +84,11 @@ class ApplyReport:
     reals_added: int = 0
     reals_removed: int = 0
     ring_slots: int = 0
+    sessions_flushed: int = 0
 
     @property
     def writes(self) -> int:
-        return sum(self.__dict__.values())
+        return sum(v for k, v in self.__dict__.items() if k != "sessions_flushed")
 
 
 class _Txn:
@@ -329,6 +330,14 @@ class Instance:
         except BaseException:
             txn.rollback()
             raise
+        # A real that left a VIP (not drained: removed) loses that VIP's sessions, so its flows
+        # re-hash now and fail fast, whether or not the real still serves other VIPs.
+        for vname, vip in new_vips.items():
+            if vname in old_vips:
+                left = {str(r.address) for r in old_vips[vname].reals} - {str(r.address) for r in vip.reals}
+                for addr in sorted(left):
+                    report.sessions_flushed += self.dp.flush_sessions(
+                        str(vip.address), vip.port, vip.proto, st.real_ids[addr])
         st.config = cfg.dump(new)
         st.vip_nums = vip_nums
         st.real_ids = real_ids

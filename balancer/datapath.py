@@ -24,7 +24,17 @@ import numpy as np
 from balancer import _abi
 from balancer.btf import read_contract
 from balancer.errors import AbiMismatchError, DatapathError
-from balancer.libbpf import BpfObject, Link, Map, MapType, Program, RunResult, map_from_pin, num_possible_cpus
+from balancer.libbpf import (
+    BpfObject,
+    Link,
+    Map,
+    MapType,
+    Program,
+    RunResult,
+    map_from_id,
+    map_from_pin,
+    num_possible_cpus,
+)
 
 Encap = _abi.Encap
 Reason = _abi.Reason
@@ -189,6 +199,36 @@ class Datapath:
     def session_tables(self) -> list[Map]:
         """The per-CPU session tables this process created (one LRU per possible CPU)."""
         return list(self._inner)
+
+    def flush_sessions(self, address: str, port: int, proto: str | int, real_id: int) -> int:
+        """Delete the sessions of a VIP (port 0: every port) that point at real_id, in every table.
+
+        Used when a real leaves a VIP, so that its flows re-hash at once (and fail fast at the
+        real they now reach) whether or not the real still serves other VIPs. Returns the count.
+        """
+        raw, fam = addr_words(address)
+        pnum, nport = proto_number(proto), socket.htons(port)
+        tables = [self.maps["lb_fallback"]]
+        opened: list[Map] = []
+        outer = self.maps["lb_sessions"]
+        for cpu in range(outer.max_entries):
+            inner = outer.lookup(cpu.to_bytes(4, "little"))
+            if inner is not None:
+                opened.append(map_from_id(int.from_bytes(inner[:4], "little")))
+        tables += opened
+        removed = 0
+        try:
+            for table in tables:
+                for key, value in list(table.items()):
+                    flow = _abi.Flow.from_buffer_copy(key)
+                    sess = _abi.Session.from_buffer_copy(value)
+                    if sess.real_id == real_id and bytes(flow.dst) == raw and flow.family == fam and \
+                            flow.proto == pnum and (port == 0 or flow.dport == nport):
+                        removed += table.delete(key)
+        finally:
+            for m in opened:
+                m.close()
+        return removed
 
     @classmethod
     def open_pinned(cls, pin_dir: str) -> Datapath:

@@ -143,6 +143,7 @@ def _load_library() -> ctypes.CDLL:
         "bpf_map_delete_batch": (i, [i, vp, ctypes.POINTER(u32), vp]),
         "bpf_obj_pin": (i, [i, cp]),
         "bpf_obj_get": (i, [cp]),
+        "bpf_map_get_fd_by_id": (i, [u32]),
         "bpf_obj_get_info_by_fd": (i, [i, vp, ctypes.POINTER(u32)]),
         "bpf_link_create": (i, [i, i, i, vp]),
         "bpf_link_update": (i, [i, i, vp]),
@@ -567,11 +568,21 @@ def obj_get(path: str, what: str = "object") -> int:
 
 def map_from_pin(path: str) -> Map:
     """A pinned map reopened by a later process, its layout read back from the kernel."""
-    fd = obj_get(path, "map")
+    return map_from_fd(obj_get(path, "map"), path)
+
+
+def map_from_id(map_id: int) -> Map:
+    """A map by kernel id (e.g. an inner map of a map-in-map, whose lookup returns the id)."""
+    fd = _check(lib().bpf_map_get_fd_by_id(map_id), f"open map id {map_id}")
+    return map_from_fd(fd, f"map id {map_id}")
+
+
+def map_from_fd(fd: int, what: str) -> Map:
+    """Wrap an owned map fd, reading type, sizes and name from the kernel."""
     info = ctypes.create_string_buffer(128)
     size = ctypes.c_uint32(128)
     try:
-        _check(lib().bpf_obj_get_info_by_fd(fd, info, ctypes.byref(size)), f"read map info of {path}")
+        _check(lib().bpf_obj_get_info_by_fd(fd, info, ctypes.byref(size)), f"read map info of {what}")
     except DatapathError:
         os.close(fd)
         raise

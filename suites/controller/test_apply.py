@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import ipaddress
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 from balancer import _abi, controller, maglev
 from balancer import config as cfg
 from balancer.controller import Instance
-from balancer.datapath import vip_key
+from balancer.datapath import addr_words, vip_key
 from balancer.errors import DatapathError, LbError
 from balancer.libbpf import Map
 
@@ -230,3 +232,31 @@ def test_address_only_entry_follows_the_vips(instance: Instance) -> None:
     instance.apply(dataclasses.replace(_config(REALS), vips=()))
     assert instance.dp.maps["lb_vips"].lookup(key) is None
     assert instance.dp.vips() == {}
+
+
+def _session(dst: str, dport: int, proto: int, sport: int, real_id: int) -> tuple[bytes, bytes]:
+    raw, fam = addr_words(dst)
+    src, _ = addr_words("192.0.2.2")
+    flow = _abi.Flow(src=(ctypes.c_uint32 * 4).from_buffer_copy(src), dst=(ctypes.c_uint32 * 4).from_buffer_copy(raw),
+                     sport=socket.htons(sport), dport=socket.htons(dport), proto=proto, family=fam)
+    return bytes(flow), bytes(_abi.Session(real_id=real_id))
+
+
+def test_removing_a_real_from_one_vip_flushes_only_that_vips_sessions(instance: Instance) -> None:
+    """The real still serves the UDP VIP: its TCP sessions go (they fail fast), the UDP ones stay."""
+    ids = instance.state.real_ids
+    moved, other = ids["203.0.113.34"], ids["203.0.113.18"]
+    tables = [*instance.dp.session_tables, instance.dp.maps["lb_fallback"]]
+    entries = [_session("198.51.100.100", 80, 6, 40000, moved), _session("198.51.100.100", 80, 6, 40001, other),
+               _session("198.51.100.100", 9000, 17, 40002, moved)]
+    for t in tables:
+        for k, v in entries:
+            t.update(k, v)
+    new = _config([REALS[0], REALS[2]])  # .34 leaves the TCP VIP; the UDP VIP keeps REALS[:2]
+    new = dataclasses.replace(new, vips=(new.vips[0], _config(REALS).vips[1]))
+    report = instance.apply(new)
+    assert report.sessions_flushed == len(tables)
+    for t in tables:
+        assert t.lookup(entries[0][0]) is None
+        assert t.lookup(entries[1][0]) == entries[1][1]
+        assert t.lookup(entries[2][0]) == entries[2][1]
