@@ -31,17 +31,26 @@ static __always_inline int is_vip_addr(const __u32 *addr, __u8 family)
 	return lookup_vip(addr, LB_MATCH_ANY_PORT, LB_MATCH_ADDR_ONLY, family) != NULL;
 }
 
-/* The flow key that hashing and sessions use, after the VIP's hashing flags. */
-static __always_inline void flow_key(struct lb_flow *key, const struct lb_flow *flow, __u32 vip_flags)
+/* The flow key that hashing and sessions use, after the VIP's hashing flags: the flow itself (its
+ * pad is zero: struct packet starts zeroed, quoted flows too) unless a flag normalises a copy. */
+static __always_inline const struct lb_flow *flow_key(struct lb_flow *copy, const struct lb_flow *flow,
+						      __u32 vip_flags)
 {
-	*key = *flow;
-	key->pad = 0;
-	if (vip_flags & LB_VIP_HASH_DPORT_ONLY) {
-		__builtin_memset(key->src, 0, sizeof(key->src));
-		key->sport = 0;
-	} else if (vip_flags & LB_VIP_HASH_NO_SPORT) {
-		key->sport = 0;
-	}
+	if (!(vip_flags & (LB_VIP_HASH_DPORT_ONLY | LB_VIP_HASH_NO_SPORT)))
+		return flow;
+	*copy = *flow;
+	copy->pad = 0;
+	copy->sport = 0;
+	if (vip_flags & LB_VIP_HASH_DPORT_ONLY)
+		__builtin_memset(copy->src, 0, sizeof(copy->src));
+	return copy;
+}
+
+/* Whether encapsulating for this VIP and real reads the flow hash (GUE source port, IPv6 flow
+ * label, flow-derived outer source); an IPIP 4in4 session hit with a fixed source does not. */
+static __always_inline int encap_needs_hash(__u8 mode, __u8 real_family, __u32 vip_flags)
+{
+	return mode != LB_ENCAP_IPIP || real_family == LB_AF_INET6 || (vip_flags & LB_VIP_OUTER_SRC_FLOW);
 }
 
 /* Sends a packet of `flow` (client -> VIP) to its real: session or ring, size check, encap, counters.
@@ -54,17 +63,17 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 	struct lb_settings *s = bpf_map_lookup_elem(&lb_settings, &zero);
 	struct session_ctx sc = {};
 	struct lb_real *real = NULL;
-	struct lb_flow key;
-	__u32 hash, real_id = 0, overhead;
-	int reason;
+	struct lb_flow copy;
+	const struct lb_flow *key;
+	__u32 hash = 0, real_id = 0, overhead;
+	int hashed = 0, reason;
 
 	if (!s || !s->configured)
 		return LB_DROP_NO_SETTINGS;
-	flow_key(&key, flow, vip_flags);
-	hash = hash_flow(&key);
+	key = flow_key(&copy, flow, vip_flags);
 
 	if (!(vip_flags & LB_VIP_NO_LRU)) {
-		real_id = session_lookup(&sc, &key, pkt, steering);
+		real_id = session_lookup(&sc, key, pkt, steering);
 		if (real_id) {
 			real = bpf_map_lookup_elem(&lb_reals, &real_id);
 			if (!real || !real->family) { /* the real left since: choose again */
@@ -79,6 +88,8 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 
 		if (!ring_size)
 			return LB_DROP_NO_REAL;
+		hash = hash_flow(key);
+		hashed = 1;
 		slot = vip_num * ring_size + hash % ring_size;
 		ring_entry = bpf_map_lookup_elem(&lb_ring, &slot);
 		real_id = ring_entry ? *ring_entry : 0;
@@ -101,7 +112,9 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 		return icmp_send_too_big(ctx, pkt, s->mtu - overhead);
 	}
 	if (sc.insert)
-		session_insert(&sc, &key, real_id);
+		session_insert(&sc, key, real_id);
+	if (!hashed && encap_needs_hash(mode, real->family, vip_flags))
+		hash = hash_flow(key);
 
 	reason = encap_packet(ctx, pkt, real, mode, hash, s, vip_flags);
 	if (reason == LB_TX_ENCAP) {
@@ -210,12 +223,13 @@ static __always_inline int action_of(int reason)
 	}
 }
 
-static __always_inline int balance(struct xdp_md *ctx)
+/* `frags`: the frame may span several buffers, whose total length only the helper knows. */
+static __always_inline int balance(struct xdp_md *ctx, int frags)
 {
 	struct packet pkt = {};
 	int reason;
 
-	pkt.frame_len = bpf_xdp_get_buff_len(ctx);
+	pkt.frame_len = frags ? bpf_xdp_get_buff_len(ctx) : ctx->data_end - ctx->data;
 	reason = process(ctx, &pkt);
 	count_reason(reason, pkt.frame_len);
 	return action_of(reason);
@@ -224,12 +238,12 @@ static __always_inline int balance(struct xdp_md *ctx)
 SEC("xdp")
 int balancer_xdp(struct xdp_md *ctx)
 {
-	return balance(ctx);
+	return balance(ctx, 0);
 }
 
 /* The same program for multi-buffer frames (MTU 9000 labs); headers must sit in the first buffer. */
 SEC("xdp.frags")
 int balancer_xdp_frags(struct xdp_md *ctx)
 {
-	return balance(ctx);
+	return balance(ctx, 1);
 }

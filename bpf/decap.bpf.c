@@ -1,4 +1,19 @@
-/* decap.bpf.c: real-server decapsulation of IPIP (4in4, 6in6, 4in6) and GUE (variants 0 and 1), in XDP and in tc. */
+/* decap.bpf.c: real-server decapsulation of IPIP (4in4, 6in6, 4in6) and GUE (variants 0 and 1), in XDP and in tc.
+ *
+ * Choices, for the reals and anyone reading their counters:
+ * - Outer IPv6 extension headers are walked (tunnel.h): hop-by-hop and destination options are
+ *   removed with the outer header; fragments, AH and unfinished routing headers go to the stack.
+ * - GUE variant-0 control messages (C bit) are not data: they are counted as
+ *   LB_DECAP_PASS_GUE_CONTROL and passed untouched, so the stack delivers them to whatever owns
+ *   the GUE port: the kernel's fou (which consumes them itself), a user-space GUE daemon, or, when
+ *   nothing listens, the stack's own ICMP port unreachable; we never decapsulate them as data.
+ * - 802.1Q: XDP sees the tag in the frame and keeps it there, in front of the inner packet. tc
+ *   ingress normally never sees a tag in the frame: the receive path (skb_vlan_untag, before the tc
+ *   hook) moves it into the skb's metadata, where decapsulation leaves it. A tag still in the
+ *   frame at tc (the inner tag of an 802.1ad + 802.1Q frame, or a test run, which does not untag)
+ *   is handled the kernel's way: it is moved to the metadata around the decapsulation, and an
+ *   outer tag that was in the metadata is put back outside it, so both tags keep their order.
+ */
 #include <linux/pkt_cls.h>
 
 #include "parse.h"
@@ -68,11 +83,47 @@ int decap_xdp(struct xdp_md *ctx)
 	return reason == LB_DECAP_DROP_MALFORMED || reason == LB_DECAP_DROP_FAILED ? XDP_DROP : XDP_PASS;
 }
 
+/* A VLAN tag as the skb's metadata holds it. */
+struct skb_vlan {
+	__be16 proto;
+	__u16 tci;
+	__u8 present;
+};
+
+/* Moves the 802.1Q tag that is still in the frame into the skb's metadata (where the receive path
+ * keeps tags), so that the frame starts with a plain Ethernet header that bpf_skb_adjust_room
+ * accepts. A tag already in the metadata (the outer one of two) is returned in *outer: the caller
+ * pushes it back after decapsulating, which moves the frame's tag back into the frame beneath it. */
+static __always_inline int vlan_tag_to_metadata(struct __sk_buff *skb, void *data, void *data_end,
+						struct skb_vlan *outer)
+{
+	struct ethhdr *eth = data;
+	struct vlan_hdr *tag = (void *)(eth + 1);
+	__be16 proto;
+	__u16 tci;
+
+	if ((void *)(tag + 1) > data_end)
+		return LB_DECAP_DROP_MALFORMED;
+	proto = eth->h_proto;
+	tci = bpf_ntohs(tag->tci);
+	outer->present = skb->vlan_present;
+	outer->proto = skb->vlan_proto;
+	outer->tci = skb->vlan_tci;
+	/* With a tag in the metadata, pop drops it and moves the frame's tag there; without, it drops
+	 * the frame's tag, which push then puts into the metadata. */
+	if (bpf_skb_vlan_pop(skb))
+		return LB_DECAP_DROP_FAILED;
+	if (!outer->present && bpf_skb_vlan_push(skb, proto, tci))
+		return LB_DECAP_DROP_FAILED;
+	return PARSE_OK;
+}
+
 static __always_inline int decap_skb(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct tunnel t = {};
+	struct skb_vlan outer_tag = {};
 	__be16 ethertype;
 	__u64 flags;
 	int r;
@@ -86,13 +137,19 @@ static __always_inline int decap_skb(struct __sk_buff *skb)
 	r = find_tunnel(data, data_end, skb->len, &t);
 	if (r != PARSE_OK)
 		return r;
-	if (t.l2_len != PARSE_ETH_LEN) /* tc sees tagged frames only on the parent of a VLAN device */
-		return LB_DECAP_PASS_NOT_ENCAP;
+	if (t.l2_len != PARSE_ETH_LEN) {
+		r = vlan_tag_to_metadata(skb, data, data_end, &outer_tag);
+		if (r != PARSE_OK)
+			return r;
+	}
 	flags = t.inner_family == LB_AF_INET ? DECAP_ADJ_ROOM_L3_IPV4 : DECAP_ADJ_ROOM_L3_IPV6;
 	if (bpf_skb_adjust_room(skb, -(__s32)t.outer_len, BPF_ADJ_ROOM_MAC, flags))
 		return LB_DECAP_DROP_FAILED;
 	ethertype = family_ethertype(t.inner_family);
 	if (bpf_skb_store_bytes(skb, PARSE_ETH_LEN - 2, &ethertype, sizeof(ethertype), 0))
+		return LB_DECAP_DROP_FAILED;
+	/* The frame's own tag goes back into the frame, under the outer one, into the metadata. */
+	if (outer_tag.present && bpf_skb_vlan_push(skb, outer_tag.proto, outer_tag.tci))
 		return LB_DECAP_DROP_FAILED;
 	return t.kind;
 }

@@ -93,6 +93,7 @@ enum lb_decap_reason {
 	LB_DECAP_PASS_NOT_LOCAL, /* encapsulated, but the outer destination is not ours */
 	LB_DECAP_DROP_MALFORMED, /* truncated or inconsistent outer/inner headers */
 	LB_DECAP_DROP_FAILED,    /* the helper that removes the header refused */
+	LB_DECAP_PASS_GUE_CONTROL, /* a GUE variant-0 control message (C bit): left to the stack */
 	LB_DECAP_REASON_COUNT,
 };
 

@@ -37,6 +37,15 @@ enum icmp_types {
 	ICMP6_QUOTE_TOTAL = 1280, /* RFC 4443: an ICMPv6 error is at most the minimum MTU */
 };
 
+/* Reading the packet an error quotes. */
+enum icmp_quote_limits {
+	ICMP_QUOTE_MAX_OFF = PARSE_MAX_L4_OFF + 128, /* frame offset past which no quoted header is read */
+	ICMP6_RH_TYPE_HOME = 2,  /* routing header type 2 (RFC 6275): one address, the final one */
+	ICMP6_RH_TYPE_SRH = 4,   /* segment routing header (RFC 8754): segment 0 is the final one */
+	ICMP6_RH_ADDR_OFF = 8,   /* where both keep that address */
+	ICMP6_FRAG_OFFSET_MASK = 0xfff8,
+};
+
 static __always_inline int icmp4_is_error(__u8 type)
 {
 	return type == ICMP4_DEST_UNREACH || type == ICMP4_TIME_EXCEEDED;
@@ -116,9 +125,61 @@ static __always_inline int icmp_echo_reply(struct xdp_md *ctx, const struct pack
 	return LB_TX_ICMP_ECHO;
 }
 
+enum icmp_quote_status {
+	ICMP_QUOTE_UNREADABLE = 0xffffffff,
+};
+
+/* Walks the extension headers of the IPv6 packet an ICMPv6 error quotes, from `off` (the first one,
+ * announced by `nh`), and sets flow->proto to the upper-layer protocol. The quote is the reply of a
+ * flow (VIP -> client), so the client is its final destination: while a routing header still has
+ * segments left, the IPv6 destination is only the next segment, and the final one is read from
+ * the routing header instead (types 2 and 4; type 0 is deprecated by RFC 5095 and not read). A
+ * fragment header is fine on the first fragment only (later ones carry no ports). Returns the
+ * offset of the upper-layer header, or ICMP_QUOTE_UNREADABLE (also when the chain outruns
+ * PARSE_MAX_EXT_HDRS). */
+static __always_inline __u32 icmp6_quoted_ext_hdrs(void *data, void *data_end, __u32 off, __u8 nh,
+						   struct lb_flow *flow)
+{
+	for (int i = 0; i < PARSE_MAX_EXT_HDRS; i++) {
+		__u8 *ext;
+
+		if (!is_ext_hdr(nh))
+			break;
+		if (off > ICMP_QUOTE_MAX_OFF)
+			return ICMP_QUOTE_UNREADABLE;
+		ext = data + off;
+		if ((void *)(ext + 8) > data_end)
+			return ICMP_QUOTE_UNREADABLE;
+		if (nh == IPPROTO_FRAGMENT) {
+			if (bpf_ntohs(*(__be16 *)(ext + 2)) & ICMP6_FRAG_OFFSET_MASK)
+				return ICMP_QUOTE_UNREADABLE;
+			off += 8;
+		} else if (nh == IPPROTO_AH) {
+			off += (ext[1] + 2) * 4;
+		} else {
+			if (nh == IPPROTO_ROUTING && ext[3]) { /* segments left */
+				__u8 *final = ext + ICMP6_RH_ADDR_OFF;
+
+				if (ext[2] != ICMP6_RH_TYPE_HOME && ext[2] != ICMP6_RH_TYPE_SRH)
+					return ICMP_QUOTE_UNREADABLE;
+				if ((void *)(final + 16) > data_end)
+					return ICMP_QUOTE_UNREADABLE;
+				__builtin_memcpy(flow->src, final, 16);
+			}
+			off += (ext[1] + 1) * 8;
+		}
+		nh = ext[0];
+	}
+	if (is_ext_hdr(nh))
+		return ICMP_QUOTE_UNREADABLE;
+	flow->proto = nh;
+	return off;
+}
+
 /* Reads the flow quoted by an ICMP / ICMPv6 error and returns it reversed, i.e. as the client's
- * forward flow (client -> VIP). Needs only the quoted IP header and the 4 bytes of ports, so an
- * error quoting 8 bytes of TCP works. Returns 0, or -1 when the quote is not a TCP/UDP packet. */
+ * forward flow (client -> VIP). Needs only the quoted IP header (with its IPv6 extension headers)
+ * and the 4 bytes of ports, so an error quoting 8 bytes of TCP works. Returns 0, or -1 when the
+ * quote is not a readable TCP/UDP packet. */
 static __always_inline int icmp_quoted_flow(void *data, void *data_end, const struct packet *pkt,
 					    struct lb_flow *flow)
 {
@@ -143,14 +204,15 @@ static __always_inline int icmp_quoted_flow(void *data, void *data_end, const st
 
 		if ((void *)(q6 + 1) > data_end || q6->version != 6)
 			return -1;
-		flow->proto = q6->nexthdr;
 		__builtin_memcpy(flow->src, &q6->daddr, 16);
 		__builtin_memcpy(flow->dst, &q6->saddr, 16);
-		off += sizeof(*q6);
+		off = icmp6_quoted_ext_hdrs(data, data_end, off + sizeof(*q6), q6->nexthdr, flow);
+		if (off == ICMP_QUOTE_UNREADABLE)
+			return -1;
 	}
 	if (flow->proto != IPPROTO_TCP && flow->proto != IPPROTO_UDP)
 		return -1;
-	if (off > PARSE_MAX_L4_OFF + 128)
+	if (off > ICMP_QUOTE_MAX_OFF)
 		return -1;
 	ports = data + off;
 	if ((void *)(ports + 2) > data_end)

@@ -27,7 +27,8 @@ enum tunnel_constants {
 	TUNNEL_GUE_VERSION_SHIFT = 6, /* GUE version: top two bits of the first byte (1: variant 1) */
 	TUNNEL_GUE_C_BIT = 0x20,      /* variant 0 control message */
 	TUNNEL_GUE_HLEN_MASK = 0x1f,  /* variant 0 optional fields, in 4-byte words */
-	TUNNEL_MAX_HDRS = 256,        /* L2 + outer IP + UDP + GUE with options + inner IP */
+	TUNNEL_MAX_HDRS = 512,        /* L2 + outer IP (+ extension headers) + UDP + GUE + inner IP */
+	TUNNEL_MAX_OUTER_OFF = 384,   /* no outer header chain we decapsulate ends later than this */
 };
 
 /* Where the inner packet of a tunnel packet is. */
@@ -49,6 +50,34 @@ static __always_inline int tunnel_is_local(const __u32 *addr, __u8 family)
 	key.family = family;
 	ours = bpf_map_lookup_elem(&dc_local, &key);
 	return ours && *ours;
+}
+
+/* Walks the outer IPv6 extension headers from `*off` (the first one announced by `*nh`) to the
+ * header that follows them, leaving *off and *nh there. Hop-by-hop and destination options are
+ * skipped. The rest is left to the stack: a fragment (reassembly comes first, as for IPv4), AH (the
+ * stack authenticates), a routing header with segments left (we are not yet the final
+ * destination), and a chain longer than PARSE_MAX_EXT_HDRS or cut short. */
+static __always_inline int tunnel_skip_ext_hdrs(void *data, void *data_end, __u32 *off, __u8 *nh)
+{
+	for (int i = 0; i < PARSE_MAX_EXT_HDRS; i++) {
+		__u32 at = *off;
+		__u8 *ext;
+
+		if (*nh != IPPROTO_HOPOPTS && *nh != IPPROTO_DSTOPTS && *nh != IPPROTO_ROUTING)
+			break;
+		if (at > TUNNEL_MAX_OUTER_OFF)
+			return LB_DECAP_PASS_NOT_ENCAP;
+		ext = data + at;
+		if ((void *)(ext + 8) > data_end)
+			return LB_DECAP_PASS_NOT_ENCAP;
+		if (*nh == IPPROTO_ROUTING && ext[3])
+			return LB_DECAP_PASS_NOT_LOCAL;
+		*nh = ext[0];
+		*off = at + (ext[1] + 1) * 8;
+	}
+	if (is_ext_hdr(*nh) || *off > TUNNEL_MAX_OUTER_OFF)
+		return LB_DECAP_PASS_NOT_ENCAP;
+	return PARSE_OK;
 }
 
 static __always_inline __u8 ipip_family(__u8 proto)
@@ -89,18 +118,23 @@ static __always_inline int find_tunnel(void *data, void *data_end, __u32 frame_l
 	} else {
 		struct ipv6hdr *ip6 = data + t->l2_len;
 
+		int r;
+
 		if ((void *)(ip6 + 1) > data_end)
 			return LB_DECAP_PASS_NOT_ENCAP;
-		proto = ip6->nexthdr; /* extension headers before the tunnel are left to the stack */
+		proto = ip6->nexthdr;
 		__builtin_memcpy(dst, &ip6->daddr, 16);
 		off = t->l2_len + sizeof(*ip6);
+		r = tunnel_skip_ext_hdrs(data, data_end, &off, &proto);
+		if (r != PARSE_OK)
+			return r;
 	}
 
 	if (ipip_family(proto)) {
 		t->kind = LB_DECAP_IPIP;
 		t->inner_family = ipip_family(proto);
 	} else if (proto == IPPROTO_UDP) {
-		struct udphdr *udp = data + (off & 0x7f);
+		struct udphdr *udp = data + (off & 0x1ff);
 		__u8 *gue;
 
 		if ((void *)(udp + 1) > data_end || udp->dest != bpf_htons(cfg_gue_port))
@@ -118,7 +152,7 @@ static __always_inline int find_tunnel(void *data, void *data_end, __u32 frame_l
 			break;
 		case 0: /* variant 0: 4-byte header, optional fields, then the protocol it names */
 			if (gue[0] & TUNNEL_GUE_C_BIT)
-				return LB_DECAP_DROP_MALFORMED; /* control messages: none defined for us */
+				return LB_DECAP_PASS_GUE_CONTROL; /* see decap.bpf.c */
 			t->inner_family = ipip_family(gue[1]);
 			off += TUNNEL_GUE_HDR_LEN + (gue[0] & TUNNEL_GUE_HLEN_MASK) * 4;
 			break;

@@ -15,6 +15,7 @@ per-packet times do not fit it, so they are printed only.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import statistics
 from collections.abc import Iterator
@@ -37,12 +38,17 @@ XDP_ACTIONS = {1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX"}
 
 @dataclass(frozen=True)
 class Case:
-    """One timed path: a program, the frame it is fed, and the XDP action it must return."""
+    """One timed path: a program, the frames it is fed (in turn, run after run), the action it must return."""
 
     name: str
     program: Program
-    frame: bytes
+    frames: tuple[bytes, ...]
     action: int
+
+
+# The issue's targets, printed beside the figures (not asserted): case -> (reference case, ns above it).
+TARGETS = {"not-vip-pass": ("floor-mac-swap-tx", 40), "ip4-ipip-hit": ("floor-mac-swap-tx", 150),
+           "ip4-gue1-hit": ("ip4-ipip-hit", 50), "ip4-ipip-new-flow": ("floor-mac-swap-tx", 600)}
 
 
 def runs_per_case() -> int:
@@ -69,8 +75,8 @@ def load_program(stack: ExitStack, obj_name: str, prog: str) -> Program:
     return obj.program(prog)
 
 
-def balancer_cases(b: Balancer, tag: str) -> list[Case]:
-    """The balancer's paths: non-VIP pass, LRU hits per encap, a new flow, a too-big answer."""
+def balancer_cases(b: Balancer, tag: str, runs: int) -> list[Case]:
+    """The balancer's paths: non-VIP pass, LRU hits per encap, new flows, a SYN re-hash, a too-big answer."""
     prog = b.dp.programs["balancer_xdp"]
     by_id = {c.id: c for c in P.ENCAPS}
 
@@ -80,25 +86,33 @@ def balancer_cases(b: Balancer, tag: str) -> list[Case]:
         assert b.run(syn).reason == "TX_ENCAP", f"priming {case_id}"  # creates the session
         ack = bytes(P.tcp_to(vip, sport=45000, flags="A"))
         assert b.run(ack).events.get("LRU_HIT") == 1, f"{case_id}: the flow must hit its session"
-        return Case(f"{tag}{case_id}-hit", prog, ack, 3)
+        return Case(f"{tag}{case_id}-hit", prog, (ack,), 3)
 
     return [
-        Case(f"{tag}not-vip-pass", prog, bytes(P.TCP4_NOT_VIP), 2),
+        Case(f"{tag}not-vip-pass", prog, (bytes(P.TCP4_NOT_VIP),), 2),
         hit("ip4-ipip"),
         hit("ip4-gue1"),
         hit("ip6-ip6ip6"),
         hit("ip6-gue1"),
-        Case(f"{tag}ip4-ipip-syn", prog, bytes(P.tcp_to(P.VIP4, sport=45001, flags="S")), 3),
-        Case(f"{tag}ip4-too-big", prog, bytes(P.sized_tcp_to(P.VIP4, P.MTU, sport=45002)), 3),
+        # A SYN from a new client address every run: session miss, ring, insert (runs <= the LRU size).
+        Case(f"{tag}ip4-ipip-new-flow", prog, tuple(bytes(P.tcp_to(P.VIP4, sport=45001, flags="S",
+                                                                    src=new_client(i))) for i in range(runs)), 3),
+        Case(f"{tag}ip4-ipip-syn-rehash", prog, (bytes(P.tcp_to(P.VIP4, sport=45001, flags="S")),), 3),
+        Case(f"{tag}ip4-too-big", prog, (bytes(P.sized_tcp_to(P.VIP4, P.MTU, sport=45002)),), 3),
     ]
+
+
+def new_client(i: int) -> str:
+    """The i-th (modulo 2^17) client address in 198.18.0.0/15, the RFC 2544 benchmarking prefix."""
+    return str(ipaddress.IPv4Address(0xC6120000 + i % (1 << 17)))
 
 
 def time_cases(cases: list[Case], runs: int) -> dict[str, float]:
     """Median duration (ns) of `runs` single test runs per case, the cases interleaved."""
     samples: dict[str, list[int]] = {c.name: [] for c in cases}
-    for _ in range(runs):
+    for run in range(runs):
         for c in cases:
-            res = c.program.test_run(c.frame)
+            res = c.program.test_run(c.frames[run % len(c.frames)])
             if res.retval != c.action:
                 got = XDP_ACTIONS.get(res.retval, str(res.retval))
                 raise AssertionError(f"{c.name}: {c.program.name} returned {got}, "
@@ -125,9 +139,13 @@ def pinned_cpu() -> Iterator[int]:
 
 def table(medians: dict[str, float], floor: str) -> str:
     base = medians[floor]
-    lines = [f"{'case':<30} {'median ns':>10} {'- floor':>9} {'/ floor':>8}"]
+    lines = [f"{'case':<32} {'median ns':>10} {'- floor':>9} {'/ floor':>8}   target"]
     for name, ns in medians.items():
-        lines.append(f"{name:<30} {ns:>10.0f} {ns - base:>9.0f} {ns / base:>8.2f}")
+        target = ""
+        if name in TARGETS:
+            ref, extra = TARGETS[name]
+            target = f"≤ {ref} + {extra} ns = {medians[ref] + extra:.0f}"
+        lines.append(f"{name:<32} {ns:>10.0f} {ns - base:>9.0f} {ns / base:>8.2f}   {target}")
     return "\n".join(lines)
 
 
@@ -139,13 +157,13 @@ def test_datapath_microbench(pinned_cpu: int) -> None:
         pytest.skip(f"BPF objects missing ({', '.join(missing)}): run make bpf")
     runs = runs_per_case()
     with ExitStack() as stack:
-        frame = bytes(P.tcp_to(P.VIP4, sport=45000, flags="A"))
+        frame = (bytes(P.tcp_to(P.VIP4, sport=45000, flags="A")),)
         cases = [Case("floor-xdp-pass", load_program(stack, "pass.o", "xdp_pass"), frame, 2),
                  Case("floor-mac-swap-tx", load_program(stack, "floor.o", "xdp_tx_swap"), frame, 3)]
-        cases += balancer_cases(load_balancer(stack, BUILD / "balancer.o"), "")
+        cases += balancer_cases(load_balancer(stack, BUILD / "balancer.o"), "", runs)
         baseline = os.environ.get("L4LAB_MICROBENCH_BASELINE")
         if baseline:
-            cases += balancer_cases(load_balancer(stack, Path(baseline)), "base:")
+            cases += balancer_cases(load_balancer(stack, Path(baseline)), "base:", runs)
         medians = time_cases(cases, runs)
     print(f"\ndatapath microbench: {runs} single test runs per case on CPU {pinned_cpu}, medians\n"
           + table(medians, "floor-mac-swap-tx"))

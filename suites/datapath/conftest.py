@@ -21,8 +21,11 @@ from balancer.datapath import Datapath, Decap, vip_key
 from . import packets as P
 
 ROOT = Path(__file__).resolve().parents[2]
-BALANCER_OBJ = ROOT / "build" / "bpf" / "balancer.o"
-DECAP_OBJ = ROOT / "build" / "bpf" / "decap.o"
+# L4LAB_DATAPATH_OBJECTS: another directory of balancer.o / decap.o to test (e.g. an older build,
+# to see a new table row fail before its change).
+OBJ_DIR = Path(os.environ.get("L4LAB_DATAPATH_OBJECTS") or ROOT / "build" / "bpf")
+BALANCER_OBJ = OBJ_DIR / "balancer.o"
+DECAP_OBJ = OBJ_DIR / "decap.o"
 RING_SIZE = 13  # a small prime keeps ring writes instant; Maglev's size does not matter here
 XDP_VERDICTS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
 TC_VERDICTS = {-1: "TC_ACT_UNSPEC", 0: "TC_ACT_OK", 2: "TC_ACT_SHOT", 7: "TC_ACT_REDIRECT"}

@@ -14,6 +14,7 @@ from scapy.layers.inet6 import (
     ICMPv6DestUnreach,
     ICMPv6EchoRequest,
     ICMPv6PacketTooBig,
+    ICMPv6TimeExceeded,
     IPv6,
     IPv6ExtHdrDestOpt,
     IPv6ExtHdrFragment,
@@ -117,6 +118,26 @@ def icmp_error_about(vip: str, client: str, vport: int = VIP_PORT, cport: int = 
     if quote_len is not None:
         quoted = quoted[:quote_len]
     return eth() / IP(src=ROUTER4, dst=vip) / ICMP(type=3, code=4, nexthopmtu=1400) / Raw(quoted)
+
+
+def icmp6_error(v6_type: str) -> Packet:
+    """The ICMPv6 error header of a type: too_big, unreach or time."""
+    if v6_type == "too_big":
+        return ICMPv6PacketTooBig(mtu=1280)
+    if v6_type == "unreach":
+        return ICMPv6DestUnreach(code=4)
+    return ICMPv6TimeExceeded(code=0)
+
+
+def icmp6_error_quoting_ext(vip: str, client: str, ext: Packet, cport: int = 40000, v6_type: str = "too_big",
+                            quote_dst: str | None = None, quote_len: int | None = None) -> Packet:
+    """An ICMPv6 error from a router to the VIP quoting a reply of the flow whose IPv6 header is
+    followed by the extension headers `ext` (sent to quote_dst, a next segment, when given)."""
+    quoted = bytes(IPv6(src=vip, dst=quote_dst or client) / ext
+                   / TCP(sport=VIP_PORT, dport=cport, flags="SA") / PAYLOAD)
+    if quote_len is not None:
+        quoted = quoted[:quote_len]
+    return eth() / IPv6(src=ROUTER6, dst=vip) / icmp6_error(v6_type) / Raw(quoted)
 
 
 # -- named packets of the parsing table ------------------------------------------------------------

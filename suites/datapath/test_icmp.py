@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import reduce
+
 import pytest
 from scapy.layers.inet import ICMP, IP
-from scapy.layers.inet6 import IPv6
+from scapy.layers.inet6 import (
+    IPv6,
+    IPv6ExtHdrDestOpt,
+    IPv6ExtHdrFragment,
+    IPv6ExtHdrHopByHop,
+    IPv6ExtHdrRouting,
+    IPv6ExtHdrSegmentRouting,
+    PadN,
+)
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet
 
@@ -145,3 +156,55 @@ def test_too_big_without_df_is_dropped(balancer: Balancer) -> None:
     frame = P.sized_tcp_to(P.VIP4, P.MTU, df=False, sport=47200)
     out = balancer.run(frame)
     assert (out.verdict, out.reason) == ("XDP_DROP", "DROP_TOO_BIG_NO_DF")
+
+
+# ICMPv6 errors whose quoted packet carries extension headers between IPv6 and TCP. Each row: id,
+# the extension headers, the error type, where the quoted packet was sent (None: to the client, a
+# string: to a next segment while the routing header names the client), quote length, steered?
+NEXT_SEGMENT = "2001:db8:e::1"
+QUOTED_EXT_TABLE: list[tuple[str, Callable[[], Packet], str, str | None, int | None, bool]] = [
+    ("hop-by-hop, packet too big", lambda: IPv6ExtHdrHopByHop(), "too_big", None, None, True),
+    ("destination options, destination unreachable", lambda: IPv6ExtHdrDestOpt(), "unreach", None, None, True),
+    ("hop-by-hop + routing (done) + destination options, time exceeded",
+     lambda: IPv6ExtHdrHopByHop() / IPv6ExtHdrRouting(addresses=[NEXT_SEGMENT], segleft=0) / IPv6ExtHdrDestOpt(),
+     "time", None, None, True),
+    ("hop-by-hop, only 8 bytes of TCP quoted", lambda: IPv6ExtHdrHopByHop(), "too_big", None, 40 + 8 + 8, True),
+    ("first fragment", lambda: IPv6ExtHdrFragment(m=1, id=9), "too_big", None, None, True),
+    ("segment routing header, the client is the last segment still ahead",
+     lambda: IPv6ExtHdrSegmentRouting(addresses=[P.CLIENT6, NEXT_SEGMENT], segleft=1), "unreach",
+     NEXT_SEGMENT, None, True),
+    ("later fragment: no ports in the quote", lambda: IPv6ExtHdrFragment(offset=100, id=9), "too_big", None,
+     None, False),
+    ("type-0 routing header with segments left (deprecated, not read)",
+     lambda: IPv6ExtHdrRouting(addresses=[P.CLIENT6], segleft=1), "unreach", NEXT_SEGMENT, None, False),
+    ("nine destination-options headers: beyond the walk's bound",
+     lambda: reduce(lambda a, b: a / b, [IPv6ExtHdrDestOpt() for _ in range(9)]), "too_big", None, None, False),
+    ("hop-by-hop cut short in the quote", lambda: IPv6ExtHdrHopByHop(options=[PadN(optdata=b"\0" * 12)]),
+     "too_big", None, 40 + 8, False),
+]
+
+
+@pytest.mark.parametrize("row", QUOTED_EXT_TABLE, ids=[r[0] for r in QUOTED_EXT_TABLE])
+def test_icmpv6_error_quoting_extension_headers(balancer_factory: BalancerFactory,
+                                                row: tuple[str, Callable[[], Packet], str, str | None,
+                                                           int | None, bool]) -> None:
+    description, ext, v6_type, quote_dst, quote_len, steered = row
+    b = balancer_factory()
+    case = P.ENCAPS[3]  # ip6-ip6ip6
+    reals = set()
+    for sport in range(46300, 46308):  # several flows: steering must follow each flow's own real
+        fwd = decode_encap(b.run(P.tcp_to(case.vip, sport=sport, flags="S")).out, P.GUE_PORT)
+        err = P.icmp6_error_quoting_ext(case.vip, P.CLIENT6, ext(), cport=sport, v6_type=v6_type,
+                                        quote_dst=quote_dst, quote_len=quote_len)
+        out = b.run(err)
+        if not steered:
+            assert (out.verdict, out.reason) == ("XDP_DROP", "DROP_ICMP_UNSUPPORTED"), description
+            assert "ICMP_STEERED" not in out.events
+            return
+        assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP"), description
+        assert out.events.get("ICMP_STEERED") == 1 and "LRU_HIT" in out.events
+        enc = decode_encap(out.out, P.GUE_PORT)
+        assert enc.outer.dst == fwd.outer.dst, f"{description}: the error reaches the flow's real"
+        assert enc.inner == ip_packet_of(err)
+        reals.add(enc.outer.dst)
+    assert len(reals) > 1, "the flows were spread, so the quote decided"
