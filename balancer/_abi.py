@@ -15,7 +15,8 @@ class DecapReason(IntEnum):
     PASS_NOT_LOCAL = 3
     DROP_MALFORMED = 4
     DROP_FAILED = 5
-    REASON_COUNT = 6
+    PASS_GUE_CONTROL = 6
+    REASON_COUNT = 7
 
 
 class Encap(IntEnum):
@@ -245,10 +246,10 @@ RODATA = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "886a7abf30f6d118297f59d95f94589c",
-    "decap": "be127058b74e9a4c2fc3e0095179d362",
+    "balancer": "b642d19bac562e04f6960d06021ec607",
+    "decap": "c81d1f1be68388dde1c71ee46043f4fe",
     "floor": "b83480fea9390bb1bc108ed748e95d52",
-    "healthcheck": "f64587aba64d907fd1778be348208a89",
+    "healthcheck": "f32b9430337abfd801b6e14a22a7d093",
     "pass": "b83480fea9390bb1bc108ed748e95d52",
     "trafficgen": "100a1822ecfbcb7052857bff0c3da047",
 }
