@@ -46,6 +46,8 @@ def _add_up(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("topology", nargs="?", default="default", help="a name from lab/topologies or a path")
     _add_name(parser)
     parser.add_argument("--no-bpf", action="store_true", help="do not attach the lab's BPF programs")
+    parser.add_argument("--no-balancer", action="store_true",
+                        help="do not load the balancer on the LB nodes (lbctl load, IPIP, the topology's VIPs)")
 
 
 def _run_up(args: argparse.Namespace) -> int:
@@ -53,7 +55,8 @@ def _run_up(args: argparse.Namespace) -> int:
 
     topo = topology.load(args.topology)
     started = time.monotonic()
-    netns.build(topo, check_name(args.name), programs=not args.no_bpf)
+    netns.build(topo, check_name(args.name), programs=not args.no_bpf,
+                balancers=not (args.no_bpf or args.no_balancer))
     took = time.monotonic() - started
     size = f"{len(topo.nodes)} nodes, {len(topo.links)} links"
     print(f"lab '{args.name}' up ({topo.name}: {size}) in {took:.2f} s")

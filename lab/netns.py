@@ -69,12 +69,14 @@ class Builder:
         lab: str,
         *,
         programs: bool = True,
+        balancers: bool = False,
         fail_at: int | None = None,
         interrupt_at: int | None = None,
     ) -> None:
         self.topo = topology
         self.lab = check_name(lab)
         self.with_programs = programs
+        self.with_balancers = balancers
         self.fail_at = fail_at
         self.interrupt_at = interrupt_at
         self.steps = 0
@@ -132,6 +134,8 @@ class Builder:
                 self._attach_programs(stack)
             self._start_services(stack)
             self._start_vms(stack)
+            if self.with_balancers:
+                self._load_balancers(stack)
             self._start_frr(stack)
             with self._step("record the lab as complete"):
                 self.state.complete = True
@@ -139,6 +143,27 @@ class Builder:
             stack.pop_all()
             self._close_sockets()
         return self.state
+
+    def _load_balancers(self, stack: ExitStack) -> None:
+        """Load the balancer on every LB node as `lbctl load` does: the topology's VIPs, IPIP to the reals.
+
+        In-process (the thread enters the node's namespace to attach): a subprocess would add a
+        second of interpreter start-up to `l4lab up`. The instance is `<lab>-<node>`, so
+        `lbctl --instance <lab>-<node> ...` in that node manages it afterwards.
+        """
+        from balancer import config as cfg
+        from balancer.controller import Instance
+        from lab.lbconf import balancer_config, lb_link
+
+        for node in self.topo.nodes_with_role("lb"):
+            instance = f"{self.lab}-{node.name}"
+            families = {v.address.version for v in self.topo.vips}
+            with self._step(f"load the balancer on {node.name} (lbctl instance {instance})"):
+                conf = balancer_config(self.topo, self.lab, encaps=dict.fromkeys(families, "ipip"), lb=node.name)
+                (state_dir(self.lab) / f"lb-{node.name}.toml").write_text(cfg.dump(conf))
+                with entered(netns_name(self.lab, node.name)):
+                    Instance.load(instance, [lb_link(self.topo, node.name)[0]], "native", conf).close()
+            self._register(stack, Undo("balancer", instance))
 
     def _check_tools(self) -> None:
         """Refuse early, before any namespace exists, when FRR or qemu is needed and missing."""
@@ -435,11 +460,13 @@ def build(
     lab: str,
     *,
     programs: bool = True,
+    balancers: bool = False,
     fail_at: int | None = None,
     interrupt_at: int | None = None,
 ) -> LabState:
-    """Build `topology` as lab `lab`; see Builder."""
-    return Builder(topology, lab, programs=programs, fail_at=fail_at, interrupt_at=interrupt_at).build()
+    """Build `topology` as lab `lab`; see Builder (balancers: also `lbctl load` on every LB node)."""
+    return Builder(topology, lab, programs=programs, balancers=balancers, fail_at=fail_at,
+                   interrupt_at=interrupt_at).build()
 
 
 def teardown(lab: str) -> None:
@@ -463,6 +490,7 @@ def undo_one(undo: Undo) -> None:
         "pin-dir": _undo_pin_dir,
         "pin": _undo_pin,
         "process": _undo_process,
+        "balancer": _undo_balancer,
     }
     try:
         handlers[undo.kind](undo)
@@ -476,6 +504,20 @@ def undo_one(undo: Undo) -> None:
 
 def _undo_state_dir(undo: Undo) -> None:
     shutil.rmtree(undo.target)
+
+
+def _undo_balancer(undo: Undo) -> None:
+    """lbctl unload of a balancer instance the lab loaded; an instance already gone is fine."""
+    from balancer.controller import Instance
+    from balancer.errors import DatapathError
+
+    try:
+        inst = Instance.open(undo.target)
+    except DatapathError as exc:
+        if exc.errno in GONE:
+            return
+        raise
+    inst.unload()
 
 
 def _undo_netns(undo: Undo) -> None:

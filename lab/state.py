@@ -23,7 +23,7 @@ DEFAULT_LAB = "l4lab"
 LAB_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,23}$")
 
 # Journal kinds, in the order a build creates them.
-UNDO_KINDS = ("state-dir", "netns", "veth", "pin-dir", "pin", "process")
+UNDO_KINDS = ("state-dir", "netns", "veth", "pin-dir", "pin", "process", "balancer")
 
 
 def check_name(lab: str) -> str:
