@@ -180,7 +180,7 @@ def _add_passthrough(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="options of the verb (see VERB --help)")
 
 
-PASSTHROUGH = ("demo", "report", "bench")
+PASSTHROUGH = ("demo", "report", "bench", "nic-queues")
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -193,6 +193,12 @@ def _run_bench(args: argparse.Namespace) -> int:
     from lab import bench
 
     return bench.main(args.args)
+
+
+def _run_nic_queues(args: argparse.Namespace) -> int:
+    from lab import nic
+
+    return nic.main(args.args)
 
 
 def _run_report(args: argparse.Namespace) -> int:
@@ -211,6 +217,8 @@ VERBS: dict[str, Verb] = {
                  _run_demo),
     "bench": Verb("NDR/PDR per encap and frame size beside the XDP_TX/XDP_DROP floors; micro and "
                   "controller benchmarks", _add_passthrough, _run_bench),
+    "nic-queues": Verb("per-queue RX packets of a NIC over an interval and their spread (RSS on hardware)",
+                       _add_passthrough, _run_nic_queues),
     "report": Verb("render results JSON into one HTML report", _add_passthrough, _run_report),
     "trace": Verb("count XDP exceptions, XDP bulk-TX errors and drop reasons per node", _add_trace,
                   _run_trace),
