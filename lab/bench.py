@@ -19,8 +19,8 @@ target beside them (IPIP ≥ 0.85 ×, GUE ≥ 0.8 ×: printed, never asserted). 
 test-run micro-benchmark (ns/packet, repeat = 1 runs: repeat > 1 would feed each run the previous
 output) and the controller benchmarks (Maglev ring builds, a full and an incremental apply).
 
-Results: one `bench` result (reports/schema.py) with every point and trial, and the micro and
-controller figures as plain JSON in `<results>/extra/` (the results schema has no kind for them yet).
+Results: one `bench` result (reports/schema.py) with every point and trial, the micro figures and
+the controller figures; latency (TRex only) as plain JSON in `<results>/extra/` until the schema has it.
 """
 
 from __future__ import annotations
@@ -383,7 +383,7 @@ def measure_controller(opts: Options, report: Report) -> None:
 
 
 def bench_payload(report: Report, sizes: Sequence[FrameSpec], encaps: Sequence[str]) -> Any:
-    from reports.schema import BenchPayload, BenchPoint, Floor, Trial
+    from reports.schema import BenchPayload, BenchPoint, ControllerFigure, Floor, MicroFigure, Trial
 
     points = []
     for size in sizes:
@@ -400,7 +400,16 @@ def bench_payload(report: Report, sizes: Sequence[FrameSpec], encaps: Sequence[s
             points.append(BenchPoint(encap=case, frame_size=size, ndr_mpps=m.result.ndr_pps / 1e6,  # type: ignore[arg-type]
                                      pdr_mpps=m.result.pdr_pps / 1e6, floor=floor,
                                      egress_overhead_bytes=ENCAPS[case].overhead, trials=trials))
-    return BenchPayload(generator="xdp-live", egress_mtu=LINK_MTU, points=points)
+    micro = [MicroFigure(case=name, ns_per_packet=round(ns, 2)) for name, ns in report.micro_ns.items()]
+    controller = []
+    if report.controller:
+        for n, ms in report.controller["ring_build_ms"].items():
+            controller.append(ControllerFigure(name=f"Maglev ring build, {n} reals", ms=round(ms, 3)))
+        for key, label in (("full_apply", "full apply"), ("incremental_apply", "incremental apply")):
+            fig = report.controller[key]
+            controller.append(ControllerFigure(name=label, ms=round(fig["ms"], 3), ring_slots=fig["ring_slots"]))
+    return BenchPayload(generator="xdp-live", egress_mtu=LINK_MTU, points=points, micro=micro,
+                        controller=controller)
 
 
 def summary_lines(report: Report, opts: Options) -> list[str]:
@@ -444,20 +453,19 @@ def write_results(report: Report, opts: Options) -> None:
     from reports.schema import case_id, current_commit, current_machine, results_dir, write_result
 
     directory = results_dir(opts.results)
-    if report.ndr:
+    if report.ndr or report.micro_ns or report.controller:
         rid = case_id(opts.result_id, None, "quick") if opts.quick else case_id(opts.result_id)
         report.results_file = write_result("bench", rid, bench_payload(report, opts.sizes, opts.encaps),
                                            directory)
-    if report.micro_ns or report.controller:
+    latency = {f"{name}/{label}": {k: asdict(v) for k, v in m.latency.items()}
+               for (name, label), m in report.ndr.items() if m.latency}
+    if latency:  # only TRex measures latency; the schema has no place for it yet
         extra = directory / "extra"
         extra.mkdir(parents=True, exist_ok=True)
-        report.extra_file = extra / f"{opts.result_id}-micro-controller.json"
+        report.extra_file = extra / f"{opts.result_id}-latency.json"
         report.extra_file.write_text(json.dumps({
             "machine": asdict(current_machine()), "commit": current_commit(),
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": opts.quick,
-            "micro_ns_per_packet": report.micro_ns, "controller": report.controller,
-            "latency_us": {f"{name}/{label}": {k: asdict(v) for k, v in m.latency.items()}
-                           for (name, label), m in report.ndr.items() if m.latency},
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": opts.quick, "latency_us": latency,
         }, indent=1) + "\n")
 
 

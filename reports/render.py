@@ -176,6 +176,26 @@ def _encap_rank(encap: str) -> int:
     return ENCAP_IDS.index(encap) if encap in ENCAP_IDS else len(ENCAP_IDS)
 
 
+def _micro_and_controller(section: Section, results: list[Result]) -> None:
+    """Tables of the newest run's test-run micro-benchmark and controller figures, if any."""
+    found = [(r, p) for r, p in of_kind(results, BenchPayload) if p.micro or p.controller]
+    if not found:
+        return
+    result, payload = max(found, key=lambda rp: rp[0].time)
+    tx = next((m.ns_per_packet for m in payload.micro if m.case == "xdp_tx"), 0.0)
+    if payload.micro:
+        section.tables.append(Table(
+            "Test-run micro-benchmark (64-byte frames, repeat = 1; ns include the timer's own cost)",
+            ["path", "ns per packet", "÷ XDP_TX"],
+            [[Cell(m.case, "key"), Cell(_fmt(m.ns_per_packet, 1), "num"),
+              Cell(_fmt(m.ns_per_packet / tx) if tx else "–", "num")] for m in payload.micro]))
+    if payload.controller:
+        section.tables.append(Table(
+            f"Controller figures ({result.id})", ["operation", "ms", "ring slots written"],
+            [[Cell(c.name, "key"), Cell(_fmt(c.ms, 1), "num"),
+              Cell(str(c.ring_slots) if c.ring_slots is not None else "–", "num")] for c in payload.controller]))
+
+
 def _bench(results: list[Result]) -> Section:
     section = Section(
         "bench",
@@ -201,8 +221,9 @@ def _bench(results: list[Result]) -> Section:
         for r, p in of_kind(results, BenchPayload)
         for pt in p.points
     ]
+    _micro_and_controller(section, results)
     if not rows:
-        section.empty = True
+        section.empty = not section.tables
         return section
     frame = _latest(pd.DataFrame(rows), ["encap", "size"])
     frame["ratio"] = [n / t if t > 0 else math.nan for n, t in zip(frame["ndr"], frame["tx"], strict=True)]

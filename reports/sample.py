@@ -29,6 +29,7 @@ from reports.schema import (
     ChurnPoint,
     ConformancePayload,
     ConnectionOutcomes,
+    ControllerFigure,
     DemoEncap,
     DemoPayload,
     FailoverPayload,
@@ -36,6 +37,7 @@ from reports.schema import (
     KatranChurn,
     Kind,
     Machine,
+    MicroFigure,
     PmtuPayload,
     PmtuScenario,
     RssPayload,
@@ -127,7 +129,12 @@ def bench_payload(rng: random.Random) -> BenchPayload:
                     trials=ndr_trials + pdr_trials,
                 )
             )
-    return BenchPayload(generator="xdp-live", egress_mtu=1500, points=points)
+    micro = [MicroFigure(case=c, ns_per_packet=ns) for c, ns in
+             (("xdp_drop", 110.0), ("xdp_tx", 140.0), ("ip4-ipip", 431.0), ("ip4-gue1", 441.0),
+              ("ip6-ip6ip6", 450.0), ("ip6-gue1", 581.0))]
+    controller = [ControllerFigure(name=f"Maglev ring build, {n} reals", ms=ms) for n, ms in ((10, 27.0), (100, 39.0))]
+    controller.append(ControllerFigure(name="full apply", ms=410.0, ring_slots=524296))
+    return BenchPayload(generator="xdp-live", egress_mtu=1500, points=points, micro=micro, controller=controller)
 
 
 def _p_value(chi2: float, dof: int) -> float:

@@ -215,12 +215,36 @@ class BenchPoint:
 
 
 @dataclass(frozen=True)
+class MicroFigure:
+    """BPF_PROG_TEST_RUN time of one path (64-byte frames, repeat = 1), beside the floors of the same run."""
+
+    case: str = field(metadata=_rule(_non_empty))  # xdp_drop, xdp_tx, ip4-ipip, ...
+    ns_per_packet: float = field(metadata=_rule(_at_least(0)))
+
+
+@dataclass(frozen=True)
+class ControllerFigure:
+    """How long one controller operation took (Maglev ring build, full or incremental apply)."""
+
+    name: str = field(metadata=_rule(_non_empty))  # e.g. "ring build, 100 reals", "full apply"
+    ms: float = field(metadata=_rule(_at_least(0)))
+    ring_slots: int | None = None  # ring slots written, for applies
+
+
+@dataclass(frozen=True)
 class BenchPayload:
-    """An NDR/PDR benchmark: every encap × frame size measured in one run, beside the floor."""
+    """A benchmark run: NDR/PDR of every encap × frame size beside the floor, and/or the test-run
+    micro-benchmark and the controller's figures, all measured in one run."""
 
     generator: Literal["xdp-live", "trex"]
     egress_mtu: int = field(metadata=_rule(_between(576, 65535)))  # MTU of the LB's egress link, bytes
-    points: list[BenchPoint] = field(metadata=_rule(_non_empty))
+    points: list[BenchPoint] = field(default_factory=list)
+    micro: list[MicroFigure] = field(default_factory=list)
+    controller: list[ControllerFigure] = field(default_factory=list)
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if not (self.points or self.micro or self.controller):
+            yield "points", "must not be empty when there are no micro or controller figures"
 
 
 # --- rss ----------------------------------------------------------------------------------------

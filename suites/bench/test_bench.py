@@ -81,12 +81,12 @@ def test_quick_bench_writes_results_that_validate(capsys: pytest.CaptureFixture[
         assert point.trials and point.trials[0].rate_mpps == pytest.approx(opts.max_rate_pps / 1e6)
         assert point.floor.xdp_tx_mpps > 0 and point.floor.xdp_drop_mpps > 0
         assert point.egress_overhead_bytes == bench.ENCAPS[point.encap].overhead
-    assert report.extra_file is not None
-    extra = json.loads(report.extra_file.read_text())
-    assert set(extra["micro_ns_per_packet"]) == {"xdp_drop", "xdp_tx", "ip4-ipip", "ip6-gue1"}
-    assert all(ns > 0 for ns in extra["micro_ns_per_packet"].values())
-    assert set(extra["controller"]["ring_build_ms"]) == {"10", "100", "1000"}
-    assert extra["controller"]["incremental_apply"]["ring_slots"] < extra["controller"]["full_apply"]["ring_slots"]
+    assert {m.case for m in payload.micro} == {"xdp_drop", "xdp_tx", "ip4-ipip", "ip6-gue1"}
+    assert all(m.ns_per_packet > 0 for m in payload.micro)
+    figures = {c.name: c for c in payload.controller}
+    assert {f"Maglev ring build, {n} reals" for n in (10, 100, 1000)} <= set(figures)
+    incremental, full = figures["incremental apply"].ring_slots, figures["full apply"].ring_slots
+    assert incremental is not None and full is not None and incremental < full
 
 
 @pytest.mark.parametrize(("argv", "message"), [
