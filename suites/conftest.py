@@ -36,12 +36,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """Remember each phase's outcome on the item so that fixtures can see whether a test failed."""
+    """Remember each phase's outcome on the item so that fixtures can see whether a test failed;
+    a failed test that used a traced lab gets the tracer's view (where its packets died)."""
     rep = yield
     item.stash.setdefault(_FAILED, False)
     if rep.failed:
         item.stash[_FAILED] = True
+        handle = getattr(item, "funcargs", {}).get("lab")
+        if isinstance(handle, Lab) and handle.tracer is not None:
+            try:
+                rep.sections.append(("tracer: XDP exceptions, bulk-tx errors, drop reasons per node",
+                                     handle.tracer.report().render()))
+            except Exception as exc:  # noqa: BLE001 - evidence is best effort, never a second failure
+                rep.sections.append(("tracer", f"could not read the tracer: {exc}"))
     return rep
+
+
+@pytest.fixture(autouse=True)
+def _trace_from_zero(request: pytest.FixtureRequest) -> None:
+    """Each test that uses a traced lab starts with the tracer's counts cleared."""
+    if "lab" in request.fixturenames:
+        handle = request.getfixturevalue("lab")
+        if isinstance(handle, Lab) and handle.tracer is not None:
+            handle.tracer.clear()
 
 
 _FAILED = pytest.StashKey[bool]()
@@ -66,6 +83,7 @@ class Lab:
     name: str
     topology: Any
     kept: bool = False
+    tracer: Any = None  # lab.trace.Tracer while the module runs, when BCC is available
     results: dict[str, Any] = field(default_factory=dict)
 
     def netns(self, node: str) -> str:
@@ -110,9 +128,12 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
     name = "cf-" + secrets.token_hex(3)
     netns.build(topo, name)
     handle = Lab(name, topo)
+    handle.tracer = _start_tracer(name)
     try:
         yield handle
     finally:
+        if handle.tracer is not None:
+            handle.tracer.stop()
         keep = request.config.getoption("--lab-keep")
         failed = any(_failed(item) for item in request.session.items
                      if getattr(item, "module", None) is request.module)
@@ -123,6 +144,22 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
         else:
             _unload_all(name)
             netns.teardown(name)
+
+
+def _start_tracer(lab_name: str) -> Any:
+    """The BCC tracer on every node of the lab, or None (with a note) when it cannot run here."""
+    from lab import trace
+
+    why = trace.bcc_missing()
+    if why is None:
+        try:
+            tracer = trace.Tracer(lab_name)
+            tracer.start()
+            return tracer
+        except Exception as exc:  # noqa: BLE001 - a missing tracer costs evidence, not the suite
+            why = str(exc)
+    sys.stderr.write(f"\nno tracer for lab '{lab_name}': {why}\n")
+    return None
 
 
 def _unload_all(lab_name: str) -> None:
