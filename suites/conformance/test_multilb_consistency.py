@@ -1,0 +1,169 @@
+"""Multi-LB consistency: two LB nodes build the same ring, so a flow that ECMP moves keeps its real.
+
+Topology multi-lb: the router learns the VIP from lb1 and lb2 by BGP (BFD on) and spreads flows
+over both with the L4 multipath hash. lb1 is given the reals in one order and lb2 in the reverse
+order: the rings read back from both datapaths must be identical, slot by slot, as addresses.
+Then long-lived TCP connections run through both LBs while lb1 is withdrawn (`lbctl unload`: its
+health hook withdraws the routes): every connection that went through lb1 now reaches lb2, which
+has no session for it, and is hashed by its identical ring onto the same real — no connection may
+break. The failover (unload to the router's route leaving only by lb2) is recorded.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from balancer import config as cfg
+from balancer.controller import Instance
+from lab.frr import FRR_BIN
+from lab.lbconf import lb_link, real_addresses
+from lab.nsexec import entered
+from reports import schema
+from suites.conformance._churn_client import ChurnClient
+from suites.conformance._tcp_services import Services
+from suites.conftest import Balancer, Lab
+
+pytestmark = [pytest.mark.topology("multi-lb"),
+              pytest.mark.skipif(not (Path(FRR_BIN) / "bgpd").exists() or shutil.which("vtysh") is None,
+                                 reason="FRR is missing: run bash scripts/setup.sh --extra frr")]
+ECHO_PORT = 7011
+LBS = ("lb1", "lb2")
+
+
+@pytest.fixture(scope="module")
+def lbs(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Balancer]]:
+    """Name: lbs. Scope: module. Depends: lab (multi-lb).
+
+    lbctl loaded on lb1 (reals in address order) and lb2 (reversed), IPv4 VIPs in IPIP::
+
+        def test_x(lbs):
+            lbs["lb2"].stats()
+    """
+    tmp = tmp_path_factory.mktemp("lbs")
+    out: dict[str, Balancer] = {}
+    try:
+        for node in LBS:
+            b = Balancer(lab, node, "ip4-ipip", tmp / f"{node}.toml")
+            conf = b.config_for()
+            http = conf.vips[0]  # the echo service's port is a VIP too, with the same reals
+            conf = cfg.Config(datapath=conf.datapath, encap=conf.encap, metrics=conf.metrics,
+                              vips=(*conf.vips, cfg.Vip(address=http.address, port=ECHO_PORT, proto="tcp",
+                                                        encap=http.encap, outer_src=http.outer_src,
+                                                        reals=http.reals)))
+            if node == "lb2":
+                conf = cfg.Config(datapath=conf.datapath, encap=conf.encap, metrics=conf.metrics,
+                                  vips=tuple(_reversed_reals(v) for v in conf.vips))
+            b.config_path.write_text(cfg.dump(conf))
+            b.lbctl("load", "--interface", lb_link(lab.topology, node)[0], "--mode", "native",
+                    "--config", str(b.config_path))
+            out[node] = b
+        _wait_paths(lab, _vip(lab), {"rt-lb1", "rt-lb2"})
+        yield out
+    finally:
+        for b in out.values():
+            b.lbctl("unload", check=False)
+
+
+def _reversed_reals(vip: cfg.Vip) -> cfg.Vip:
+    return cfg.Vip(address=vip.address, port=vip.port, proto=vip.proto, encap=vip.encap, hash=vip.hash,
+                   lru=vip.lru, outer_src=vip.outer_src, reals=tuple(reversed(vip.reals)),
+                   healthcheck=vip.healthcheck)
+
+
+def _vip(lab: Lab) -> str:
+    return next(str(v.address) for v in lab.topology.vips if v.address.version == 4)
+
+
+def _router_paths(lab: Lab, vip: str) -> set[str]:
+    from pyroute2 import IPRoute
+
+    with entered(lab.netns("router")):
+        ipr = IPRoute()
+    with ipr:
+        names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+        out: set[str] = set()
+        for route in ipr.get_routes(family=socket.AF_INET):
+            if route.get_attr("RTA_DST") != vip or route["dst_len"] != 32:
+                continue
+            hops = route.get_attr("RTA_MULTIPATH")
+            if hops:
+                out |= {names.get(h["oif"], str(h["oif"])) for h in hops}
+            elif route.get_attr("RTA_OIF"):
+                out.add(names.get(route.get_attr("RTA_OIF"), "?"))
+        return out
+
+
+def _wait_paths(lab: Lab, vip: str, want: set[str], timeout: float = 15.0) -> float:
+    """Poll the router until its route to vip leaves by exactly want; when (monotonic) it did."""
+    deadline = time.monotonic() + timeout
+    while (got := _router_paths(lab, vip)) != want:
+        assert time.monotonic() < deadline, f"after {timeout:g} s the router's route to {vip} leaves by {got}"
+        time.sleep(0.005)  # polling interval, not synchronisation: the loop re-checks the routes
+    return time.monotonic()
+
+
+def _ring_addresses(instance: str, vip_name: str) -> list[str]:
+    inst = Instance.open(instance)
+    try:
+        by_id = {rid: addr for addr, rid in inst.state.real_ids.items()}
+        by_id[0] = "-"
+        return [by_id[i] for i in inst.dp.ring(inst.state.vip_nums[vip_name])]
+    finally:
+        inst.close()
+
+
+def test_reals_in_another_order_build_the_same_ring(lab: Lab, lbs: dict[str, Balancer]) -> None:
+    configs = {node: cfg.load(b.config_path) for node, b in lbs.items()}
+    names = [v.name for v in configs["lb1"].vips]
+    assert [str(r.address) for r in configs["lb1"].vips[0].reals] == \
+        list(reversed([str(r.address) for r in configs["lb2"].vips[0].reals])), "the orders must differ"
+    for name in names:
+        one, two = (_ring_addresses(lbs[n].instance, name) for n in LBS)
+        assert len(one) == 65537 and "-" not in one
+        differ = sum(a != b for a, b in zip(one, two, strict=True))
+        assert differ == 0, f"{name}: {differ} of {len(one)} slots differ between lb1 and lb2"
+
+
+def test_a_flow_moved_to_another_lb_keeps_its_real_and_connection(lab: Lab, lbs: dict[str, Balancer]) -> None:
+    vip = _vip(lab)
+    reals = sorted(real_addresses(lab.topology, 4))
+    with Services(lab.name, reals, "echo", [f"{vip}:{ECHO_PORT}"], cpu=0), \
+            ChurnClient(lab.name, "client", vip, ECHO_PORT, "--conns", "60", "--interval", "0.2",
+                        "--timeout", "6", "--new-every", "0.5", "--cpu", "0") as client:
+        through_lb1 = lbs["lb1"].stats()["reasons"]["TX_ENCAP"]["packets"]
+        assert through_lb1 > 0, "no connection went through lb1: ECMP did not spread the flows"
+        t_withdraw = client.mark("withdraw")
+        started = time.monotonic()
+        lbs["lb1"].lbctl("unload")
+        moved_at = _wait_paths(lab, vip, {"rt-lb2"})
+        client.mark("moved")
+        before_lb2 = lbs["lb2"].stats()["reasons"]["TX_ENCAP"]["packets"]
+        report = client.stop(after=2.0)
+        after_lb2 = lbs["lb2"].stats()["reasons"]["TX_ENCAP"]["packets"]
+    failover = moved_at - started
+    conns = report["conns"]
+    broken = [c for c in conns if c["status"] != "ok"]
+    assert conns and not broken, (f"{len(broken)} of {len(conns)} connections broke when lb1 was withdrawn: "
+                                  f"{broken[:5]}")
+    assert after_lb2 > before_lb2, "lb2 carried nothing after the withdrawal"
+    assert {c["node"] for c in conns} == {"real1", "real2", "real3"}
+    late = [f for f in report["new"] if f["t"] > report["marks"]["moved"]]
+    assert late and all("error" not in f for f in late), f"new flows failed after the failover: {late[:5]}"
+    payload = schema.FailoverPayload(
+        timeline=[schema.TimelineEvent(t=0.0, event="lb1: `lbctl unload` (its hook withdraws the VIP routes)"),
+                  schema.TimelineEvent(t=round(failover, 4), event="router: VIP route leaves only by rt-lb2"),
+                  schema.TimelineEvent(t=round(report["marks"]["moved"] - t_withdraw, 4),
+                                       event=f"client: all {len(conns)} connections still answered by their reals")],
+        failover_seconds=round(failover, 4),
+    )
+    schema.write_result("failover", schema.case_id("test_lb_withdrawal_keeps_connections", "ip4-ipip", "multi-lb"),
+                        payload)
+    sys.stdout.write(f"\nlb1 withdrawn: the router moved the VIP in {failover:.3f} s; {len(conns)} connections "
+                     f"(some via lb1: {through_lb1} packets) all kept their real\n")
