@@ -15,7 +15,6 @@ import contextlib
 import ctypes
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 from pyroute2 import NetNS, netns
 from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
@@ -52,6 +53,7 @@ EXTRA_REAL = "192.0.2.4"
 INTERVAL, TIMEOUT, RISE, FALL = 0.2, 0.15, 2, 2
 MARGIN = 1.5  # scheduling, apply and ring read-back on a shared 2-vCPU machine
 METRICS_PORT = 9100
+QUIET_INTERVAL = 3.0  # probes this far apart leave windows in which no packet crosses lb0
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.ismount("/sys/fs/bpf"),
                                 reason="needs root and bpffs mounted at /sys/fs/bpf")
@@ -170,9 +172,10 @@ class World:
 
     # -- daemon ---------------------------------------------------------------------------------
 
-    def write_config(self, reals: list[str], *, extra: str = "", name: str = "lb.toml") -> Path:
+    def write_config(self, reals: list[str], *, extra: str = "", name: str = "lb.toml",
+                     interval: float = INTERVAL) -> Path:
         reals_toml = ", ".join(f'{{ address = "{a}" }}' for a in reals)
-        hc = f"interval_s = {INTERVAL}\ntimeout_s = {TIMEOUT}\nrise = {RISE}\nfall = {FALL}\n"
+        hc = f"interval_s = {interval}\ntimeout_s = {TIMEOUT}\nrise = {RISE}\nfall = {FALL}\n"
         text = f"""
 [datapath]
 interfaces = ["lb0"]
@@ -209,10 +212,13 @@ type = "udp"
         path.write_text(text)
         return path
 
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, LBCTL_STATE_ROOT=str(self.state_root), PYTHONPATH=str(REPO))
+
     def start_daemon(self, config: Path) -> int:
         """Start the daemon; returns the log line index from which its own lines start."""
         mark = len(self.logs())
-        env = dict(os.environ, LBCTL_STATE_ROOT=str(self.state_root), PYTHONPATH=str(REPO))
+        env = self.env()
         with open(self.log_path, "ab") as log:
             self.daemon = subprocess.Popen(
                 ["nsenter", f"--net=/run/netns/{self.lb}", PY, "-m", "balancer.cli", "--instance",
@@ -269,6 +275,14 @@ type = "udp"
             return inst.stats()
         finally:
             inst.close()
+
+    def lbctl_stats(self) -> dict[str, Any]:
+        """`lbctl stats --json` as an operator runs it: its own process, in the LB netns."""
+        done = subprocess.run(["nsenter", f"--net=/run/netns/{self.lb}", PY, "-m", "balancer.cli",
+                               "--instance", self.instance, "stats", "--json"],
+                              cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, f"lbctl stats --json exited {done.returncode}: {done.stderr}"
+        return json.loads(done.stdout)  # type: ignore[no-any-return]
 
     def prog_id(self) -> int:
         out = subprocess.run(["bpftool", "link", "show", "pinned",
@@ -360,19 +374,69 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
             raise
 
 
-def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    out: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.fullmatch(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)', line)
-        assert m, f"not a sample line: {line!r}"
-        labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
-        out[(m.group(1), labels)] = float(m.group(3))
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def _families(text: str) -> dict[str, Metric]:
+    """The exposition parsed by the Prometheus client's own parser, keyed by exposed family name
+    (the parser strips a counter's ``_total``; it is put back here). The parser is lax: a sample
+    that does not belong to the family declared above it becomes a family of type "unknown", so
+    such a family here means a sample line without its own TYPE."""
+    out: dict[str, Metric] = {}
+    for fam in text_string_to_metric_families(text):
+        name = f"{fam.name}_total" if fam.type == "counter" else fam.name
+        assert fam.type not in ("unknown", "untyped"), f"{name}: no TYPE line for {fam.samples}"
+        assert name not in out, f"{name} declared twice"
+        out[name] = fam
     return out
 
 
-def _get(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+def _samples(text: str) -> Samples:
+    out: Samples = {}
+    for fam in _families(text).values():
+        for sample in fam.samples:
+            key = (sample.name, frozenset(sample.labels.items()))
+            assert key not in out, f"duplicate sample {sample}"
+            out[key] = sample.value
+    return out
+
+
+def _counters_of(stats: dict[str, Any]) -> Samples:
+    """The packet/byte samples the endpoint must serve for ``lbctl stats --json`` output."""
+    out: Samples = {}
+    for group, label in (("vips", "vip"), ("reals", "real"), ("reasons", "reason")):
+        for key, c in stats[group].items():
+            value = key.lower() if group == "reasons" else key
+            for unit in ("packets", "bytes"):
+                out[(f"l4lab_{label}_{unit}_total", frozenset({(label, value)}))] = c[unit]
+    for event, n in stats["events"].items():
+        out[("l4lab_events_total", frozenset({("event", event.lower())}))] = n
+    return out
+
+
+COUNTER_FAMILIES = {f"l4lab_{label}_{unit}_total" for label in ("vip", "real", "reason")
+                    for unit in ("packets", "bytes")} | {"l4lab_events_total"}
+
+# Every family the endpoint serves: its type and the label names of each of its samples.
+FAMILIES = {
+    "l4lab_vip_packets_total": ("counter", {"vip"}),
+    "l4lab_vip_bytes_total": ("counter", {"vip"}),
+    "l4lab_real_packets_total": ("counter", {"real"}),
+    "l4lab_real_bytes_total": ("counter", {"real"}),
+    "l4lab_reason_packets_total": ("counter", {"reason"}),
+    "l4lab_reason_bytes_total": ("counter", {"reason"}),
+    "l4lab_events_total": ("counter", {"event"}),
+    "l4lab_real_up": ("gauge", {"vip", "real"}),
+    "l4lab_real_weight": ("gauge", {"vip", "real"}),
+    "l4lab_real_configured_weight": ("gauge", {"vip", "real"}),
+    "l4lab_health_checks_total": ("counter", {"vip", "real", "result"}),
+    "l4lab_applies_total": ("counter", {"trigger"}),
+    "l4lab_apply_errors_total": ("counter", {"trigger"}),
+    "l4lab_build_info": ("gauge", {"version", "abi_digest", "python", "instance"}),
+}
+
+
+def _get(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, frozenset(labels.items()))]
 
 
@@ -432,51 +496,71 @@ def test_failed_real_is_drained_keeps_its_sessions_and_comes_back(world: World) 
     assert {r["trigger"] for r in applied[1:]} == {"health"}
 
 
-def test_metrics_serve_the_counters_with_names_labels_and_values(world: World) -> None:
+def test_metrics_parse_with_the_prometheus_parser_and_match_lbctl_stats(world: World) -> None:
     for addr in REALS:
         world.start_server(addr)
-    mark = world.start_daemon(world.write_config(REALS))
+    mark = world.start_daemon(world.write_config(REALS, interval=QUIET_INTERVAL))
     world.wait_running(mark)
     counted = {world.flow_real(p) for p in range(30000, 30016)}
     assert counted == set(REALS)  # 16 flows over two equal reals: both get some
-    before = world.stats()
-    status, ctype, text = world.scrape()
-    after = world.stats()
+
+    # Client traffic has stopped, but health probes' replies and the kernel's own packets still
+    # cross lb0 now and then. Counters only grow, so `lbctl stats` read between two scrapes that
+    # agree on every counter must equal them exactly; retry until a quiet window gives that.
+    attempts = 0
+
+    def settled() -> tuple[tuple[int, str, str], Samples, dict[str, Any]] | None:
+        nonlocal attempts
+        attempts += 1
+        first = world.scrape()
+        stats = world.lbctl_stats()
+        second = world.scrape()
+        assert first[0] == second[0] == 200, f"scrape answered {first[0]}, {second[0]}: {first[2]}"
+        counters = {k: v for k, v in _samples(first[2]).items() if k[0] in COUNTER_FAMILIES}
+        again = {k: v for k, v in _samples(second[2]).items() if k[0] in COUNTER_FAMILIES}
+        return (first, counters, stats) if counters == again else None
+    (status, ctype, text), scraped, stats = wait_for(
+        settled, 10 * QUIET_INTERVAL, "two scrapes agreeing around `lbctl stats --json`", poll=0.1)
+    print(f"\nmetrics: scrapes agreed around lbctl stats on attempt {attempts}")
     assert status == 200
     assert ctype == "text/plain; version=0.0.4; charset=utf-8"
+    expected = _counters_of(stats)
+    assert set(scraped) == set(expected), (f"served but not in lbctl: {set(scraped) - set(expected)}; "
+                                           f"in lbctl but not served: {set(expected) - set(scraped)}")
+    differ = {k: (scraped[k], expected[k]) for k in expected if scraped[k] != expected[k]}
+    assert not differ, f"metric (served, lbctl) differ: {differ}"
+    # The comparison is not 0 == 0: the flows sent are there, on both sides.
+    assert stats["vips"][TCP_VIP]["packets"] == 16
+    assert all(stats["reals"][real]["packets"] > 0 for real in REALS)
+    assert stats["reasons"]["TX_ENCAP"]["packets"] == 16
+    assert stats["events"]["LRU_MISS"] == 16
+
+    # Every family: its TYPE, a HELP text, and exactly its label names on every sample.
+    families = _families(text)
+    assert set(families) == set(FAMILIES)
+    for name, fam in families.items():
+        kind, label_names = FAMILIES[name]
+        assert fam.type == kind, f"{name} is typed {fam.type}, expected {kind}"
+        assert (kind == "counter") == name.endswith("_total"), name
+        assert fam.documentation.strip(), f"{name} has no HELP text"
+        assert fam.samples, f"{name} has no samples"
+        for sample in fam.samples:
+            assert sample.name == name, f"{sample.name} under family {name}"
+            assert set(sample.labels) == label_names, f"{name} sample labels {sample.labels}"
+
     s = _samples(text)
-    for vip, c in after["vips"].items():
-        assert _get(s, "l4lab_vip_packets_total", vip=vip) == c["packets"] == before["vips"][vip]["packets"]
-        assert _get(s, "l4lab_vip_bytes_total", vip=vip) == c["bytes"]
-    assert after["vips"][TCP_VIP]["packets"] == 16
-    for real, c in after["reals"].items():
-        assert _get(s, "l4lab_real_packets_total", real=real) == c["packets"]
-        assert _get(s, "l4lab_real_bytes_total", real=real) == c["bytes"]
-    for reason, c in after["reasons"].items():
-        got = _get(s, "l4lab_reason_packets_total", reason=reason.lower())
-        # Health-check replies cross lb0 (pass_not_vip) while we read: bracket them.
-        assert before["reasons"][reason]["packets"] <= got <= c["packets"]
-    assert _get(s, "l4lab_reason_packets_total", reason="tx_encap") == 16
-    for event, n in after["events"].items():
-        assert before["events"][event] <= _get(s, "l4lab_events_total", event=event.lower()) <= n
-    assert _get(s, "l4lab_events_total", event="lru_miss") == 16
     for real in REALS:
         for vip in (TCP_VIP, UDP_VIP):
             assert _get(s, "l4lab_real_up", vip=vip, real=real) == 1
             assert _get(s, "l4lab_real_weight", vip=vip, real=real) == 1
+            assert _get(s, "l4lab_real_configured_weight", vip=vip, real=real) == 1
             assert _get(s, "l4lab_health_checks_total", vip=vip, real=real, result="ok") >= 1
             assert _get(s, "l4lab_health_checks_total", vip=vip, real=real, result="failed") == 0
     assert _get(s, "l4lab_applies_total", trigger="start") == 1
     assert _get(s, "l4lab_apply_errors_total", trigger="start") == 0
-    info = [k for k in s if k[0] == "l4lab_build_info"]
-    assert len(info) == 1 and s[info[0]] == 1
-    assert dict(info[0][1])["instance"] == world.instance
-    # Every family has HELP and TYPE, counters end in _total.
-    for fam in {k[0] for k in s}:
-        assert f"# HELP {fam} " in text
-        kind = re.search(rf"^# TYPE {fam} (\w+)$", text, re.M)
-        assert kind and kind.group(1) in ("counter", "gauge")
-        assert (kind.group(1) == "counter") == fam.endswith("_total")
+    (info,) = families["l4lab_build_info"].samples
+    assert info.value == 1
+    assert info.labels["instance"] == world.instance
     assert world.scrape("/")[0] == 404
 
 
