@@ -19,7 +19,7 @@ import ipaddress
 import json
 import os
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,15 +252,17 @@ class Instance:
         # sessions may still name a freed real id until the next apply.
         for gone in set(vip_nums) - set(new_vips):
             del vip_nums[gone]
+        free_vip_nums = _free_numbers([*vip_nums.values(), *st.vip_nums.values()], 0)
         for vname in new_vips:
             if vname not in vip_nums:
-                vip_nums[vname] = _smallest_free([*vip_nums.values(), *st.vip_nums.values()], 0)
+                vip_nums[vname] = next(free_vip_nums)
         wanted_reals = {str(r.address) for v in new.vips for r in v.reals}
         for addr in set(real_ids) - wanted_reals:
             del real_ids[addr]
+        free_real_ids = _free_numbers([*real_ids.values(), *st.real_ids.values()], 1)
         for addr in sorted(wanted_reals, key=_addr_sort):
             if addr not in real_ids:
-                real_ids[addr] = _smallest_free([*real_ids.values(), *st.real_ids.values()], 1)
+                real_ids[addr] = next(free_real_ids)
         if vip_nums and max(vip_nums.values()) >= self.dp.maps["lb_vips"].max_entries:
             raise LbError(f"cannot number {len(vip_nums)} VIPs: the datapath holds "
                           f"{self.dp.maps['lb_vips'].max_entries}; raise datapath.max_vips and reload")
@@ -285,15 +287,16 @@ class Instance:
                 inputs = [[str(r.address), 0 if str(r.address) in down_sets.get(vname, set()) else r.weight]
                           for r in vip.reals]
                 ring_inputs[vname] = inputs
-                new_ring = _ring(inputs, real_ids, self.dp.ring_size)
-                if vname in st.ring_inputs and st.vip_nums.get(vname) == num:
-                    old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size)
-                else:  # a new or renumbered VIP: diff against what the slots hold now
-                    old_ring = np.array(self.dp.ring(num), dtype=np.uint32)
-                slots, _vals = maglev.ring_diff(old_ring, new_ring)
-                if len(slots):
-                    txn.ring(self.dp.maps["lb_ring"], num * self.dp.ring_size, slots, old_ring, new_ring)
-                    report.ring_slots += len(slots)
+                if not _same_ring(vname, num, inputs, real_ids, st):
+                    new_ring = _ring(inputs, real_ids, self.dp.ring_size)
+                    if vname in st.ring_inputs and st.vip_nums.get(vname) == num:
+                        old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size)
+                    else:  # a new or renumbered VIP: diff against what the slots hold now
+                        old_ring = np.array(self.dp.ring(num), dtype=np.uint32)
+                    slots, _vals = maglev.ring_diff(old_ring, new_ring)
+                    if len(slots):
+                        txn.ring(self.dp.maps["lb_ring"], num * self.dp.ring_size, slots, old_ring, new_ring)
+                        report.ring_slots += len(slots)
                 meta = bytes(_abi.VipMeta(vip_num=num, flags=vip_flags(vip), encap=int(_ENCAPS[vip.encap])))
                 key = vip_key(str(vip.address), vip.port, vip.proto)
                 if self.dp.maps["lb_vips"].lookup(key) != meta:
@@ -407,17 +410,25 @@ def _check_fits(c: cfg.Config, dp: Datapath) -> None:
                       "while loaded; run `lbctl unload` and `lbctl load` again")
 
 
-def _smallest_free(used: Iterable[int], start: int) -> int:
+def _free_numbers(used: Iterable[int], start: int) -> Iterator[int]:
+    """The numbers from start up that are not in used, smallest first (one set, not one per number)."""
     taken = set(used)
     n = start
-    while n in taken:
+    while True:
+        if n not in taken:
+            yield n
         n += 1
-    return n
 
 
 def _addr_sort(addr: str) -> tuple[int, bytes]:
     ip = ipaddress.ip_address(addr)
     return ip.version, ip.packed
+
+
+def _same_ring(vname: str, num: int, inputs: list[list[Any]], real_ids: Mapping[str, int], st: State) -> bool:
+    """Whether the VIP's ring is unchanged since the last apply: same number, inputs and real ids (skips two builds)."""
+    return (st.vip_nums.get(vname) == num and st.ring_inputs.get(vname) == inputs
+            and all(real_ids.get(str(a)) == st.real_ids.get(str(a)) for a, _w in inputs))
 
 
 def _ring(inputs: list[list[Any]], real_ids: Mapping[str, int], size: int) -> maglev.Ring:

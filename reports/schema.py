@@ -236,7 +236,7 @@ class BenchPayload:
     """A benchmark run: NDR/PDR of every encap × frame size beside the floor, and/or the test-run
     micro-benchmark and the controller's figures, all measured in one run."""
 
-    generator: Literal["xdp-live", "trex"]
+    generator: Literal["xdp-live", "trex", "test-run"]  # test-run: BPF_PROG_TEST_RUN or controller-only figures
     egress_mtu: int = field(metadata=_rule(_between(576, 65535)))  # MTU of the LB's egress link, bytes
     points: list[BenchPoint] = field(default_factory=list)
     micro: list[MicroFigure] = field(default_factory=list)
