@@ -19,7 +19,7 @@ import ipaddress
 import json
 import os
 import socket
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,43 +92,45 @@ class ApplyReport:
 
 
 class _Txn:
-    """An undo log over raw map writes; rollback() restores every replaced value in reverse."""
+    """An undo log over map writes; rollback() restores every replaced value, newest first.
+
+    Each undo is recorded before its write, so a write that fails halfway is undone too.
+    """
 
     def __init__(self) -> None:
-        self._undo: list[tuple[Map, bytes, bytes | None]] = []
+        self._undo: list[Callable[[], None]] = []
 
     def put(self, m: Map, key: bytes, value: bytes) -> None:
-        self._undo.append((m, key, m.lookup(key)))
+        old = m.lookup(key)
+        self._undo.append(lambda: _restore(m, key, old))
         m.update(key, value)
 
     def delete(self, m: Map, key: bytes) -> None:
         old = m.lookup(key)
         if old is not None:
-            self._undo.append((m, key, old))
+            self._undo.append(lambda: _restore(m, key, old))
             m.delete(key)
 
     def ring(self, m: Map, base: int, slots: maglev.Ring, old: maglev.Ring, new: maglev.Ring) -> None:
-        keys = [(base + int(s)).to_bytes(4, "little") for s in slots]
-        self._undo.append((m, b"ring", b"".join(keys) + b"|" + old[slots].astype("<u4").tobytes()))
-        for start in range(0, len(keys), 8192):
-            m.update_batch(keys[start:start + 8192], [int(v).to_bytes(4, "little")
-                                                      for v in new[slots][start:start + 8192]])
+        keys = (np.asarray(slots, dtype=np.int64) + base).astype("<u4").tobytes()
+        before = old[slots].astype("<u4").tobytes()
+        self._undo.append(lambda: m.update_batch_raw(keys, before))
+        m.update_batch_raw(keys, new[slots].astype("<u4").tobytes())
 
     def rollback(self) -> None:
-        for m, key, old in reversed(self._undo):
+        for undo in reversed(self._undo):
             try:
-                if key == b"ring" and old is not None:
-                    keys_raw, vals_raw = old[: old.rindex(b"|")], old[old.rindex(b"|") + 1:]
-                    keys = [keys_raw[i:i + 4] for i in range(0, len(keys_raw), 4)]
-                    vals = [vals_raw[i:i + 4] for i in range(0, len(vals_raw), 4)]
-                    m.update_batch(keys, vals)
-                elif old is None:
-                    m.delete(key)
-                else:
-                    m.update(key, old)
+                undo()
             except DatapathError:
                 continue  # best effort: keep restoring the rest
         self._undo.clear()
+
+
+def _restore(m: Map, key: bytes, old: bytes | None) -> None:
+    if old is None:
+        m.delete(key)
+    else:
+        m.update(key, old)
 
 
 class Instance:

@@ -314,6 +314,24 @@ class Map:
         ret = lib().bpf_map_update_batch(self.fd, kb, vb, ctypes.byref(count), ctypes.byref(opts))
         _check(ret, f"batch-update map '{self.name}' ({count.value} of {len(keys)} written)")
 
+    def update_batch_raw(self, keys: bytes, values: bytes, flags: int = BPF_ANY) -> None:
+        """Batch-write packed keys and values (not per-CPU maps), in chunks of 65536 elements."""
+        if self.percpu:
+            raise DatapathError(f"batch-write packed values to per-CPU map '{self.name}'", _errno.EINVAL)
+        n = len(keys) // self.key_size
+        if len(keys) % self.key_size or len(values) != n * self.value_size:
+            raise DatapathError(f"batch-update map '{self.name}' with {len(keys)} key bytes and "
+                                f"{len(values)} value bytes", _errno.EINVAL)
+        step = 65536
+        for start in range(0, n, step):
+            count = min(step, n - start)
+            kb = ctypes.create_string_buffer(keys[start * self.key_size:(start + count) * self.key_size])
+            vb = ctypes.create_string_buffer(values[start * self.value_size:(start + count) * self.value_size])
+            done = ctypes.c_uint32(count)
+            opts = _BatchOpts(sz=ctypes.sizeof(_BatchOpts), elem_flags=flags, flags=0)
+            ret = lib().bpf_map_update_batch(self.fd, kb, vb, ctypes.byref(done), ctypes.byref(opts))
+            _check(ret, f"batch-update map '{self.name}' ({start + done.value} of {n} written)")
+
     def lookup_batch(self, after: bytes | None, count: int) -> tuple[list[bytes], list[bytes]]:
         """Up to count elements following key after (from the start when None), in few calls.
 

@@ -174,21 +174,22 @@ def test_all_reals_down_leaves_an_empty_ring(instance: Instance) -> None:
 def test_failed_apply_leaves_every_map_unchanged(instance: Instance, monkeypatch: pytest.MonkeyPatch) -> None:
     before = _snapshot(instance)
     calls = {"n": 0}
-    real_batch = Map.update_batch
+    real_batch = Map.update_batch_raw
 
-    def failing_batch(self: Map, keys: list[bytes], values: list[bytes], flags: int = 0) -> None:
+    def failing_batch(self: Map, keys: bytes, values: bytes, flags: int = 0) -> None:
         calls["n"] += 1
         if calls["n"] == 2:  # settings, reals and the first VIP's ring are written by now
-            raise DatapathError(f"batch-update map '{self.name}'", 28)
+            real_batch(self, keys[: len(keys) // 2], values[: len(values) // 2], flags)  # half written...
+            raise DatapathError(f"batch-update map '{self.name}'", 28)  # ...then the kernel refuses
         real_batch(self, keys, values, flags)
 
-    monkeypatch.setattr(Map, "update_batch", failing_batch)
+    monkeypatch.setattr(Map, "update_batch_raw", failing_batch)
     new = _config([REALS[0], ("203.0.113.66", 3), ("203.0.113.82", 1)])
     new = dataclasses.replace(new, encap=dataclasses.replace(new.encap, gue_port=7000))
     with pytest.raises(DatapathError, match="No space left on device"):
         instance.apply(new)
-    monkeypatch.setattr(Map, "update_batch", real_batch)
-    assert calls["n"] > 2  # the rollback rewrote the first ring's slots through update_batch too
+    monkeypatch.setattr(Map, "update_batch_raw", real_batch)
+    assert calls["n"] > 2  # the rollback rewrote both rings' slots through update_batch_raw too
     assert _snapshot(instance) == before
     assert instance.apply(_config(REALS)).writes == 0  # the state file was not advanced either
 
