@@ -185,26 +185,9 @@ def write_configs(lab: str, topo: Topology, node: Node) -> Path:
 
 def spawn(netns: str, node: str, argv: Sequence[str], log: Path) -> Process:
     """Start `argv` inside `netns` in its own session (it outlives `l4lab up`), output to `log`."""
-    from lab.services import starttime
+    from lab.services import spawn_detached
 
-    full = nsenter_argv(netns, argv)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
-    try:
-        pid = os.posix_spawn(
-            full[0],
-            full,
-            env,
-            setsid=True,
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
-                (os.POSIX_SPAWN_DUP2, 1, 2),
-            ],
-        )
-    except OSError as exc:
-        raise LabError(f"cannot start {argv[0]} of {node}: {exc}", command=" ".join(full)) from exc
-    return Process(node=node, pid=pid, starttime=starttime(pid) or 0, argv=list(argv), log=str(log))
+    return spawn_detached(nsenter_argv(netns, argv), node=node, log=log, what=f"{argv[0]} of {node}", argv=argv)
 
 
 def start_daemon(lab: str, netns: str, node: str, daemon: str) -> Process:

@@ -201,7 +201,7 @@ class _Search:
 
 
 class _BudgetSpent(Exception):
-    pass
+    """The trial budget is spent: the search stops with what it has (unconfirmed)."""
 
 
 def search(trial: TrialFn, settings: SearchSettings) -> SearchResult:
@@ -220,7 +220,7 @@ def search(trial: TrialFn, settings: SearchSettings) -> SearchResult:
         else:
             confirmed = {"ndr": st.ndr.lower is not None, "pdr": st.pdr.lower is not None}
     except _BudgetSpent:
-        pass
+        pass  # stopped early: keep what was confirmed before the budget ran out
     return SearchResult(ndr_pps=st.ndr.lower or 0.0, pdr_pps=max(st.pdr.lower or 0.0, st.ndr.lower or 0.0),
                         trials=list(st.trials), ndr_confirmed=confirmed["ndr"],
                         pdr_confirmed=confirmed["pdr"])

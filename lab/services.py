@@ -59,7 +59,7 @@ def _http_server(node: str, host: str, port: int) -> socketserver.BaseServer:
             self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the stdlib's name)
-            pass
+            """No per-request log line: the lab's logs keep only errors."""
 
     class Server(http.server.ThreadingHTTPServer):
         address_family = _family(host)
@@ -129,13 +129,22 @@ def start(lab: str, netns: str, node: str, binds: Sequence[tuple[str, str, int]]
     for service, address, port in binds:
         host = f"[{address}]" if ":" in address else address
         argv += [f"--{service}", f"{host}:{port}"]
-    full = nsenter_argv(netns, argv)
+    return spawn_detached(nsenter_argv(netns, argv), node=node, log=log, what=f"the services of {node}", argv=argv)
+
+
+def spawn_detached(full: Sequence[str], *, node: str, log: Path, what: str, argv: Sequence[str] | None = None
+                   ) -> Process:
+    """Start `full` in its own session (it outlives `l4lab up`), stdout and stderr to `log`.
+
+    The repository is put on PYTHONPATH so `python -m lab....` works from anywhere; `argv` (default
+    `full`) is what the lab's state records for the process.
+    """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
     try:
         pid = os.posix_spawn(
             full[0],
-            full,
+            list(full),
             env,
             setsid=True,
             file_actions=[
@@ -145,8 +154,8 @@ def start(lab: str, netns: str, node: str, binds: Sequence[tuple[str, str, int]]
             ],
         )
     except OSError as exc:
-        raise LabError(f"cannot start the services of {node}: {exc}", command=" ".join(full)) from exc
-    return Process(node=node, pid=pid, starttime=starttime(pid) or 0, argv=argv, log=str(log))
+        raise LabError(f"cannot start {what}: {exc}", command=" ".join(full)) from exc
+    return Process(node=node, pid=pid, starttime=starttime(pid) or 0, argv=list(argv or full), log=str(log))
 
 
 def wait_ready(processes: Sequence[Process], run_dir: Path, timeout: float = READY_TIMEOUT_S) -> None:

@@ -78,28 +78,12 @@ def supervisor_argv(lab: str, netns: str, topo: Topology, node: Node, ready: Pat
 
 def start(lab: str, netns: str, topo: Topology, node: Node, run_dir: Path) -> Process:
     """Start the supervisor of VM node `node` (its tap goes into `netns`); returns at once."""
-    from lab.services import starttime
+    from lab.services import spawn_detached
 
     ready = run_dir / f"{node.name}.ready"
     log = run_dir / f"{node.name}.log"
     argv = supervisor_argv(lab, netns, topo, node, ready)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
-    try:
-        pid = os.posix_spawn(
-            argv[0],
-            argv,
-            env,
-            setsid=True,
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
-                (os.POSIX_SPAWN_DUP2, 1, 2),
-            ],
-        )
-    except OSError as exc:
-        raise LabError(f"cannot start the VM supervisor of {node.name}: {exc}", command=" ".join(argv)) from exc
-    return Process(node=node.name, pid=pid, starttime=starttime(pid) or 0, argv=argv, log=str(log))
+    return spawn_detached(argv, node=node.name, log=log, what=f"the VM supervisor of {node.name}")
 
 
 def wait_ready(proc: Process, run_dir: Path, timeout: float = READY_TIMEOUT_S) -> Ready:
