@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from suites.vm.conftest import vm_lab  # noqa: E402,F401 - the VM fixture, for vm_real everywhere
+
 REPO = Path(__file__).resolve().parent.parent
 ENCAP_IDS = ("ip4-ipip", "ip4-gue1", "ip4-gue0", "ip6-ip6ip6", "ip6-gue1")
 
@@ -172,6 +174,19 @@ def _unload_all(lab_name: str) -> None:
             Path(Instance.pin_dir(state.stem)).exists() and subprocess.run(
                 ["rm", "-rf", Instance.pin_dir(state.stem)], check=False)
             state.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def vm_real(vm_lab: Any) -> Any:  # noqa: F811 - vm_lab is the fixture imported above
+    """Name: vm_real. Scope: module. Depends: vm_lab (root, qemu, Debian's cloud kernel; skips otherwise).
+
+    A booted real-server VM (lab.vm.VmReal: Debian's kernel decapsulating with tunl0/fou, VIPs on lo,
+    HTTP on 80 and a UDP echo on 9000) whose tap is the link of vm_lab's namespace::
+
+        def test_x(vm_real):
+            assert vm_real.boot_seconds < 60
+    """
+    return vm_lab.vm
 
 
 @pytest.fixture(params=ENCAP_IDS)

@@ -15,7 +15,7 @@ from pyroute2 import IPRoute, netns
 from lab.nsexec import entered
 from lab.vm import VmError, VmReal
 
-from .conftest import vm_skip_reason
+from .conftest import VmLab, vm_skip_reason
 
 
 @pytest.fixture
@@ -90,3 +90,18 @@ def test_missing_namespace_is_named() -> None:
     vm = VmReal("orphan", missing, "192.0.2.10", 24, "192.0.2.1", [])
     with pytest.raises(VmError, match=f"network namespace '{missing}' does not exist"):
         vm.start()
+
+
+def test_vm_real_fixture_serves_http_on_its_own_address(vm_real: VmReal, vm_lab: VmLab) -> None:
+    """The plugin's vm_real is the booted VM: its HTTP server answers with a page naming it."""
+    import http.client
+
+    conn = http.client.HTTPConnection(vm_real.addr, 80, timeout=5)
+    with entered(vm_lab.netns):
+        conn.connect()  # the socket is made in the lab's namespace
+    try:
+        conn.request("GET", "/")
+        body = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    assert vm_real.name in body and vm_real.boot_seconds is not None
