@@ -201,3 +201,12 @@ def test_upgrade_replaces_the_program_and_keeps_the_maps(ctl: Ctl) -> None:
     assert {n: _bpftool("map", "show", "pinned", str(pins / n))["id"] for n in map_ids} == map_ids
     status = json.loads(ctl("status", "--json").stdout)
     assert status["interfaces"] == {"lbc0": "native"} and len(status["vips"]) == 1
+
+
+def test_stats_watch_prints_rates(ctl: Ctl) -> None:
+    assert ctl("load", "--config", str(ctl.tmp / "lb.toml")).returncode == 0
+    done = ctl("stats", "--watch", "0.2", "--count", "2")
+    assert done.returncode == 0, done.stderr
+    tables = [t for t in done.stdout.split("\n\n\n") if t.strip()]
+    assert done.stdout.count("pkt/s") == 2, done.stdout  # one table with a rate column per interval
+    assert "events:" in tables[-1]
