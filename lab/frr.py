@@ -36,6 +36,7 @@ from typing import Any
 
 from lab.errors import LabError
 from lab.nsexec import nsenter_argv
+from lab.services import log_tail
 from lab.state import Process, state_dir
 from lab.topology import IpAddress, Node, Topology
 
@@ -204,9 +205,9 @@ def wait_daemon(lab: str, proc: Process, daemon: str, timeout: float = READY_TIM
     while not sock.exists():
         if starttime(proc.pid) != proc.starttime:
             raise LabError(
-                f"{daemon} of {proc.node} exited before it was ready: {_tail(proc.log)}",
+                f"{daemon} of {proc.node} exited before it was ready: {log_tail(proc.log)}",
                 command=" ".join(proc.argv),
-                stderr=_tail(proc.log),
+                stderr=log_tail(proc.log),
             )
         if time.monotonic() > deadline:
             raise LabError(f"{daemon} of {proc.node} made no vty socket {sock} within {timeout:g} s; see {proc.log}")
@@ -236,7 +237,7 @@ def wait_hook(lab: str, proc: Process, timeout: float = READY_TIMEOUT_S) -> None
     deadline = time.monotonic() + timeout
     while not ready.exists():
         if starttime(proc.pid) != proc.starttime:
-            raise LabError(f"the health hook of {proc.node} exited before it was ready: {_tail(proc.log)}",
+            raise LabError(f"the health hook of {proc.node} exited before it was ready: {log_tail(proc.log)}",
                            command=" ".join(proc.argv))
         if time.monotonic() > deadline:
             raise LabError(f"the health hook of {proc.node} was not ready within {timeout:g} s; see {proc.log}")
@@ -425,14 +426,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     hook(args.instance, args.interface, args.vip, args.ready_file)
     return 0
-
-
-def _tail(log: str) -> str:
-    try:
-        lines = Path(log).read_text(errors="replace").strip().splitlines()
-    except FileNotFoundError:
-        return "(no log)"
-    return " | ".join(lines[-3:]) if lines else "(empty log)"
 
 
 if __name__ == "__main__":

@@ -200,6 +200,15 @@ def stop(proc: Process, timeout: float = STOP_TIMEOUT_S) -> None:
     raise LabError(f"the services of {proc.node} (pid {proc.pid}) survived SIGKILL for {timeout:g} s")
 
 
+def log_tail(log: str) -> str:
+    """The last three lines of a lab process's log, for error messages."""
+    try:
+        lines = Path(log).read_text(errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return "(no log)"
+    return " | ".join(lines[-3:]) if lines else "(empty log)"
+
+
 def starttime(pid: int) -> int | None:
     """Field 22 of /proc/<pid>/stat (start time in clock ticks), or None if there is no such process."""
     try:

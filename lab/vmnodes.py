@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.errors import LabError
+from lab.services import log_tail
 from lab.state import Process
 from lab.topology import Node, Topology
 
@@ -94,7 +95,7 @@ def wait_ready(proc: Process, run_dir: Path, timeout: float = READY_TIMEOUT_S) -
     deadline = time.monotonic() + timeout
     while not path.exists():
         if starttime(proc.pid) != proc.starttime:
-            tail = _tail(proc.log)
+            tail = log_tail(proc.log)
             raise LabError(f"VM real {proc.node} did not boot: {tail}", command=" ".join(proc.argv), stderr=tail)
         if time.monotonic() > deadline:
             raise LabError(f"VM real {proc.node} was not ready within {timeout:g} s; see {proc.log}")
@@ -178,14 +179,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"VM {args.node}: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0
-
-
-def _tail(log: str) -> str:
-    try:
-        lines = Path(log).read_text(errors="replace").strip().splitlines()
-    except FileNotFoundError:
-        return "(no log)"
-    return " | ".join(lines[-3:]) if lines else "(empty log)"
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import struct
 from dataclasses import dataclass
 from typing import Literal
 
+from lab.checksum import inet_checksum
 from lab.errors import LabError
 
 #: A frame size in bytes of Ethernet frame without FCS (64..1518 here), or the IMIX mix.
@@ -52,17 +53,8 @@ def _mac(text: str) -> bytes:
     return raw
 
 
-def _csum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
-
-
 def _udp_check(pseudo: bytes, udp: bytes) -> int:
-    check = _csum(pseudo + udp)
+    check = inet_checksum(pseudo + udp)
     return check or 0xFFFF
 
 
@@ -82,7 +74,7 @@ def build_frame(size: int, family: Family, ep: Endpoints) -> bytes:
         src, dst = ipaddress.IPv4Address(ep.src4).packed, ipaddress.IPv4Address(ep.dst4).packed
         ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + udp_len, 0, 0, ep.ttl, socket.IPPROTO_UDP, 0,
                          src, dst)
-        ip = ip[:10] + struct.pack("!H", _csum(ip)) + ip[12:]
+        ip = ip[:10] + struct.pack("!H", inet_checksum(ip)) + ip[12:]
         pseudo = src + dst + struct.pack("!BBH", 0, socket.IPPROTO_UDP, udp_len)
     else:
         src, dst = ipaddress.IPv6Address(ep.src6).packed, ipaddress.IPv6Address(ep.dst6).packed

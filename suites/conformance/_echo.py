@@ -17,17 +17,10 @@ import struct
 import sys
 import time
 
+from lab.checksum import inet_checksum
+
 ICMP_ECHO_REQUEST, ICMP_ECHO_REPLY = 8, 0
 ICMPV6_ECHO_REQUEST, ICMPV6_ECHO_REPLY = 128, 129
-
-
-def _checksum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
 
 
 def echo(target: str, count: int, deadline_s: float) -> dict[str, int]:
@@ -40,7 +33,7 @@ def echo(target: str, count: int, deadline_s: float) -> dict[str, int]:
         for seq in range(count):
             body = b"l4lab stats echo"
             header = struct.pack("!BBHHH", request, 0, 0, ident, seq)
-            csum = 0 if v6 else _checksum(header + body)
+            csum = 0 if v6 else inet_checksum(header + body)
             s.sendto(struct.pack("!BBHHH", request, 0, csum, ident, seq) + body, (target, 0))
             end = time.monotonic() + deadline_s
             while (left := end - time.monotonic()) > 0:

@@ -13,20 +13,12 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from lab import netns, programs
+from lab.checksum import inet_checksum
 from lab.nsexec import NETNS_DIR, entered
 from lab.state import Undo, pin_dir, state_dir
 
 ETH_P_ARP = 0x0806
 PREFIX = "lbt-"  # every lab a test makes is named PREFIX + random hex
-
-
-def _checksum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    total = (total >> 16) + (total & 0xFFFF)
-    total += total >> 16
-    return ~total & 0xFFFF
 
 
 def ping(netns: str, dst: str, timeout: float = 2.0) -> int | None:
@@ -37,7 +29,7 @@ def ping(netns: str, dst: str, timeout: float = 2.0) -> int | None:
         with entered(netns):
             sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
         header = struct.pack("!BBHHH", 8, 0, 0, ident, 1) + b"l4lab"
-        packet = header[:2] + struct.pack("!H", _checksum(header)) + header[4:]
+        packet = header[:2] + struct.pack("!H", inet_checksum(header)) + header[4:]
     else:
         with entered(netns):
             sock = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
