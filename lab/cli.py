@@ -176,6 +176,26 @@ def _run_vagrant_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--netns", metavar="NAME", help="a running netns lab (its nodes reached through sshd -i)")
+    which.add_argument("--vagrant", metavar="TOPOLOGY", help="the Vagrant lab of TOPOLOGY (after `vagrant up`)")
+    parser.add_argument("--out", metavar="DIR", type=Path, required=True,
+                        help="folder for target.toml and its ssh config (and keys, for --netns)")
+
+
+def _run_target(args: argparse.Namespace) -> int:
+    from lab import target
+
+    if args.netns is not None:
+        lab = check_name(args.netns)
+        path = target.for_netns_lab(lab, LabState.load(lab).topology_path, args.out.resolve())
+    else:
+        path = target.for_vagrant(args.vagrant, args.out.resolve())
+    print(f"wrote {path}; run the hardware-marked suites with: pytest suites/ --target {path}")
+    return 0
+
+
 def _add_passthrough(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="options of the verb (see VERB --help)")
 
@@ -222,6 +242,8 @@ VERBS: dict[str, Verb] = {
     "report": Verb("render results JSON into one HTML report", _add_passthrough, _run_report),
     "trace": Verb("count XDP exceptions, XDP bulk-TX errors and drop reasons per node", _add_trace,
                   _run_trace),
+    "target": Verb("write a target file (hardware mode: suites over SSH) for a Vagrant or a running netns lab",
+                   _add_target, _run_target),
     "vagrant-plan": Verb("print the Vagrant machines a topology implies, as JSON (read by the Vagrantfile)",
                          _add_vagrant_plan, _run_vagrant_plan),
 }

@@ -58,9 +58,13 @@ def peer_mac(lab: str, node: str, ifname: str) -> str:
 
 def balancer_config(topo: Topology, lab: str, *, encaps: dict[int, str], lb: str = "lb",
                     mode: str = "native", mtu: int = 1500, weights: dict[str, int] | None = None,
-                    lru: bool = True, outer_src: str | None = None) -> cfg.Config:
-    """A balancer config for node lb: every VIP of a family in encaps, with that family's encap."""
-    ifname, peer, peer_if = lb_link(topo, lb)
+                    lru: bool = True, outer_src: str | None = None, ifname: str | None = None,
+                    nexthop_mac: str | None = None) -> cfg.Config:
+    """A balancer config for node lb: every VIP of a family in encaps, with that family's encap.
+
+    `ifname` and `nexthop_mac` replace the topology's interface name and the MAC read from the
+    running netns lab, for a lab built elsewhere (lab/target.py)."""
+    lb_if, peer, peer_if = lb_link(topo, lb)
     src4 = next((p for p in topo.lb_source_prefixes if p.version == 4), ipaddress.IPv4Network("0.0.0.0/32"))
     src6 = next((p for p in topo.lb_source_prefixes if p.version == 6), ipaddress.IPv6Network("::/128"))
     vips = []
@@ -77,8 +81,8 @@ def balancer_config(topo: Topology, lab: str, *, encaps: dict[int, str], lb: str
                                 outer_src=outer_src or ("flow" if encap == "ipip" else "fixed"),  # type: ignore[arg-type]
                                 reals=reals))
     return cfg.Config(
-        datapath=cfg.DatapathConfig(interfaces=(ifname,), mode=mode, mtu=mtu,  # type: ignore[arg-type]
+        datapath=cfg.DatapathConfig(interfaces=(ifname or lb_if,), mode=mode, mtu=mtu,  # type: ignore[arg-type]
                                     lru_size=4096, fallback_size=4096),
-        encap=cfg.EncapConfig(nexthop_mac=peer_mac(lab, peer, peer_if), src4=src4, src6=src6),
+        encap=cfg.EncapConfig(nexthop_mac=nexthop_mac or peer_mac(lab, peer, peer_if), src4=src4, src6=src6),
         vips=tuple(vips),
     )

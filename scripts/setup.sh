@@ -2,7 +2,7 @@
 # setup.sh: installs everything l4lab needs on a Debian/Ubuntu machine, as root; idempotent.
 #
 #   scripts/setup.sh            system packages, the Python venv, bpffs/tracefs mounts
-#   scripts/setup.sh --extra X  also the packages of feature X (vm, frr, trace, browser, tools)
+#   scripts/setup.sh --extra X  also the packages of feature X (vm, frr, trace, browser, tools, vagrant, ssh)
 #   scripts/setup.sh --all      every feature (what `make test` needs to run every suite)
 #
 # A second run installs nothing. A package that cannot be installed is named on one line.
@@ -20,6 +20,7 @@ declare -A extra_pkgs=(
   [browser]="chromium"
   [tools]="tshark iperf3"
   [vagrant]="vagrant shellcheck"
+  [ssh]="openssh-client openssh-server"
 )
 
 log() { printf 'setup: %s\n' "$*"; }
@@ -57,6 +58,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt=(apt-get -o DPkg::Lock::Timeout=300 -y -q)
   "${apt[@]}" update >/dev/null || die "apt-get update failed"
   aptlog=$(mktemp)
+  # Packages install but start no system service (frr, ssh): labs run their own daemons in namespaces.
+  own_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && own_policy=1
+  fi
+  trap '[ -n "$own_policy" ] && rm -f /usr/sbin/policy-rc.d' EXIT
   if ! "${apt[@]}" install --no-install-recommends "${missing[@]}" >"$aptlog" 2>&1; then
     for p in "${missing[@]}"; do
       if ! "${apt[@]}" install --no-install-recommends "$p" >"$aptlog" 2>&1; then
@@ -66,6 +73,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     done
   fi
   rm -f "$aptlog"
+  [ -n "$own_policy" ] && rm -f /usr/sbin/policy-rc.d
+  trap - EXIT
 fi
 
 # The venv is made from the system interpreter so that Debian's python3-bpfcc (bcc) is importable.

@@ -9,6 +9,11 @@
 Labs get unique names (`cf-` and six hex digits) so suites and a developer's own lab coexist;
 every fixture removes what it made, also when the test fails, unless --lab-keep says otherwise.
 Skips say what is missing and how to get it.
+
+Hardware mode: `--target FILE` (or $L4LAB_TARGET) points the suites at a lab already built on
+Vagrant VMs or bare metal and reached over SSH (lab/target.py). Then the `lab` fixture is that
+lab, commands and captures run on its hosts over ssh, and only tests marked `hardware` run: the
+others need namespaces on this machine and are skipped saying so.
 """
 
 from __future__ import annotations
@@ -34,6 +39,38 @@ ENCAP_IDS = ("ip4-ipip", "ip4-gue1", "ip4-gue0", "ip6-ip6ip6", "ip6-gue1")
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--lab-keep", choices=("never", "failed", "always"), default="never",
                      help="keep labs after their tests: never (default), when a test failed, always")
+    parser.addoption("--target", metavar="FILE", default=os.environ.get("L4LAB_TARGET") or None,
+                     help="run the tests marked hardware against the lab this target file describes "
+                          "(Vagrant or bare metal, over SSH; lab/target.py); default $L4LAB_TARGET")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "hardware: also runs against a --target lab (Vagrant or bare metal)")
+    config.addinivalue_line("markers", "hardware_only(why): runs only against a --target lab")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With --target, only tests marked hardware run, and only those of the target's topology."""
+    path = config.getoption("--target")
+    if not path:
+        for item in items:
+            marker = item.get_closest_marker("hardware_only")
+            if marker is not None:
+                item.add_marker(pytest.mark.skip(reason=f"runs only with --target (hardware mode): {marker.args[0]}"))
+        return
+    from lab import target as targets
+
+    tgt = targets.load(path)
+    for item in items:
+        if item.get_closest_marker("hardware") is None:
+            item.add_marker(pytest.mark.skip(reason=f"needs the netns lab on this machine, not a --target "
+                                                    f"(only tests marked hardware run against {tgt.name})"))
+            continue
+        marker = item.get_closest_marker("topology")
+        wanted = str(marker.args[0]) if marker else "default"
+        if wanted != tgt.topology.name:
+            item.add_marker(pytest.mark.skip(reason=f"needs topology '{wanted}' but target {tgt.name} "
+                                                    f"was built as '{tgt.topology.name}'"))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -80,32 +117,83 @@ def _needs_root_and_build() -> None:
 
 @dataclass
 class Lab:
-    """A running lab: its name, topology and helpers to run things in its nodes."""
+    """A running lab: its name, topology and helpers to run things in its nodes.
+
+    A netns lab on this machine, or with `target` (lab.target.Target) a lab on other hosts reached
+    over SSH: run, python, capture, mac, ifname and write work the same on both."""
 
     name: str
     topology: Any
     kept: bool = False
     tracer: Any = None  # lab.trace.Tracer while the module runs, when BCC is available
     results: dict[str, Any] = field(default_factory=dict)
+    target: Any = None
 
     def netns(self, node: str) -> str:
+        if self.target is not None:
+            raise AssertionError(f"node '{node}' of target {self.target.name} is a host, not a namespace here: "
+                                 "a test that enters namespaces must not be marked hardware")
         return f"{self.name}-{node}"
+
+    def _argv(self, node: str, argv: Sequence[str]) -> list[str]:
+        if self.target is not None:
+            return list(self.target.ssh_argv(node, argv))
+        from lab.nsexec import nsenter_argv
+
+        return nsenter_argv(self.netns(node), list(argv))
+
+    def where(self, node: str) -> str:
+        return f"{node} ({self.target.node(node).ssh})" if self.target is not None else self.netns(node)
 
     def run(self, node: str, argv: Sequence[str], *, check: bool = True, timeout: float = 60.0,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Run argv in node (nsenter keeps /sys/fs/bpf visible), from the repository's top."""
-        from lab.nsexec import nsenter_argv
-
-        done = subprocess.run(nsenter_argv(self.netns(node), list(argv)), capture_output=True, text=True,
+        """Run argv in node (nsenter keeps /sys/fs/bpf visible; ssh on a target), from the repository's top."""
+        done = subprocess.run(self._argv(node, argv), capture_output=True, text=True,
                               timeout=timeout, cwd=REPO, check=False, input=input)
         if check and done.returncode != 0:
-            raise AssertionError(f"{' '.join(argv)} in {self.netns(node)} exited {done.returncode}: "
+            raise AssertionError(f"{' '.join(argv)} in {self.where(node)} exited {done.returncode}: "
                                  f"{done.stderr.strip()[-2000:]}")
         return done
 
     def python(self, node: str, module: str, *args: str, check: bool = True,
                timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        if self.target is not None:
+            return self.run(node, self.target.python_argv(node, module, *args), check=check, timeout=timeout)
         return self.run(node, [sys.executable, "-m", module, *args], check=check, timeout=timeout)
+
+    def ifname(self, node: str, ifname: str) -> str:
+        """The node's name for the topology's interface `ifname` (a target may rename it)."""
+        return self.target.node(node).ifname(ifname) if self.target is not None else ifname
+
+    def mac(self, node: str, ifname: str) -> str:
+        """The MAC address of the node's interface (the topology's name for it)."""
+        if self.target is not None:
+            return str(self.target.mac(node, ifname))
+        from lab.lbconf import peer_mac
+
+        return peer_mac(self.name, node, ifname)
+
+    def capture(self, node: str, ifname: str, path: Path, snaplen: int = 512) -> Any:
+        """tcpdump on the node's interface into the local pcap `path` (a context manager).
+
+        On a target whose node says capture = false (a hardware router), the test is skipped."""
+        if self.target is None:
+            from lab.capture import Capture
+
+            return Capture(self.name, node, ifname, path, snaplen=snaplen)
+        from lab.target import RemoteCapture
+
+        if node not in self.target.nodes or not self.target.node(node).capture:
+            pytest.skip(f"this test captures on {node}'s {ifname}, which target {self.target.name} "
+                        f"cannot (no [nodes.{node}] or capture = false)")
+        return RemoteCapture(self.target, node, ifname, path, snaplen=snaplen)
+
+    def write(self, node: str, path: str, text: str) -> None:
+        """Write a file the node's commands can read (local for netns nodes, over ssh on a target)."""
+        if self.target is not None:
+            self.target.write(node, path, text)
+        else:
+            Path(path).write_text(text)
 
 
 def _topology_of(request: pytest.FixtureRequest) -> str:
@@ -123,6 +211,13 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
         def test_x(lab):
             lab.run("client", ["ping", "-c1", "203.0.113.18"])
     """
+    path = request.config.getoption("--target")
+    if path:
+        from lab import target as targets
+
+        tgt = targets.load(path)
+        yield Lab(tgt.name, tgt.topology, target=tgt)
+        return
     _needs_root_and_build()
     from lab import netns, topology
 
@@ -221,17 +316,29 @@ class Balancer:
         result: dict[str, Any] = json.loads(self.lbctl("stats", "--json").stdout)
         return result
 
+    @property
+    def config_file(self) -> str:
+        """Where the node reads its config: the test's tmp path here, /tmp on a target host."""
+        if self.lab.target is not None:
+            return f"/tmp/{self.instance}-{self.encap_id}.toml"
+        return str(self.config_path)
+
     def apply(self, config: Any) -> None:
         from balancer import config as cfg
 
         self.config_path.write_text(cfg.dump(config))
-        self.lbctl("apply", str(self.config_path))
+        self.lab.write(self.node, self.config_file, cfg.dump(config))
+        self.lbctl("apply", self.config_file)
 
     def config_for(self, encap_id: str | None = None, **kwargs: Any) -> Any:
         from lab.lbconf import ENCAP_IDS as IDS
-        from lab.lbconf import balancer_config
+        from lab.lbconf import balancer_config, lb_link
 
         fam, mode = IDS[encap_id or self.encap_id]
+        if self.lab.target is not None:
+            lb_if, peer, peer_if = lb_link(self.lab.topology, self.node)
+            kwargs.setdefault("ifname", self.lab.ifname(self.node, lb_if))
+            kwargs.setdefault("nexthop_mac", self.lab.mac(peer, peer_if))
         return balancer_config(self.lab.topology, self.lab.name, encaps={fam: mode}, lb=self.node, **kwargs)
 
     @property
@@ -254,9 +361,11 @@ def balancer(request: pytest.FixtureRequest, lab: Lab, encap: str, tmp_path: Pat
     from lab.lbconf import lb_link
 
     b = Balancer(lab, "lb", encap, tmp_path / "lb.toml")
-    b.config_path.write_text(cfg.dump(b.config_for()))
-    b.lbctl("load", "--interface", lb_link(lab.topology, "lb")[0], "--mode", "native",
-            "--config", str(b.config_path))
+    text = cfg.dump(b.config_for())
+    b.config_path.write_text(text)
+    lab.write(b.node, b.config_file, text)
+    b.lbctl("load", "--interface", lab.ifname("lb", lb_link(lab.topology, "lb")[0]), "--mode", "native",
+            "--config", b.config_file)
     try:
         yield b
     finally:

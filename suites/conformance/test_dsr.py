@@ -3,6 +3,7 @@
 For every encap: HTTP (TCP) and UDP echo from every client address, while the LB's link is
 captured on the router. Replies carry source = VIP, the client never sees a real's address,
 every real serves, and the LB's link carries only client→VIP packets and their encapsulation.
+Marked hardware: with --target the same tests run on Vagrant or bare-metal hosts over SSH.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from lab.capture import Capture, classify_lb_link
-from lab.lbconf import lb_link, peer_mac, real_addresses
+from lab.capture import classify_lb_link
+from lab.lbconf import lb_link, real_addresses
 from suites.conftest import Balancer, Lab
 
-pytestmark = pytest.mark.topology("default")
+pytestmark = [pytest.mark.topology("default"), pytest.mark.hardware]
 GUE_PORT = 6080
 REQUESTS = 18
 
@@ -36,7 +37,7 @@ def test_replies_bypass_the_lb(lab: Lab, balancer: Balancer, tmp_path: Path) -> 
     before = balancer.stats()
     pcap = tmp_path / "lb-link.pcap"
     answers: list[dict[str, object]] = []
-    with Capture(lab.name, router, router_if, pcap):
+    with lab.capture(router, router_if, pcap):
         for vip in vips:
             for kind, port in (("http", 80), ("udp", 9000)):
                 args = [kind, "--vip", vip, "--port", str(port), "--count", str(REQUESTS)]
@@ -52,7 +53,7 @@ def test_replies_bypass_the_lb(lab: Lab, balancer: Balancer, tmp_path: Path) -> 
     assert udp and all(a["peer"] in vips for a in udp), "a UDP reply did not come from the VIP"
     assert {a["source"] for a in answers} == set(clients)
 
-    lb_mac = peer_mac(lab.name, "lb", lb_if).lower()
+    lb_mac = lab.mac("lb", lb_if).lower()
     counts = classify_lb_link(pcap, lb_mac, set(vips), set(clients), GUE_PORT)
     assert not counts.stray, f"the LB's link carried other traffic (replies?): {counts.stray[:5]}"
     assert counts.to_lb > 0 and counts.from_lb == counts.to_lb
@@ -67,7 +68,7 @@ def test_client_never_sees_a_real_address(lab: Lab, balancer: Balancer, tmp_path
     vip = next(str(v.address) for v in lab.topology.vips if v.address.version == fam)
     reals = set(real_addresses(lab.topology, fam).values())
     pcap = tmp_path / "client.pcap"
-    with Capture(lab.name, "client", "cl-rt", pcap):
+    with lab.capture("client", "cl-rt", pcap):
         lab.python("client", "lab.traffic", "http", "--vip", vip, "--port", "80", "--count", "9")
     from scapy.layers.inet import IP
     from scapy.layers.inet6 import IPv6

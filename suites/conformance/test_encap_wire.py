@@ -45,8 +45,7 @@ from pathlib import Path
 import pytest
 
 from balancer import config as cfg
-from lab.capture import Capture
-from lab.lbconf import ENCAP_IDS, lb_link, peer_mac, real_addresses
+from lab.lbconf import ENCAP_IDS, lb_link, real_addresses
 from lab.netns import set_tx_checksum, tx_checksum
 from suites.conftest import Balancer, Lab
 
@@ -112,6 +111,16 @@ def client_checksums_complete(lab: Lab) -> Iterator[None]:
 
         def test_x(lab, client_checksums_complete): ...
     """
+    if lab.target is not None:
+        nic = lab.ifname("client", "cl-rt")
+        was_on = "tx-checksumming: on" in lab.run("client", ["ethtool", "-k", nic]).stdout
+        lab.run("client", ["ethtool", "-K", nic, "tx", "off"])
+        try:
+            yield
+        finally:
+            if was_on:
+                lab.run("client", ["ethtool", "-K", nic, "tx", "on"], check=False)
+        return
     ns = lab.netns("client")
     was_on = tx_checksum(ns, "cl-rt")
     set_tx_checksum(ns, "cl-rt", False)
@@ -132,16 +141,16 @@ class Traffic:
         self.clients = _clients(lab, fam)
         self.reals = real_addresses(lab.topology, outer_family or fam)  # node -> outer address
         lb_if, router, router_if = lb_link(lab.topology)
-        self.lb_mac = peer_mac(lab.name, "lb", lb_if).lower()
-        self.router_mac = peer_mac(lab.name, router, router_if).lower()
+        self.lb_mac = lab.mac("lb", lb_if).lower()
+        self.router_mac = lab.mac(router, router_if).lower()
         self.client_pcap = directory / "client.pcap"
         self.lb_pcap = directory / "lb-link.pcap"
         self.real_pcaps = {n: directory / f"{n}.pcap" for n in self.reals}
         with ExitStack() as stack:
-            stack.enter_context(Capture(lab.name, "client", "cl-rt", self.client_pcap, SNAPLEN))
-            stack.enter_context(Capture(lab.name, router, router_if, self.lb_pcap, SNAPLEN))
+            stack.enter_context(lab.capture("client", "cl-rt", self.client_pcap, SNAPLEN))
+            stack.enter_context(lab.capture(router, router_if, self.lb_pcap, SNAPLEN))
             for node, pcap in self.real_pcaps.items():
-                stack.enter_context(Capture(lab.name, router, _router_if_towards(lab, node), pcap, SNAPLEN))
+                stack.enter_context(lab.capture(router, _router_if_towards(lab, node), pcap, SNAPLEN))
             sources = [a for c in self.clients for a in ("--source", c)]
             self.answers = []
             for kind, port in (("http", 80), ("udp", 9000)):
@@ -273,6 +282,7 @@ def _per_flow(emitted: list[Encapsulated], attr: str) -> dict[FlowKey, set[objec
     return out
 
 
+@pytest.mark.hardware
 @pytest.mark.parametrize("outer_src", ["fixed", "flow"])
 def test_encap_on_the_wire(lab: Lab, balancer: Balancer, encap: str, outer_src: str,
                            client_checksums_complete: None, tmp_path: Path) -> None:
@@ -282,6 +292,7 @@ def test_encap_on_the_wire(lab: Lab, balancer: Balancer, encap: str, outer_src: 
         _check_wire(Traffic(lab, balancer, tmp_path), balancer, config, encap, outer_src, tmp_path)
 
 
+@pytest.mark.hardware
 @pytest.mark.parametrize("outer_src", ["fixed", "flow"])
 @pytest.mark.parametrize("encap", ["ip4-ipip"], indirect=True)
 def test_4in6_on_the_wire(lab: Lab, balancer: Balancer, encap: str, outer_src: str,

@@ -218,3 +218,77 @@ def test_kernel_rps_cpu(lab: Lab, balancer: Balancer, encap: str, outer_src: str
         used = sum(1 for c in sc.queue_counts if c)
         assert used >= 2, (f"{RPS_FLOWS} flows whose outer headers differ all landed on one CPU: "
                            f"{sc.queue_counts}; is RPS on? ({server_out.strip()[-300:]})")
+
+
+# --- hardware mode: a real NIC's per-queue counters ---------------------------------------------------------
+
+NIC_FLOWS = 12_000
+NIC_REAL = "real1"
+NIC_SCENARIOS = [  # (encap, outer source, the NIC's udp4 hash fields, whether the flows must spread)
+    ("ip4-ipip", "fixed", "sd", False),
+    ("ip4-ipip", "flow", "sd", True),
+    ("ip4-gue1", "fixed", "sd", False),
+    ("ip4-gue1", "fixed", "sdfn", True),
+    ("ip4-gue1", "flow", "sd", True),
+]
+ONE_QUEUE_SHARE = 0.99  # a collapsed spread: one queue holds this share of what arrived (background traffic aside)
+
+
+def _nic_link(lab: Lab) -> str:
+    ep = next(ep for ep in lab.topology.endpoints_of(NIC_REAL))
+    return lab.ifname(NIC_REAL, ep.ifname)
+
+
+def _flow_hash(lab: Lab, nic: str) -> str:
+    """The udp4 rx-flow-hash fields of the NIC as ethtool -N takes them (s, d, f, n letters)."""
+    out = lab.run(NIC_REAL, ["ethtool", "-n", nic, "rx-flow-hash", "udp4"]).stdout
+    letters = {"IP SA": "s", "IP DA": "d", "L4 bytes 0 & 1 [TCP/UDP src port]": "f",
+               "L4 bytes 2 & 3 [TCP/UDP dst port]": "n"}
+    return "".join(v for k, v in letters.items() if k in out) or "sd"
+
+
+@pytest.mark.hardware
+@pytest.mark.hardware_only("it reads a real NIC's per-queue counters; test_nic_queue_spread models them here")
+@pytest.mark.parametrize(("encap", "outer_src", "fields", "spreads"),
+                         [pytest.param(*s, id=f"{s[0]}-{s[1]}-src-{s[2]}") for s in NIC_SCENARIOS],
+                         indirect=["encap"])
+def test_nic_queues_on_hardware(lab: Lab, balancer: Balancer, outer_src: str, fields: str, spreads: bool) -> None:
+    """On a --target lab: NIC_FLOWS flows through the LB to one real, counted by its NIC's queues."""
+    from lab.nic import counts_spread, deltas, queue_counters
+
+    nic = _nic_link(lab)
+    probe = lab.run(NIC_REAL, ["ethtool", "-x", nic], check=False)
+    if probe.returncode != 0:
+        why = probe.stderr.strip() or probe.stdout.strip()
+        pytest.skip(f"{nic} on {NIC_REAL} has no RSS indirection table ({why}): the spread needs a multi-queue NIC")
+    fam = balancer.family
+    vip = next(str(v.address) for v in lab.topology.vips if v.address.version == fam)
+    weights = {n: (1 if n == NIC_REAL else 0) for n in real_addresses(lab.topology, fam)}
+    balancer.apply(balancer.config_for(outer_src=outer_src, weights=weights))
+    saved = _flow_hash(lab, nic)
+    lab.run(NIC_REAL, ["ethtool", "-N", nic, "rx-flow-hash", "udp4", fields])
+    try:
+        before = queue_counters(lab.run(NIC_REAL, ["ethtool", "-S", nic]).stdout)
+        sent = json.loads(lab.python("client", "suites.conformance._flows", "--vip", vip, "--port", "9000",
+                                     "--flows", str(NIC_FLOWS), timeout=300).stdout)
+        after = queue_counters(lab.run(NIC_REAL, ["ethtool", "-S", nic]).stdout)
+    finally:
+        lab.run(NIC_REAL, ["ethtool", "-N", nic, "rx-flow-hash", "udp4", saved], check=False)
+    assert before, f"ethtool -S {nic} on {NIC_REAL} shows no per-queue RX counter lab/nic.py knows"
+    counts = deltas(before, after)
+    assert sum(counts) >= sent["sent"], (f"{NIC_REAL}'s queues counted {sum(counts)} packets for "
+                                          f"{sent['sent']} flows sent: {counts}")
+    figures = counts_spread(counts)
+    name = f"{balancer.encap_id}-{outer_src}-src-{fields}"
+    write_result(Kind.RSS, case_id("test_nic_queues_on_hardware", name),
+                 RssPayload(scenarios=[RssScenario(
+                     name=name, queue_counts=counts, nqueues=len(counts), flows=sent["sent"],
+                     max_over_mean=round(figures["max_over_mean"], 4), chi2=round(figures["chi2"], 3),
+                     p_value=figures["p_value"], counted="packets", source="measured")]))
+    sys.stdout.write(f"\n{name} on {nic} of {NIC_REAL}: {counts} max/mean {figures['max_over_mean']:.3f} "
+                     f"p {figures['p_value']:.3g}\n")
+    if spreads:
+        assert figures["max_over_mean"] <= MAX_OVER_MEAN, (
+            f"{name}: expected a spread, got max/mean {figures['max_over_mean']:.3f} > {MAX_OVER_MEAN}: {counts}")
+    else:
+        assert max(counts) >= ONE_QUEUE_SHARE * sum(counts), f"{name}: expected one queue, got {counts}"

@@ -36,8 +36,7 @@ from typing import Any
 import pytest
 
 from balancer.controller import Instance
-from lab.capture import Capture
-from lab.lbconf import lb_link, peer_mac, real_addresses
+from lab.lbconf import lb_link, real_addresses
 from suites.conftest import Balancer, Lab
 
 from ._record import recorded
@@ -90,7 +89,7 @@ def quiet_neighbours(lab: Lab) -> Iterator[None]:
         def test_x(lab, quiet_neighbours): ...
     """
     lb_if, router, router_if = lb_link(lab.topology)
-    mac = peer_mac(lab.name, "lb", lb_if)
+    mac = lab.mac("lb", lb_if)
     made = []
     try:
         for addr, _ in _lb_addresses(lab):
@@ -103,6 +102,8 @@ def quiet_neighbours(lab: Lab) -> Iterator[None]:
 
 
 def _stats(balancer: Balancer) -> dict[str, Any]:
+    if balancer.lab.target is not None:
+        return balancer.stats()
     inst = Instance.open(balancer.instance)
     try:
         return inst.stats()
@@ -202,6 +203,7 @@ class Wire:
         return out
 
 
+@pytest.mark.hardware
 def test_counters_equal_the_wire(lab: Lab, balancer: Balancer, encap: str, quiet_neighbours: None,
                                  tmp_path: Path) -> None:
     with recorded("test_counters_equal_the_wire", encap):
@@ -210,7 +212,7 @@ def test_counters_equal_the_wire(lab: Lab, balancer: Balancer, encap: str, quiet
         clients = _clients(lab, fam)
         reals = real_addresses(lab.topology, fam)
         lb_if, router, router_if = lb_link(lab.topology)
-        lb_mac = peer_mac(lab.name, "lb", lb_if).lower()
+        lb_mac = lab.mac("lb", lb_if).lower()
         lb_addr = next(a for a, _ in _lb_addresses(lab) if (":" in a) == (fam == 6))
         config = balancer.config_for()
         vips = {(str(v.address), PROTO_TCP if v.proto == "tcp" else PROTO_UDP, v.port): v.name
@@ -218,7 +220,7 @@ def test_counters_equal_the_wire(lab: Lab, balancer: Balancer, encap: str, quiet
         pcap = tmp_path / "lb-link.pcap"
         sources = [a for c in clients for a in ("--source", c)]
 
-        with Capture(lab.name, router, router_if, pcap, snaplen=256):
+        with lab.capture(router, router_if, pcap, snaplen=256):
             before = _stats(balancer)
             answers = json.loads(lab.python("client", "lab.traffic", "udp", "--vip", vip, "--port", "9000",
                                             "--count", str(UDP_DATAGRAMS), *sources).stdout)
