@@ -294,7 +294,7 @@ class Instance:
                     if vname in st.ring_inputs and st.vip_nums.get(vname) == num:
                         old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size)
                     else:  # a new or renumbered VIP: diff against what the slots hold now
-                        old_ring = np.array(self.dp.ring(num), dtype=np.uint32)
+                        old_ring = self.dp.ring_array(num)
                     slots, _vals = maglev.ring_diff(old_ring, new_ring)
                     if len(slots):
                         txn.ring(self.dp.maps["lb_ring"], num * self.dp.ring_size, slots, old_ring, new_ring)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from balancer import _abi
 from balancer.btf import read_contract
@@ -344,13 +345,17 @@ class Datapath:
 
     def ring(self, vip_num: int) -> list[int]:
         """The ring_size real ids of a VIP's ring, read in batches."""
+        return [int(v) for v in self.ring_array(vip_num)]
+
+    def ring_array(self, vip_num: int) -> npt.NDArray[np.uint32]:
+        """The ring_size real ids of a VIP's ring as an array, read in batches."""
         base = vip_num * self.ring_size
         after = (base - 1).to_bytes(4, "little") if base else None
-        keys, values = self.maps["lb_ring"].lookup_batch(after, self.ring_size)
-        if len(values) != self.ring_size or (keys and int.from_bytes(keys[0], "little") != base):
+        keys, values = self.maps["lb_ring"].lookup_batch_raw(after, self.ring_size)
+        if len(values) != 4 * self.ring_size or (keys and int.from_bytes(keys[:4], "little") != base):
             raise DatapathError(f"read the ring of VIP #{vip_num}", _errno.EIO,
-                                f"got {len(values)} of {self.ring_size} slots")
-        return [int(v) for v in np.frombuffer(b"".join(values), dtype="<u4")]
+                                f"got {len(values) // 4} of {self.ring_size} slots")
+        return np.frombuffer(values, dtype="<u4").astype(np.uint32)
 
     # -- counters -----------------------------------------------------------------------------
 

@@ -14,12 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from balancer import maglev
 from balancer.errors import RingError
 from balancer.maglev import (
     DEFAULT_RING_SIZE,
     NO_REAL,
     Backend,
     build_ring,
+    clear_cache,
     is_prime,
     permutation,
     quotas,
@@ -356,8 +358,24 @@ def test_bad_reals_are_rejected(reals: object, message: str) -> None:
 def test_build_time(n: int) -> None:
     """Prints the build time of a default-size ring; asserts only that the ring is complete."""
     reals = v4_reals(n)
+    clear_cache()  # time the fill, not a cached one
     start = time.perf_counter()
     ring = build_ring(reals)
     elapsed = time.perf_counter() - start
     print(f"\nbuild_ring: {M} slots x {n} reals in {elapsed * 1000:.1f} ms")
     assert NO_REAL not in slot_counts(ring)
+
+
+def test_fills_are_cached_per_set_of_reals() -> None:
+    """VIPs sharing a set of (address, weight) share one fill; ids still label their own slots."""
+    clear_cache()
+    reals = v4_reals(20)
+    first = build_ring(reals)
+    relabelled = build_ring({i + 100: r for i, r in reals.items()})
+    assert np.array_equal(relabelled, first + 100), "same set, other ids: the same slots, relabelled"
+    info = maglev._owners.cache_info()
+    assert (info.hits, info.misses) == (1, 1), info
+    changed = dict(reals)
+    changed[1] = (changed[1][0], 2)
+    assert not np.array_equal(build_ring(changed), first), "a weight change must not be served from the cache"
+    assert maglev._owners.cache_info().misses == 2
