@@ -1,7 +1,9 @@
 """`l4lab bench`: NDR/PDR per encap and frame size beside the floors, plus micro and controller benchmarks.
 
     l4lab bench [--quick] [--encap ID ...] [--sizes 64,512,imix] [--results DIR]
-                [--parts ndr,micro,controller] [--flows N]
+                [--parts ndr,micro,controller] [--flows N] [--max-rate-mpps X]
+    l4lab bench --trex TARGET.toml [--quick] [--encap ID ...] [--sizes ...] [--flows N] [--results DIR]
+                [--max-rate-mpps X]
 
 The bench builds its own two-namespace testbed (prefix `bnt-`): a generator namespace whose veth
 leads into an LB namespace. The live-frames generator sends UDP flows to a VIP; the program on
@@ -20,13 +22,16 @@ test-run micro-benchmark (ns/packet, repeat = 1 runs: repeat > 1 would feed each
 output) and the controller benchmarks (Maglev ring builds, a full and an incremental apply).
 
 Results: one `bench` result (reports/schema.py) with every point and trial, the micro figures and
-the controller figures; latency (TRex only) as plain JSON in `<results>/extra/` until the schema has it.
+the controller figures, and latency at 10/50/90 % of PDR where the generator measures it (TRex).
+
+With `--trex TARGET.toml` the same NDR/PDR search runs on hardware instead: a TRex server and the
+LB host a target file names, reached over SSH (lab/trexbench.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 import socket
 import subprocess
@@ -34,7 +39,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -92,6 +97,8 @@ class Options:
     max_rate_pps: float = 12e6
     micro_runs: int = 20000
     result_id: str = "bench_ndr_pdr"
+    trex: Path | None = None  # a target file: the hardware bench (lab/trexbench.py)
+    max_rate_given: bool = False  # --max-rate-mpps was given (the hardware bench else uses line rate)
 
     def search_settings(self, max_rate: float | None = None) -> SearchSettings:
         top = max_rate or self.max_rate_pps
@@ -120,7 +127,8 @@ class Report:
     micro_ns: dict[str, float] = field(default_factory=dict)
     controller: dict[str, Any] = field(default_factory=dict)
     results_file: Path | None = None
-    extra_file: Path | None = None
+    generator: str = "xdp-live"  # the results' generator (reports/schema.py BenchPayload)
+    egress_mtu: int = LINK_MTU  # MTU of the LB's egress link
 
 
 # --- the testbed ----------------------------------------------------------------------------------
@@ -228,10 +236,12 @@ def _delete_netns(ns: str) -> None:
 
 
 def lb_config(case: str, vips: int = 1, reals: int = 4, weight_bump: int = 0, max_vips: int = 4,
-              max_reals: int = 64) -> Any:
+              max_reals: int = 64, *, ifname: str = LB_IF, nexthop_mac: str = GEN_MAC,
+              mtu: int = LINK_MTU) -> Any:
     """The balancer config for one encap id: `vips` UDP VIPs of the case's family, `reals` reals each.
 
-    `weight_bump` raises the first real's weight in the first VIP (an incremental change).
+    `weight_bump` raises the first real's weight in the first VIP (an incremental change). The
+    reals need not exist: every encapsulated frame goes to `nexthop_mac` out of `ifname`.
     """
     from balancer import config as cfg
 
@@ -245,9 +255,9 @@ def lb_config(case: str, vips: int = 1, reals: int = 4, weight_bump: int = 0, ma
         vip_list.append({"address": base, "port": VIP_PORT + v, "proto": "udp", "encap": c.encap,
                          "reals": entries})
     return cfg.parse({
-        "datapath": {"interfaces": [LB_IF], "mtu": LINK_MTU, "max_vips": max(max_vips, vips + 1),
+        "datapath": {"interfaces": [ifname], "mtu": mtu, "max_vips": max(max_vips, vips + 1),
                      "max_reals": max(max_reals, reals + 1)},
-        "encap": {"nexthop_mac": GEN_MAC, "src4": "198.51.100.128/25", "src6": "2001:db8:1b:80::/64"},
+        "encap": {"nexthop_mac": nexthop_mac, "src4": "198.51.100.128/25", "src6": "2001:db8:1b:80::/64"},
         "vips": vip_list,
     }, f"<bench config {case}>")
 
@@ -353,6 +363,7 @@ def measure_controller(opts: Options, report: Report) -> None:
         reals = {i + 1: (a, 1) for i, a in enumerate(_real_addresses(4, n))}
         times = []
         for _ in range(1 if opts.quick else 3):
+            maglev.clear_cache()  # the figure is the fill, not a cache hit
             t0 = time.perf_counter()
             maglev.build_ring(reals, 65537)
             times.append(time.perf_counter() - t0)
@@ -360,7 +371,7 @@ def measure_controller(opts: Options, report: Report) -> None:
     report.controller["ring_build_ms"] = builds
     vips, reals_n = 8, 100
     name = f"{PREFIX}{os.getpid()}-ctl"
-    size = {"max_vips": 16, "max_reals": 256}
+    size: dict[str, Any] = {"max_vips": 16, "max_reals": 256}
     inst = Instance.load(name, [], config=lb_config("ip4-ipip", vips=1, reals=1, **size),
                          obj=_object("balancer.o"))
     try:
@@ -382,6 +393,19 @@ def measure_controller(opts: Options, report: Report) -> None:
 # --- results and printing --------------------------------------------------------------------------
 
 
+def latency_figures(m: Measured) -> list[Any]:
+    """The schema's latency figures of one search: share of PDR, the rate it ran at, min/avg/max µs."""
+    from reports.schema import LatencyFigure
+
+    figures = []
+    for key, lat in sorted(m.latency.items(), key=lambda kv: int(kv[0].rstrip("%"))):
+        share = int(key.rstrip("%"))
+        figures.append(LatencyFigure(share_of_pdr=share, rate_mpps=m.result.pdr_pps * share / 100 / 1e6,
+                                     min_us=lat.min_us, avg_us=lat.avg_us, max_us=lat.max_us,
+                                     p50_us=lat.p50_us, p99_us=lat.p99_us))
+    return figures
+
+
 def bench_payload(report: Report, sizes: Sequence[FrameSpec], encaps: Sequence[str]) -> Any:
     from reports.schema import BenchPayload, BenchPoint, ControllerFigure, Floor, MicroFigure, Trial
 
@@ -399,7 +423,8 @@ def bench_payload(report: Report, sizes: Sequence[FrameSpec], encaps: Sequence[s
                       for t in m.result.trials]
             points.append(BenchPoint(encap=case, frame_size=size, ndr_mpps=m.result.ndr_pps / 1e6,  # type: ignore[arg-type]
                                      pdr_mpps=m.result.pdr_pps / 1e6, floor=floor,
-                                     egress_overhead_bytes=ENCAPS[case].overhead, trials=trials))
+                                     egress_overhead_bytes=ENCAPS[case].overhead, trials=trials,
+                                     latency=latency_figures(m)))
     micro = [MicroFigure(case=name, ns_per_packet=round(ns, 2)) for name, ns in report.micro_ns.items()]
     controller = []
     if report.controller:
@@ -408,8 +433,8 @@ def bench_payload(report: Report, sizes: Sequence[FrameSpec], encaps: Sequence[s
         for key, label in (("full_apply", "full apply"), ("incremental_apply", "incremental apply")):
             fig = report.controller[key]
             controller.append(ControllerFigure(name=label, ms=round(fig["ms"], 3), ring_slots=fig["ring_slots"]))
-    return BenchPayload(generator="xdp-live", egress_mtu=LINK_MTU, points=points, micro=micro,
-                        controller=controller)
+    return BenchPayload(generator=report.generator, egress_mtu=report.egress_mtu, points=points,  # type: ignore[arg-type]
+                        micro=micro, controller=controller)
 
 
 def summary_lines(report: Report, opts: Options) -> list[str]:
@@ -432,6 +457,12 @@ def summary_lines(report: Report, opts: Options) -> list[str]:
                 met = ("yes" if ratio >= case.target else "no") if case and floor else "-"
                 lines.append(f"{name:<11} {label:>5} {m.result.ndr_pps / 1e6:9.3f} "
                              f"{m.result.pdr_pps / 1e6:9.3f} {ratio:9.2f} {target:>7}  {met}")
+        with_latency = [(key, m) for key, m in report.ndr.items() if m.latency]
+        if with_latency:
+            lines.append("latency (µs, min/avg/max) at 10/50/90 % of PDR:")
+        for (name, label), m in with_latency:
+            lines.append(f"  {name:<11} {label:>5}  " + "   ".join(
+                f"{share} {lat.min_us:.1f}/{lat.avg_us:.1f}/{lat.max_us:.1f}" for share, lat in m.latency.items()))
     if report.micro_ns:
         tx_ns = report.micro_ns.get("xdp_tx", 0.0)
         lines.append("test-run micro-benchmark, 64-byte frames, repeat = 1:")
@@ -450,23 +481,12 @@ def summary_lines(report: Report, opts: Options) -> list[str]:
 
 
 def write_results(report: Report, opts: Options) -> None:
-    from reports.schema import case_id, current_commit, current_machine, results_dir, write_result
+    from reports.schema import case_id, results_dir, write_result
 
-    directory = results_dir(opts.results)
     if report.ndr or report.micro_ns or report.controller:
         rid = case_id(opts.result_id, None, "quick") if opts.quick else case_id(opts.result_id)
         report.results_file = write_result("bench", rid, bench_payload(report, opts.sizes, opts.encaps),
-                                           directory)
-    latency = {f"{name}/{label}": {k: asdict(v) for k, v in m.latency.items()}
-               for (name, label), m in report.ndr.items() if m.latency}
-    if latency:  # only TRex measures latency; the schema has no place for it yet
-        extra = directory / "extra"
-        extra.mkdir(parents=True, exist_ok=True)
-        report.extra_file = extra / f"{opts.result_id}-latency.json"
-        report.extra_file.write_text(json.dumps({
-            "machine": asdict(current_machine()), "commit": current_commit(),
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": opts.quick, "latency_us": latency,
-        }, indent=1) + "\n")
+                                           results_dir(opts.results))
 
 
 # --- entry points ----------------------------------------------------------------------------------
@@ -505,12 +525,16 @@ def bench(opts: Options, say: Callable[[str], None] = print) -> Report:
                 measure_micro(bed, opts, report)
     if "controller" in opts.parts:
         measure_controller(opts, report)
+    return finish(report, opts, started, say)
+
+
+def finish(report: Report, opts: Options, started: float, say: Callable[[str], None]) -> Report:
+    """Print the summary, write the results file and say where and how long it took."""
     for line in summary_lines(report, opts):
         say(line)
     write_results(report, opts)
-    for path in (report.results_file, report.extra_file):
-        if path is not None:
-            say(f"wrote {path}")
+    if report.results_file is not None:
+        say(f"wrote {report.results_file}")
     say(f"bench took {time.monotonic() - started:.0f} s (targets are printed, never asserted)")
     return report
 
@@ -523,9 +547,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", metavar="LIST",
                         help="comma-separated frame sizes 64..1518 and/or imix (default: 64 with --quick, "
                              "else 64,128,256,512,1024,1280,1518,imix)")
-    parser.add_argument("--parts", metavar="LIST", default=",".join(PARTS),
-                        help=f"comma-separated parts to run (default {','.join(PARTS)})")
+    parser.add_argument("--parts", metavar="LIST",
+                        help=f"comma-separated parts to run (default {','.join(PARTS)}; ndr with --trex)")
     parser.add_argument("--flows", type=int, default=1024, help="UDP flows per trial (default 1024)")
+    parser.add_argument("--max-rate-mpps", type=float, metavar="X",
+                        help="the highest rate the search tries, Mpps (default 12; with --trex the LB "
+                             "link's line rate at each frame size)")
+    parser.add_argument("--trex", metavar="TARGET.toml", type=Path,
+                        help="measure on hardware: the TRex server and LB host of this target file "
+                             "(its [trex] table; see lab/target.py), reached over SSH")
     parser.add_argument("--results", metavar="DIR", type=Path,
                         help="results directory (default $L4LAB_RESULTS or results/)")
 
@@ -553,21 +583,41 @@ def parse_sizes(text: str) -> tuple[FrameSpec, ...]:
 
 
 def options(args: argparse.Namespace) -> Options:
-    parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+    parts_text = args.parts if args.parts is not None else ",".join(PARTS)
+    parts = tuple(p.strip() for p in parts_text.split(",") if p.strip())
     unknown = [p for p in parts if p not in PARTS]
     if unknown or not parts:
-        raise UsageError(f"--parts must list some of {', '.join(PARTS)} but got {args.parts!r}")
+        raise UsageError(f"--parts must list some of {', '.join(PARTS)} but got {parts_text!r}")
     if not 1 <= args.flows <= 1 << 20:
         raise UsageError(f"--flows must be 1..{1 << 20} but got {args.flows}")
+    rate = args.max_rate_mpps
+    if rate is not None and not (math.isfinite(rate) and 0.01 < rate <= 1000):
+        raise UsageError(f"--max-rate-mpps must be a rate above 0.01 and at most 1000 Mpps but got {rate:g}")
     sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else FULL_SIZES)
     encaps = tuple(dict.fromkeys(args.encap)) if args.encap else tuple(ENCAPS)
+    extra: dict[str, Any] = {}
+    if rate is not None:
+        extra.update(max_rate_pps=rate * 1e6, max_rate_given=True)
+    if args.trex is not None:
+        if args.parts is not None and parts != ("ndr",):
+            raise UsageError(f"--parts {parts_text!r}: with --trex only ndr runs; the micro and controller "
+                             "benchmarks measure the machine they run on: run `l4lab bench --parts "
+                             "micro,controller` on the LB itself")
+        parts = ("ndr",)
+        extra.update(trex=args.trex, result_id="bench_trex_ndr_pdr")
     return Options(encaps=encaps, sizes=sizes, parts=parts, results=args.results, flows=args.flows,
-                   quick=args.quick)
+                   quick=args.quick, **extra)
 
 
 def run(args: argparse.Namespace) -> int:
     """The verb's body for lab/cli.py: errors propagate as LabError / UsageError (exit 1 / 2)."""
-    bench(options(args))
+    opts = options(args)
+    if opts.trex is not None:
+        from lab import trexbench
+
+        trexbench.bench_trex(opts)
+    else:
+        bench(opts)
     return 0
 
 
@@ -586,19 +636,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         return run(args)
     except UsageError as exc:
-        print(f"l4lab bench: {exc}", file=sys.stderr)
+        _say_error(exc)
         return 2
     except LabError as exc:
-        print(f"l4lab bench: {exc}", file=sys.stderr)
+        _say_error(exc)
         return 1
+    except KeyboardInterrupt:
+        print("l4lab bench: interrupted (what the bench had set up is removed)", file=sys.stderr)
+        return 130
     except Exception as exc:  # balancer errors (LbError) and results errors name their cause
         from balancer.errors import LbError
         from reports.schema import ResultsError
 
         if isinstance(exc, LbError | ResultsError):
-            print(f"l4lab bench: {exc}", file=sys.stderr)
+            _say_error(exc)
             return 1
         raise
+
+
+def _say_error(exc: BaseException) -> None:
+    """The error in one line, then one line per note (a clean-up that failed while it unwound)."""
+    print(f"l4lab bench: {exc}", file=sys.stderr)
+    for note in getattr(exc, "__notes__", []):
+        print(f"l4lab bench: also: {note}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -339,7 +339,44 @@ def _bench(results: list[Result]) -> Section:
             mtu_rows,
         )
     )
+    latency = _latency_table(results)
+    if latency is not None:
+        section.tables.append(latency)
     return section
+
+
+def _latency_table(results: list[Result]) -> Table | None:
+    """Latency at shares of PDR for the newest point of each encap and size that has any, or None."""
+    rows = [
+        {"time": r.time, "encap": pt.encap, "size": pt.frame_size, "latency": pt.latency}
+        for r, p in of_kind(results, BenchPayload)
+        for pt in p.points
+        if pt.latency
+    ]
+    if not rows:
+        return None
+    frame = _latest(pd.DataFrame(rows), ["encap", "size"])
+    ordered = sorted(frame.itertuples(), key=lambda row: (_encap_rank(row.encap), _size_order(row.size)))
+    table_rows = []
+    for row in ordered:
+        for fig in sorted(row.latency, key=lambda f: f.share_of_pdr):
+            spread = ", ".join(f"{name} {_fmt(value, 1)} µs" for name, value in (("p50", fig.p50_us),
+                                                                                  ("p99", fig.p99_us))
+                               if value is not None)
+            table_rows.append([
+                Cell(row.encap, "key"),
+                Cell(str(row.size), "num"),
+                Cell(str(fig.share_of_pdr), "num"),
+                Cell(_fmt(fig.rate_mpps, 3), "num"),
+                Cell(_fmt(fig.min_us, 1), "num"),
+                Cell(_fmt(fig.avg_us, 1), "num", spread),
+                Cell(_fmt(fig.max_us, 1), "num"),
+            ])
+    return Table(
+        "Latency at 10/50/90 % of PDR (one way, TRex's latency stream; newest run per encap and frame size)",
+        ["encap", "frame size (bytes)", "share of PDR (%)", "rate (Mpps)", "min (µs)", "avg (µs)", "max (µs)"],
+        table_rows,
+    )
 
 
 def _rss(results: list[Result]) -> Section:

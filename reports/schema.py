@@ -21,6 +21,11 @@ dotted field path (``payload.points[3].ndr_mpps``).
 Results live in ``results/`` at the repository top, or in ``$L4LAB_RESULTS``, or in the directory
 given; ``write_result`` writes ``<kind>.<id>.json`` there (atomically, replacing an older run of
 the same case) and ``load_results`` reads every ``*.json`` back, sorted by kind, id and time.
+
+Versions: a field added with a default (older files, which lack it, still parse to the same values)
+keeps ``SCHEMA_VERSION``, as ``BenchPoint.latency`` did; a field removed, renamed, made required or
+given a new meaning bumps it, and the reader then refuses the older files with a message saying how
+to rewrite them.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ __all__ = [
     "Floor",
     "KatranChurn",
     "Kind",
+    "LatencyFigure",
     "Machine",
     "PmtuPayload",
     "PmtuScenario",
@@ -198,6 +204,29 @@ class Floor:
 
 
 @dataclass(frozen=True)
+class LatencyFigure:
+    """One-way latency of TRex's latency stream while the point's traffic ran at a share of its PDR."""
+
+    share_of_pdr: int = field(metadata=_rule(_between(1, 100)))  # percent of the point's PDR
+    rate_mpps: float = field(metadata=_rule(_at_least(0)))  # the offered rate of that trial
+    min_us: float = field(metadata=_rule(_at_least(0)))
+    avg_us: float = field(metadata=_rule(_at_least(0)))
+    max_us: float = field(metadata=_rule(_at_least(0)))
+    p50_us: float | None = field(default=None, metadata=_rule(_at_least(0)))
+    p99_us: float | None = field(default=None, metadata=_rule(_at_least(0)))
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if self.min_us > self.avg_us:
+            yield "min_us", f"must be ≤ avg_us ({self.avg_us}) but got {self.min_us}"
+        if self.max_us < self.avg_us:
+            yield "max_us", f"must be ≥ avg_us ({self.avg_us}) but got {self.max_us}"
+        for name in ("p50_us", "p99_us"):
+            value = getattr(self, name)
+            if value is not None and not self.min_us <= value <= self.max_us:
+                yield name, f"must be between min_us ({self.min_us}) and max_us ({self.max_us}) but got {value}"
+
+
+@dataclass(frozen=True)
 class BenchPoint:
     """The throughput of one encap at one ingress frame size."""
 
@@ -208,10 +237,15 @@ class BenchPoint:
     floor: Floor
     egress_overhead_bytes: int = field(metadata=_rule(_at_least(0)))  # bytes the encap adds to each frame
     trials: list[Trial] = field(default_factory=list)
+    latency: list[LatencyFigure] = field(default_factory=list)  # TRex only: at 10/50/90 % of PDR
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if self.pdr_mpps < self.ndr_mpps:
             yield "pdr_mpps", f"must be ≥ ndr_mpps ({self.ndr_mpps}) but got {self.pdr_mpps}"
+        shares = [f.share_of_pdr for f in self.latency]
+        for i, share in enumerate(shares):
+            if share in shares[:i]:
+                yield f"latency[{i}].share_of_pdr", f"repeats {share} % of PDR; one figure per share"
 
 
 @dataclass(frozen=True)

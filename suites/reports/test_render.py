@@ -233,3 +233,36 @@ def test_smallest_valid_results_render(tmp_path: Path) -> None:
     assert pmtu.rows == [["ip4-gue0", "failed after 3.00 s (unexpected); no route MTU cached"]]
     mtu = next(t for t in page.tables if t.caption.startswith("Egress overhead"))
     assert mtu.rows == [["ip6-gue1", "48", "9000", "8952", "trex"]]
+
+
+LATENCY_CAPTION = "Latency at 10/50/90 % of PDR"
+LATENCY_HEADER = ["encap", "frame size (bytes)", "share of PDR (%)", "rate (Mpps)", "min (µs)", "avg (µs)",
+                  "max (µs)"]
+
+
+def test_latency_table_lists_each_share_of_the_points_that_have_latency(sample_report: Path) -> None:
+    page = _page(sample_report)
+    (table,) = [t for t in page.tables if t.caption.startswith(LATENCY_CAPTION)]
+    assert table.section == "bench"
+    assert table.header == LATENCY_HEADER
+    # The sample's TRex run: two encaps at 64 and 1518 bytes, three shares each, in encap and size order.
+    assert [(row[0], row[1], row[2]) for row in table.rows] == [
+        (encap, size, share) for encap in ("ip4-ipip", "ip4-gue1") for size in ("64", "1518")
+        for share in ("10", "50", "90")]
+    for row in table.rows:
+        low, avg, high = (float(v) for v in row[4:7])
+        assert low <= avg <= high, row
+
+
+def test_latency_table_is_absent_without_latency(tmp_path: Path) -> None:
+    r = tmp_path / "r"
+    write_sample(r, ["bench"])
+    for path in r.glob("bench.*.json"):  # drop every latency figure, keep the points
+        data = json.loads(path.read_text())
+        for point in data["payload"]["points"]:
+            point["latency"] = []
+        path.write_text(json.dumps(data))
+    page = _page(render(r, tmp_path / "index.html"))
+    captions = [t.caption for t in page.tables if t.section == "bench"]
+    assert any(c.startswith("NDR / PDR") for c in captions)
+    assert not any(c.startswith(LATENCY_CAPTION) for c in captions), captions

@@ -311,3 +311,64 @@ def test_any_corruption_loads_or_names_a_field(
         assert str(e).startswith("corrupt.json: ")
         top = str(path[0]) if path else ""
         assert e.field.split(".")[0].split("[")[0] in (top, "kind", "schema_version", ""), (path, e.field)
+
+
+def _bench_with_latency(latency: list[dict[str, Any]]) -> dict[str, Any]:
+    floor = {"xdp_tx_mpps": 14.2, "xdp_drop_mpps": 14.8}
+    point = {"encap": "ip4-ipip", "frame_size": 64, "ndr_mpps": 12.0, "pdr_mpps": 12.1, "floor": floor,
+             "egress_overhead_bytes": 20, "latency": latency}
+    return {"generator": "trex", "egress_mtu": 1500, "points": [point]}
+
+
+_LATENCY = [
+    {"share_of_pdr": 10, "rate_mpps": 1.21, "min_us": 3.0, "avg_us": 4.5, "max_us": 20.0},
+    {"share_of_pdr": 50, "rate_mpps": 6.05, "min_us": 3.5, "avg_us": 5.0, "max_us": 31.0, "p50_us": 4.8,
+     "p99_us": 12.5},
+    {"share_of_pdr": 90, "rate_mpps": 10.89, "min_us": 4.0, "avg_us": 9.0, "max_us": 80.0},
+]
+
+
+def test_bench_latency_round_trips(tmp_path: Path) -> None:
+    path = write_result("bench", "test_trex", _bench_with_latency(_LATENCY), tmp_path)
+    written = json.loads(path.read_text())["payload"]["points"][0]["latency"]
+    # Optional percentiles are written as null when not measured; everything else as given.
+    assert written == [{"p50_us": None, "p99_us": None, **f} for f in _LATENCY]
+    (result,) = load_results(tmp_path)
+    assert isinstance(result.payload, BenchPayload)
+    (point,) = result.payload.points
+    assert [(f.share_of_pdr, f.rate_mpps, f.min_us, f.avg_us, f.max_us) for f in point.latency] == [
+        (10, 1.21, 3.0, 4.5, 20.0), (50, 6.05, 3.5, 5.0, 31.0), (90, 10.89, 4.0, 9.0, 80.0)]
+    assert (point.latency[1].p50_us, point.latency[1].p99_us) == (4.8, 12.5)
+    assert point.latency[0].p50_us is None
+    assert result.to_json() == json.loads(path.read_text())
+
+
+def test_a_bench_point_without_latency_still_loads(tmp_path: Path) -> None:
+    payload = _bench_with_latency([])
+    del payload["points"][0]["latency"]  # a file written before the schema had the field
+    path = tmp_path / "bench.old.json"
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "kind": "bench", "id": "old",
+                                "machine": {"hostname": "h", "kernel": "6.1", "cpus": 1},
+                                "commit": "unknown", "timestamp": "2026-01-01T00:00:00+00:00",
+                                "payload": payload}))
+    (result,) = load_results(tmp_path)
+    assert isinstance(result.payload, BenchPayload) and result.payload.points[0].latency == []
+
+
+@pytest.mark.parametrize(("change", "field", "problem"), [
+    ({"min_us": 5.0, "avg_us": 4.0}, "min_us", "must be ≤ avg_us (4.0) but got 5.0"),
+    ({"max_us": 4.0}, "max_us", "must be ≥ avg_us (5.0) but got 4.0"),
+    ({"p99_us": 40.0}, "p99_us", "must be between min_us (3.5) and max_us (31.0) but got 40.0"),
+    ({"share_of_pdr": 0}, "share_of_pdr", "must be 1..100 but got 0"),
+    ({"share_of_pdr": 10}, "share_of_pdr", "repeats 10 % of PDR"),
+    ({"rate_mpps": -1.0}, "rate_mpps", "must be ≥ 0 but got -1.0"),
+])
+def test_bad_latency_is_refused_naming_the_field(tmp_path: Path, change: dict[str, Any], field: str,
+                                                 problem: str) -> None:
+    latency = copy.deepcopy(_LATENCY)
+    latency[1].update(change)
+    with pytest.raises(ResultsError) as caught:
+        write_result("bench", "test_trex", _bench_with_latency(latency), tmp_path)
+    assert caught.value.field == f"payload.points[0].latency[1].{field}"
+    assert problem in caught.value.problem
+    assert list(tmp_path.iterdir()) == [], "nothing may be written for a refused payload"
