@@ -161,6 +161,12 @@ class Lab:
             return self.run(node, self.target.python_argv(node, module, *args), check=check, timeout=timeout)
         return self.run(node, [sys.executable, "-m", module, *args], check=check, timeout=timeout)
 
+    def python_argv(self, node: str, module: str, *args: str) -> list[str]:
+        """The local command line that runs `python -m module args` in node (for a long-lived Popen)."""
+        if self.target is not None:
+            return self._argv(node, self.target.python_argv(node, module, *args))
+        return self._argv(node, [sys.executable, "-m", module, *args])
+
     def ifname(self, node: str, ifname: str) -> str:
         """The node's name for the topology's interface `ifname` (a target may rename it)."""
         return self.target.node(node).ifname(ifname) if self.target is not None else ifname

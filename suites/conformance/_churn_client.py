@@ -18,6 +18,7 @@ flow on one CPU (veth runs XDP on the sender's CPU, and the LB's session tables 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -227,10 +228,18 @@ def main(argv: list[str] | None = None) -> int:
 class ChurnClient:
     """The client above, running in a lab node; `mark()` and `stop()` talk to it over its stdin."""
 
-    def __init__(self, lab: str, node: str, vip: str, port: int, *args: str, ready_timeout: float = 30.0) -> None:
-        argv = [sys.executable, "-m", "suites.conformance._churn_client", "--vip", vip, "--port", str(port), *args]
-        self.where = f"the churn client in {netns_name(lab, node)}"
-        self.proc = subprocess.Popen(nsenter_argv(netns_name(lab, node), argv), cwd=_REPO, text=True,
+    def __init__(self, lab: str | Any, node: str, vip: str, port: int, *args: str, ready_timeout: float = 30.0) -> None:
+        """`lab` is a netns lab's name, or a suites.conftest.Lab (netns or --target; over ssh the
+        client ends when its input closes, as it does here)."""
+        module_args = ["--vip", vip, "--port", str(port), *args]
+        if isinstance(lab, str):
+            full = nsenter_argv(netns_name(lab, node),
+                                [sys.executable, "-m", "suites.conformance._churn_client", *module_args])
+            self.where = f"the churn client in {netns_name(lab, node)}"
+        else:
+            full = lab.python_argv(node, "suites.conformance._churn_client", *module_args)
+            self.where = f"the churn client in {lab.where(node)}"
+        self.proc = subprocess.Popen(full, cwd=_REPO, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             self.ready = self._read("ready", ready_timeout)
@@ -272,6 +281,9 @@ class ChurnClient:
         return report
 
     def close(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):  # input's end stops the client (also a remote one)
+                self.proc.stdin.close()
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()

@@ -9,7 +9,9 @@ and serve any number of connections from one thread with a selector:
     python -m suites.conformance._tcp_services sink --node real1 --bind 198.51.100.100:5001
 
 The process prints "ready" once every socket listens. `Services` starts one per node through
-nsenter, waits for each "ready" with a deadline, and ends them all when the `with` block exits.
+nsenter (or over ssh on a --target lab, where the server also ends when its standard input closes:
+a remote process outlives a killed ssh otherwise), waits for each "ready" with a deadline, and
+ends them all when the `with` block exits.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from lab.nsexec import nsenter_argv
 from lab.state import netns_name
@@ -59,16 +62,22 @@ class _Conn:
         self.pending = b""
 
 
-def serve(kind: str, node: str, binds: Sequence[str]) -> None:
-    """Serve `kind` ("sink" or "echo") on every ADDR:PORT in binds until SIGTERM."""
+def serve(kind: str, node: str, binds: Sequence[str], until_eof: bool = False) -> None:
+    """Serve `kind` ("sink" or "echo") on every ADDR:PORT in binds until SIGTERM (or stdin's end)."""
     sel = selectors.DefaultSelector()
     for spec in binds:
         sel.register(_listen(spec), selectors.EVENT_READ, None)
+    if until_eof:
+        sel.register(sys.stdin, selectors.EVENT_READ, "stdin")
     prefix = f"{node} ".encode()
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     while True:
         for key, _ in sel.select():
+            if key.data == "stdin":
+                if not sys.stdin.readline():
+                    return
+                continue
             if key.data is None:
                 listener: socket.socket = key.fileobj  # type: ignore[assignment]
                 with contextlib.suppress(BlockingIOError):
@@ -103,11 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--node", required=True)
     ap.add_argument("--bind", action="append", required=True, metavar="ADDR:PORT")
     ap.add_argument("--cpu", type=int, help="pin the process to this CPU")
+    ap.add_argument("--until-eof", action="store_true", help="also end when standard input closes")
     args = ap.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    serve(args.kind, args.node, args.bind)
+    serve(args.kind, args.node, args.bind, args.until_eof)
     return 0
 
 
@@ -117,9 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 class Services:
     """One `kind` server per node of a lab, bound to `binds`; ready on entry, stopped on exit."""
 
-    def __init__(self, lab: str, nodes: Sequence[str], kind: str, binds: Sequence[str],
+    def __init__(self, lab: str | Any, nodes: Sequence[str], kind: str, binds: Sequence[str],
                  cpu: int | None = None) -> None:
+        """`lab` is a netns lab's name, or a suites.conftest.Lab (netns or --target)."""
         self.lab = lab
+        self.remote = not isinstance(lab, str) and lab.target is not None
         self.cpu = cpu
         self.nodes = list(nodes)
         self.kind = kind
@@ -129,12 +141,17 @@ class Services:
     def __enter__(self) -> Services:
         try:
             for node in self.nodes:
-                argv = [sys.executable, "-m", "suites.conformance._tcp_services", self.kind, "--node", node]
-                argv += [a for b in self.binds for a in ("--bind", b)]
-                argv += ["--cpu", str(self.cpu)] if self.cpu is not None else []
+                args = [self.kind, "--node", node, *[a for b in self.binds for a in ("--bind", b)]]
+                args += ["--cpu", str(self.cpu)] if self.cpu is not None else []
+                args += ["--until-eof"] if self.remote else []
+                if isinstance(self.lab, str):
+                    full = nsenter_argv(netns_name(self.lab, node),
+                                        [sys.executable, "-m", "suites.conformance._tcp_services", *args])
+                else:
+                    full = self.lab.python_argv(node, "suites.conformance._tcp_services", *args)
                 self.procs[node] = subprocess.Popen(
-                    nsenter_argv(netns_name(self.lab, node), argv), cwd=_REPO, text=True,
-                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                    full, cwd=_REPO, text=True, stdin=subprocess.PIPE if self.remote else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             for node, proc in self.procs.items():
                 self._wait_ready(node, proc)
         except BaseException:
@@ -157,11 +174,19 @@ class Services:
         stderr = ""
         if proc.poll() is not None and proc.stderr is not None:
             stderr = proc.stderr.read()[-1000:]
-        raise AssertionError(f"the {self.kind} service on {node} ({netns_name(self.lab, node)}) did not say "
+        where = netns_name(self.lab, node) if isinstance(self.lab, str) else self.lab.where(node)
+        raise AssertionError(f"the {self.kind} service on {node} ({where}) did not say "
                              f"'ready' within {READY_TIMEOUT_S:g} s (exit {proc.poll()}): {stderr or 'no stderr'}")
 
     def stop(self) -> None:
         for proc in self.procs.values():
+            if proc.stdin is not None:  # a remote server ends when its input closes
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        for proc in self.procs.values():
+            if self.remote:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
             if proc.poll() is None:
                 proc.terminate()
         for proc in self.procs.values():

@@ -32,6 +32,9 @@ runs on the CPU that sent the frame, and the session tables are per CPU: unpinne
 leave from whichever CPU took the server's reply, miss the session made on the other CPU and are
 hashed on the new ring, so a drain or an add resets flows (measured: every flow of a drained real).
 A NIC's RSS keeps a flow on one CPU; pinning is the lab's stand-in for it. Results: kind churn.
+
+Marked hardware: with --target the client and the echo servers run on the target's hosts over
+ssh (they end when ssh's input closes) and the counters come from `lbctl stats --json` there.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from suites.conformance._tcp_services import Services
 from suites.conftest import Balancer, Lab
 from suites.corpus import KATRAN_CORPUS
 
-pytestmark = pytest.mark.topology("default")
+pytestmark = [pytest.mark.topology("default"), pytest.mark.hardware]
 ECHO_PORT = 7007
 CONNS = 200
 INTERVAL_S = 0.25
@@ -119,7 +122,7 @@ def echo_services(lab: Lab) -> Iterator[Services]:
     """The line echo on every real, on ECHO_PORT of every VIP address."""
     binds = [f"[{v.address}]:{ECHO_PORT}" if v.address.version == 6 else f"{v.address}:{ECHO_PORT}"
              for v in lab.topology.vips]
-    with Services(lab.name, sorted(real_addresses(lab.topology, 4)), "echo", binds, cpu=0) as services:
+    with Services(lab, sorted(real_addresses(lab.topology, 4)), "echo", binds, cpu=0) as services:
         yield services
 
 
@@ -179,7 +182,7 @@ def _real_cmd(balancer: Balancer, *args: str) -> Callable[[], None]:
 def _run(balancer: Balancer, change: Callable[[], None]) -> dict[str, Any]:
     """Connections up, then the change, then OBSERVE_S seconds; the client's report with the marks."""
     lab = balancer.lab
-    with ChurnClient(lab.name, "client", _vip(lab, balancer.family), ECHO_PORT, "--conns", str(CONNS),
+    with ChurnClient(lab, "client", _vip(lab, balancer.family), ECHO_PORT, "--conns", str(CONNS),
                      "--interval", str(INTERVAL_S), "--timeout", str(TIMEOUT_S),
                      "--new-every", str(NEW_EVERY_S), "--cpu", "0") as client:
         client.mark("change")

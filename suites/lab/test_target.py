@@ -145,12 +145,13 @@ def test_remote_capture_streams_the_frames(lab: Lab, netns_target: target.Target
 
 
 def test_hardware_mode_runs_the_marked_suites(lab: Lab, netns_target: target.Target, tmp_path: Path) -> None:
-    """pytest --target runs test_dsr (marked hardware) over ssh and skips an unmarked test, saying why."""
+    """pytest --target runs test_dsr and a churn test (marked hardware) over ssh, and skips an unmarked
+    test saying why; the echo servers and the churn client it ran on the hosts are gone afterwards."""
     junit = tmp_path / "junit.xml"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--target={netns_target.path}",
          f"--junitxml={junit}", "-k", "ip4-ipip", "suites/conformance/test_dsr.py",
-         "suites/conformance/test_robustness.py::test_storm"],
+         "suites/conformance/test_churn.py::test_remove_real", "suites/conformance/test_robustness.py::test_storm"],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, f"pytest --target failed:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
     cases = ET.parse(junit).getroot().iter("testcase")
@@ -159,7 +160,10 @@ def test_hardware_mode_runs_the_marked_suites(lab: Lab, netns_target: target.Tar
         skipped = case.find("skipped")
         outcome[case.get("name", "")] = "passed" if skipped is None and case.find("failure") is None else (
             f"skipped: {skipped.get('message')}" if skipped is not None else "failed")
-    dsr = {k: v for k, v in outcome.items() if k.startswith(("test_replies", "test_client_never"))}
-    assert len(dsr) == 2 and set(dsr.values()) == {"passed"}, f"hardware-marked DSR tests: {outcome}"
-    other = [v for k, v in outcome.items() if k not in dsr]
+    marked = {k: v for k, v in outcome.items() if k.startswith(("test_replies", "test_client_never", "test_remove"))}
+    assert len(marked) == 3 and set(marked.values()) == {"passed"}, f"hardware-marked tests: {outcome}"
+    other = [v for k, v in outcome.items() if k not in marked]
     assert other and all("needs the netns lab on this machine" in v for v in other), outcome
+    left = subprocess.run(["pgrep", "-af", "suites.conformance._(tcp_services|churn_client)"], capture_output=True,
+                          text=True, check=False).stdout
+    assert not left, f"processes the suites started over ssh outlived the run: {left}"
