@@ -10,9 +10,9 @@ BPF_HDR := $(wildcard bpf/include/*.h)
 BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -Wno-unused-function \
 	-I bpf/include -I/usr/include/$(ARCH)-linux-gnu
 
-.PHONY: all deps deps-all bench bpf abi abi-check check lint demo test clean
+.PHONY: all deps deps-all bench bpf native abi abi-check check lint demo test clean
 
-all: bpf
+all: bpf native
 
 deps:
 	@bash scripts/setup.sh
@@ -21,7 +21,14 @@ deps:
 deps-all:
 	@bash scripts/setup.sh --all
 
-bpf: $(BPF_OBJ)
+bpf: $(BPF_OBJ) native
+
+# The controller's Maglev fill in C (balancer/maglev.py falls back to Python without it).
+native: build/lib/libl4lab_maglev.so
+
+build/lib/libl4lab_maglev.so: balancer/native/maglev_fill.c
+	@mkdir -p $(@D)
+	clang -O2 -Wall -Werror -shared -fPIC -o $@ $<
 
 build/bpf/%.o: bpf/%.bpf.c $(BPF_HDR)
 	@mkdir -p $(@D)

@@ -111,11 +111,10 @@ class _Txn:
             self._undo.append(lambda: _restore(m, key, old))
             m.delete(key)
 
-    def ring(self, m: Map, base: int, slots: maglev.Ring, old: maglev.Ring, new: maglev.Ring) -> None:
-        keys = (np.asarray(slots, dtype=np.int64) + base).astype("<u4").tobytes()
-        before = old[slots].astype("<u4").tobytes()
-        self._undo.append(lambda: m.update_batch_raw(keys, before))
-        m.update_batch_raw(keys, new[slots].astype("<u4").tobytes())
+    def ring(self, dp: Datapath, num: int, slots: maglev.Ring, old: maglev.Ring, new: maglev.Ring) -> None:
+        before = old[slots].copy()
+        self._undo.append(lambda: dp.write_ring_slots(num, slots, before))
+        dp.write_ring_slots(num, slots, new[slots])
 
     def rollback(self) -> None:
         for undo in reversed(self._undo):
@@ -297,7 +296,7 @@ class Instance:
                         old_ring = self.dp.ring_array(num)
                     slots, _vals = maglev.ring_diff(old_ring, new_ring)
                     if len(slots):
-                        txn.ring(self.dp.maps["lb_ring"], num * self.dp.ring_size, slots, old_ring, new_ring)
+                        txn.ring(self.dp, num, slots, old_ring, new_ring)
                         report.ring_slots += len(slots)
                 meta = bytes(_abi.VipMeta(vip_num=num, flags=vip_flags(vip), encap=int(_ENCAPS[vip.encap])))
                 key = vip_key(str(vip.address), vip.port, vip.proto)
@@ -325,7 +324,7 @@ class Instance:
                     old_ring = _ring(st.ring_inputs.get(vname, []), st.real_ids, self.dp.ring_size)
                     slots = np.flatnonzero(old_ring).astype(np.uint32)
                     if len(slots):
-                        txn.ring(self.dp.maps["lb_ring"], num * self.dp.ring_size, slots, old_ring,
+                        txn.ring(self.dp, num, slots, old_ring,
                                  np.zeros(self.dp.ring_size, dtype=np.uint32))
                     report.vips_removed += 1
             for addr, rid in st.real_ids.items():

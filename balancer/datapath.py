@@ -140,6 +140,7 @@ class Datapath:
         self.links: list[Link] = []
         self._obj = obj
         self._inner: list[Map] = []
+        self._ring_view: npt.NDArray[np.uint32] | None = None
 
     # -- construction -------------------------------------------------------------------------
 
@@ -261,6 +262,7 @@ class Datapath:
             shutil.rmtree(d, ignore_errors=True)
 
     def close(self) -> None:
+        self._ring_view = None  # before lb_ring's mapping is closed
         for link in self.links:
             link.close()
         for m in list(self.maps.values()) + self._inner:
@@ -329,33 +331,32 @@ class Datapath:
         return words_addr(bytes(r.addr), r.family), r.flags
 
     def write_ring(self, vip_num: int, ring: Sequence[int]) -> None:
-        """Write a whole ring (ring_size real ids) in one batch."""
+        """Write a whole ring (ring_size real ids)."""
         self.write_ring_slots(vip_num, range(len(ring)), ring)
 
-    def write_ring_slots(self, vip_num: int, slots: Sequence[int], ids: Sequence[int]) -> None:
-        """Write only the given slots of a VIP's ring (the diff of a change), batched."""
+    def write_ring_slots(self, vip_num: int, slots: Sequence[int] | npt.NDArray[Any],
+                         ids: Sequence[int] | npt.NDArray[Any]) -> None:
+        """Write only the given slots of a VIP's ring (the diff of a change): stores into the mapped map."""
         if len(slots) == 0:
             return
         base = vip_num * self.ring_size
-        keys = [(base + int(s)).to_bytes(4, "little") for s in slots]
-        vals = [int(i).to_bytes(4, "little") for i in ids]
-        m = self.maps["lb_ring"]
-        for start in range(0, len(keys), 8192):
-            m.update_batch(keys[start: start + 8192], vals[start: start + 8192])
+        view = self._rings()[base:base + self.ring_size]
+        view[np.asarray(slots, dtype=np.int64)] = np.asarray(ids, dtype=np.uint32)
 
     def ring(self, vip_num: int) -> list[int]:
-        """The ring_size real ids of a VIP's ring, read in batches."""
+        """The ring_size real ids of a VIP's ring."""
         return [int(v) for v in self.ring_array(vip_num)]
 
     def ring_array(self, vip_num: int) -> npt.NDArray[np.uint32]:
-        """The ring_size real ids of a VIP's ring as an array, read in batches."""
+        """A copy of the ring_size real ids of a VIP's ring."""
         base = vip_num * self.ring_size
-        after = (base - 1).to_bytes(4, "little") if base else None
-        keys, values = self.maps["lb_ring"].lookup_batch_raw(after, self.ring_size)
-        if len(values) != 4 * self.ring_size or (keys and int.from_bytes(keys[:4], "little") != base):
-            raise DatapathError(f"read the ring of VIP #{vip_num}", _errno.EIO,
-                                f"got {len(values) // 4} of {self.ring_size} slots")
-        return np.frombuffer(values, dtype="<u4").astype(np.uint32)
+        return np.array(self._rings()[base:base + self.ring_size], dtype=np.uint32)
+
+    def _rings(self) -> npt.NDArray[np.uint32]:
+        """lb_ring as an array over the map's memory (BPF_F_MMAPABLE), mapped on first use."""
+        if self._ring_view is None:
+            self._ring_view = self.maps["lb_ring"].mmap_u32()
+        return self._ring_view
 
     # -- counters -----------------------------------------------------------------------------
 

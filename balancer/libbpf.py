@@ -10,15 +10,20 @@ and the errno.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import ctypes.util
 import errno as _errno
+import mmap
 import os
 import struct
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
+
+import numpy as np
+import numpy.typing as npt
 
 from balancer.errors import DatapathError
 
@@ -231,6 +236,7 @@ class Map:
         self.percpu = map_type in _PERCPU_TYPES
         self._ncpu = num_possible_cpus() if self.percpu else 1
         self._stride = (value_size + 7) // 8 * 8 if self.percpu else value_size
+        self._mm: mmap.mmap | None = None
 
     @property
     def ncpus(self) -> int:
@@ -387,10 +393,32 @@ class Map:
             token_in = ctypes.create_string_buffer(token_out.raw, self.key_size)
         return bytes(keys[:count * self.key_size]), bytes(values[:count * self.value_size])
 
+    def mmap_u32(self) -> npt.NDArray[np.uint32]:
+        """The elements of a BPF_F_MMAPABLE array of 32-bit values as a writable array over the map's
+        own memory (elements sit 8 bytes apart, as the kernel rounds array elements up to 8).
+
+        Writes are plain stores the datapath sees at once. Close the map only after dropping the
+        arrays returned here."""
+        if self.type != MapType.ARRAY or self.value_size != 4:
+            raise DatapathError(f"map '{self.name}' into memory: it is no array of 32-bit values", _errno.EINVAL)
+        elem = 8
+        length = -(-self.max_entries * elem // mmap.PAGESIZE) * mmap.PAGESIZE
+        if self._mm is None:
+            try:
+                self._mm = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            except OSError as exc:
+                raise DatapathError(f"map '{self.name}' into memory (is it BPF_F_MMAPABLE?)",
+                                    exc.errno or _errno.EINVAL) from None
+        return np.ndarray((self.max_entries,), dtype="<u4", buffer=self._mm, strides=(elem,))
+
     def pin(self, path: str) -> None:
         pin(self.fd, path, f"map '{self.name}'")
 
     def close(self) -> None:
+        if self._mm is not None:
+            with contextlib.suppress(BufferError):  # an array over it is still alive: the kernel unmaps at exit
+                self._mm.close()
+            self._mm = None
         if self._owned and self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

@@ -9,6 +9,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from balancer import _abi, controller, maglev
 from balancer import config as cfg
 from balancer.controller import Instance
-from balancer.datapath import addr_words, vip_key
+from balancer.datapath import Datapath, addr_words, vip_key
 from balancer.errors import DatapathError, LbError
 from balancer.libbpf import Map
 
@@ -174,22 +175,23 @@ def test_all_reals_down_leaves_an_empty_ring(instance: Instance) -> None:
 def test_failed_apply_leaves_every_map_unchanged(instance: Instance, monkeypatch: pytest.MonkeyPatch) -> None:
     before = _snapshot(instance)
     calls = {"n": 0}
-    real_batch = Map.update_batch_raw
+    real_write = Datapath.write_ring_slots
 
-    def failing_batch(self: Map, keys: bytes, values: bytes, flags: int = 0) -> None:
+    def failing_write(self: Datapath, vip_num: int, slots: Any, ids: Any) -> None:
         calls["n"] += 1
         if calls["n"] == 2:  # settings, reals and the first VIP's ring are written by now
-            real_batch(self, keys[: len(keys) // 2], values[: len(values) // 2], flags)  # half written...
-            raise DatapathError(f"batch-update map '{self.name}'", 28)  # ...then the kernel refuses
-        real_batch(self, keys, values, flags)
+            half = len(slots) // 2
+            real_write(self, vip_num, slots[:half], ids[:half])  # half written...
+            raise DatapathError(f"write the ring of VIP #{vip_num}", 28)  # ...then a failure
+        real_write(self, vip_num, slots, ids)
 
-    monkeypatch.setattr(Map, "update_batch_raw", failing_batch)
+    monkeypatch.setattr(Datapath, "write_ring_slots", failing_write)
     new = _config([REALS[0], ("203.0.113.66", 3), ("203.0.113.82", 1)])
     new = dataclasses.replace(new, encap=dataclasses.replace(new.encap, gue_port=7000))
     with pytest.raises(DatapathError, match="No space left on device"):
         instance.apply(new)
-    monkeypatch.setattr(Map, "update_batch_raw", real_batch)
-    assert calls["n"] > 2  # the rollback rewrote both rings' slots through update_batch_raw too
+    monkeypatch.setattr(Datapath, "write_ring_slots", real_write)
+    assert calls["n"] > 2  # the rollback rewrote both rings' slots through write_ring_slots too
     assert _snapshot(instance) == before
     assert instance.apply(_config(REALS)).writes == 0  # the state file was not advanced either
 
@@ -261,3 +263,26 @@ def test_removing_a_real_from_one_vip_flushes_only_that_vips_sessions(instance: 
         assert t.lookup(entries[0][0]) is None
         assert t.lookup(entries[1][0]) == entries[1][1]
         assert t.lookup(entries[2][0]) == entries[2][1]
+
+
+def test_mapped_ring_is_the_kernel_map(instance: Instance) -> None:
+    """Ring writes through the memory mapping are what the kernel's map holds (read by syscall), and
+    a ring written by syscall reads back through the mapping; a reopened instance maps the same memory."""
+    dp = instance.dp
+    m = dp.maps["lb_ring"]
+    num = 2
+    base = num * dp.ring_size
+    written = np.arange(1, dp.ring_size + 1, dtype=np.uint32) * 7
+    dp.write_ring(num, written.tolist())
+    after = (base - 1).to_bytes(4, "little")
+    _keys, raw = m.lookup_batch_raw(after, dp.ring_size)
+    assert np.array_equal(np.frombuffer(raw, dtype="<u4"), written), "the mapping and the map disagree"
+    back = (written[::-1] + 1).astype("<u4")
+    keys = (np.arange(dp.ring_size, dtype=np.int64) + base).astype("<u4").tobytes()
+    m.update_batch_raw(keys, back.tobytes())
+    assert np.array_equal(dp.ring_array(num), back), "a syscall write is not seen through the mapping"
+    again = Instance.open(instance.name)
+    try:
+        assert np.array_equal(again.dp.ring_array(num), back), "the pinned map maps the same memory"
+    finally:
+        again.close()

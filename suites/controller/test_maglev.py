@@ -379,3 +379,35 @@ def test_fills_are_cached_per_set_of_reals() -> None:
     changed[1] = (changed[1][0], 2)
     assert not np.array_equal(build_ring(changed), first), "a weight change must not be served from the cache"
     assert maglev._owners.cache_info().misses == 2
+
+
+def test_c_fill_matches_the_python_fill() -> None:
+    """The C fill (make native) and the Python fill give the same owner for every slot."""
+    if maglev._native() is None:
+        pytest.skip(f"{maglev._NATIVE_LIB} is not built: run make native")
+    rng = random.Random(6011)
+    for size, n in ((1009, 3), (65537, 100), (65537, 1000), (1009, 1009)):
+        offsets = [rng.randrange(size) for _ in range(n)]
+        skips = [rng.randrange(1, size) for _ in range(n)]
+        turns = np.array([i % n for i in range(size)], dtype=np.int64)
+        rng.shuffle(turns)  # type: ignore[arg-type]
+        want = maglev._fill_python(size, offsets, skips, [int(t) for t in turns])
+        got = maglev._fill(size, offsets, skips, turns)
+        assert got.tolist() == want, f"C and Python fills differ for {n} reals, {size} slots"
+
+
+def test_rings_are_the_same_without_the_c_fill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host without the library builds the same ring (multi-LB consistency does not depend on it)."""
+    reals = {i + 1: (f"2001:db8::{i + 1:x}", 1 + i % 3) for i in range(50)}
+    clear_cache()
+    native = build_ring(reals)
+    monkeypatch.setenv("L4LAB_MAGLEV_PYTHON", "1")
+    maglev._native.cache_clear()
+    clear_cache()
+    try:
+        assert maglev._native() is None
+        assert np.array_equal(build_ring(reals), native)
+    finally:
+        monkeypatch.delenv("L4LAB_MAGLEV_PYTHON")
+        maglev._native.cache_clear()
+        clear_cache()
