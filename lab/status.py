@@ -32,10 +32,13 @@ def collect(lab: str) -> Report:
     for node in topo.nodes:
         ns = netns_name(lab, node.name)
         entry: dict[str, Any] = {"name": node.name, "role": node.role, "kind": node.kind, "netns": ns}
-        entry["present"] = netns_path(ns).exists()
-        entry.update(
-            _live(ns, {ep.ifname for ep in topo.endpoints_of(node.name)}) if entry["present"] else {}
-        )
+        if node.kind == "vm":
+            entry.update(_vm(state, topo, node.name))
+        else:
+            entry["present"] = netns_path(ns).exists()
+            entry.update(
+                _live(ns, {ep.ifname for ep in topo.endpoints_of(node.name)}) if entry["present"] else {}
+            )
         for iface in entry.get("interfaces", []):
             iface["peer"] = peers.get((node.name, iface["ifname"]))
         entry["programs"] = [
@@ -60,6 +63,7 @@ def collect(lab: str) -> Report:
                     for flag, value in zip(p.argv, p.argv[1:], strict=False)
                     if flag in _BIND_FLAGS
                 ],
+                "what": _process_label(p.argv),
             }
             for p in state.processes
             if p.node == node.name
@@ -80,6 +84,34 @@ def collect(lab: str) -> Report:
         ],
         "lb_source_prefixes": [str(p) for p in topo.lb_source_prefixes],
     }
+
+
+def _is_qemu(argv: list[str]) -> bool:
+    return any(Path(a).name.startswith("qemu-system") for a in argv)
+
+
+def _process_label(argv: list[str]) -> str:
+    """What a lab process is, for the text view: its service binds, or qemu / the VM supervisor."""
+    binds = [f"{flag[2:]} {value}" for flag, value in zip(argv, argv[1:], strict=False) if flag in _BIND_FLAGS]
+    if binds:
+        return " ".join(binds)
+    if _is_qemu(argv):
+        return "qemu (the VM)"
+    return "VM supervisor" if "lab.vmnodes" in argv else " ".join(Path(a).name for a in argv[:3])
+
+
+def _vm(state: LabState, topo: topology.Topology, node: str) -> dict[str, Any]:
+    """A VM node: no namespace here; its qemu process (alive or not) and the addresses it was given.
+
+    The guest is not entered, so its interfaces show the topology's settings with state "vm"."""
+    qemu = [p for p in state.processes if p.node == node and _is_qemu(p.argv)]
+    alive = [p for p in qemu if services.starttime(p.pid) == p.starttime]
+    interfaces = [{"ifname": ep.ifname, "state": "vm", "mtu": link.mtu, "mac": None, "xdp_attached": False,
+                   "addresses": [str(a) for a in ep.all_addresses]}
+                  for link in topo.links for ep in link.endpoints if ep.node == node]
+    return {"netns": None, "present": bool(alive), "qemu_pid": alive[0].pid if alive else None,
+            "interfaces": interfaces, "loopback": [f"{v.address}/{v.address.max_prefixlen}" for v in topo.vips],
+            "routes": []}
 
 
 def _live(ns: str, lab_ifnames: set[str]) -> dict[str, Any]:
@@ -131,10 +163,9 @@ def render(report: Report) -> str:
         f"lab {report['name']} (topology {report['topology']}){'' if report['complete'] else ' INCOMPLETE'}"
     ]
     for node in report["nodes"]:
-        lines.append(
-            f"  {node['name']:<8} {node['role']:<7} netns {node['netns']}"
-            + ("" if node["present"] else " MISSING")
-        )
+        where = (f"vm qemu pid {node['qemu_pid']}" if node["present"] else "vm qemu NOT RUNNING") \
+            if node["kind"] == "vm" else f"netns {node['netns']}" + ("" if node["present"] else " MISSING")
+        lines.append(f"  {node['name']:<8} {node['role']:<7} {where}")
         for iface in node.get("interfaces", []):
             addrs = " ".join(iface["addresses"])
             xdp = " xdp" if iface["xdp_attached"] else ""
@@ -154,7 +185,7 @@ def render(report: Report) -> str:
             )
         for svc in node["services"]:
             alive = "running" if svc["alive"] else "NOT RUNNING"
-            lines.append(f"    services pid {svc['pid']} {alive}: {' '.join(svc['binds'])}")
+            lines.append(f"    services pid {svc['pid']} {alive}: {svc['what']}")
     for vip in report["vips"]:
         ports = ", ".join(f"{p['proto']}/{p['port']} {p['service']}" for p in vip["ports"])
         lines.append(f"  vip {vip['address']}: {ports}")

@@ -209,6 +209,24 @@ def _orphan_qemus() -> list[int]:
     return [pid for pid, ns in _qemus().items() if ns not in named]
 
 
+def test_status_shows_the_vm_reals(kd_lab: KernelDecapLab) -> None:
+    """`l4lab status` reports a VM real by its running qemu (no namespace here) and the addresses it was given."""
+    from lab import status
+
+    report = status.collect(kd_lab.name)
+    vms = {n["name"]: n for n in report["nodes"] if n["kind"] == "vm"}
+    assert set(vms) == set(REALS)
+    qemus = set(_qemus_of(kd_lab.name))
+    for name, node in vms.items():
+        assert node["present"] and node["qemu_pid"] in qemus, f"{name}: {node}"
+        assert node["netns"] is None
+        want = {str(a) for ep in kd_lab.topo.endpoints_of(name) for a in ep.all_addresses}
+        assert {a for i in node["interfaces"] for a in i["addresses"]} == want
+    text = status.render(report)
+    assert "MISSING" not in text and "NOT RUNNING" not in text, text
+    assert all(f"vm qemu pid {vms[n]['qemu_pid']}" in text for n in vms), text
+
+
 def test_failure_while_the_vms_boot_leaves_nothing(kd_lab: KernelDecapLab) -> None:
     """A build that fails while the VMs boot stops them (mid-boot) and leaves nothing behind."""
     step = next(i for i, s in enumerate(kd_lab.steps, 1) if s.startswith("wait for VM real real1 to boot"))
