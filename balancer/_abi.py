@@ -157,6 +157,18 @@ class Real(ctypes.Structure):
     ]
 
 
+class HcTarget(ctypes.Structure):
+    """struct lb_hc_target (24 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [
+        ("real", Real),
+        ("encap", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8),
+        ("gue_port", ctypes.c_uint16),
+    ]
+
+
 class Session(ctypes.Structure):
     """struct lb_session (16 bytes)"""
 
@@ -213,6 +225,7 @@ SIZES = {
     "AddrKey": 20,
     "Counter": 16,
     "Flow": 40,
+    "HcTarget": 24,
     "Real": 20,
     "Session": 16,
     "Settings": 56,
@@ -249,7 +262,7 @@ DIGESTS = {
     "balancer": "b642d19bac562e04f6960d06021ec607",
     "decap": "c81d1f1be68388dde1c71ee46043f4fe",
     "floor": "b83480fea9390bb1bc108ed748e95d52",
-    "healthcheck": "f32b9430337abfd801b6e14a22a7d093",
+    "healthcheck": "c5be6e8d621c7abc0a779036a32a08f3",
     "pass": "b83480fea9390bb1bc108ed748e95d52",
     "trafficgen": "100a1822ecfbcb7052857bff0c3da047",
 }

@@ -134,9 +134,10 @@ class Daemon:
             inst = self.instance
             assert inst is not None
             obj = str(Path(inst.state.object).with_name("healthcheck.o"))
-            self.tunnel = health.TunnelEncap(obj, inst.state.interfaces)
+            self.tunnel = health.TunnelEncap(obj, inst.state.interfaces, config.encap.gue_port)
             self.log.info("tunnel_probes", program="hc_encap", object=obj,
                           interfaces=sorted(inst.state.interfaces), direction="tc egress")
+        self.tunnel.set_gue_port(config.encap.gue_port)
         return health.targets_of(config, self.tunnel.mark)
 
     def _serve_metrics(self, m: cfg.MetricsConfig) -> MetricsServer:
@@ -218,7 +219,7 @@ class Daemon:
                 if targets is not None:
                     self.monitor.set_targets(targets)
                     if self.tunnel is not None:
-                        self.tunnel.keep_only({t.address for t in targets if t.mark})
+                        self.tunnel.keep_only({(t.address, t.encap) for t in targets if t.mark})
         except LbError as exc:
             self._count(trigger, False)
             self.log.error("apply_failed", trigger=trigger, error=str(exc),

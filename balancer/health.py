@@ -8,12 +8,14 @@ the metrics endpoint.
 
 A "direct" probe goes from this host's stack to the real's own address. A "tunnel" probe checks
 the real the way clients reach it (Katran's healthcheck forwarding): the probe socket connects to
-the VIP with ``SO_MARK`` set to a mark chosen for the real, and :class:`TunnelEncap` — the tc egress
-program ``hc_encap`` of ``bpf/healthcheck.bpf.c`` on the balancer's interfaces — wraps every packet
-carrying that mark in IPIP to the real (4in4 or 6in6, outer source = the probe's source). The
-real decapsulates it and answers from the VIP, directly. This needs a route to the VIP out of a
-balancer interface (normally the default route to the router) and a real that decapsulates IPIP;
-a 4in6 tunnel probe (IPv4 VIP, IPv6 real) is refused by :func:`require_supported`.
+the VIP with ``SO_MARK`` set to a mark chosen for the (real, encapsulation) pair, and
+:class:`TunnelEncap` — the tc egress program ``hc_encap`` of ``bpf/healthcheck.bpf.c`` on the
+balancer's interfaces — wraps every packet carrying that mark the way the VIP's traffic is wrapped:
+IPIP (4in4 or 6in6) or GUE variant 1 / 0 to the configured GUE port, outer source = the probe's
+source. The real decapsulates it and answers from the VIP, directly. This needs a route to the VIP
+out of a balancer interface (normally the default route to the router) and a real that
+decapsulates what its VIP sends; a 4in6 tunnel probe (IPv4 VIP, IPv6 real) is refused by
+:func:`require_supported`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "TargetStatus",
     "Transition",
     "TunnelEncap",
+    "hc_target_bytes",
     "probe",
     "probe_http",
     "probe_tcp",
@@ -73,6 +76,7 @@ class Target:
     check: cfg.HealthCheck
     vip_address: str = ""   # where a tunnel probe is addressed
     mark: int = 0           # SO_MARK of a tunnel probe: hc_encap sends it to `address`
+    encap: cfg.EncapName = "ipip"  # how a tunnel probe is wrapped: as its VIP's traffic
 
     @property
     def key(self) -> tuple[str, str]:
@@ -222,7 +226,8 @@ def require_supported(config: cfg.Config, file: str) -> None:
                 raise ConfigError(
                     file, f"vips[{i}].healthcheck.via", "tunnel", "",
                     message=f'vips[{i}].healthcheck.via = "tunnel" cannot probe vips[{i}].reals[{j}] '
-                    f"({real.address}) of {vip.name}: tunnel probes are encapsulated 4in4 or 6in6 only; "
+                    f"({real.address}) of {vip.name}: tunnel probes keep the VIP's family (4in4, 6in6, "
+                    "GUE over the same family); "
                     'use via = "direct" for this VIP')
 
 
@@ -231,8 +236,8 @@ def uses_tunnel(config: cfg.Config) -> bool:
     return any(v.healthcheck is not None and v.healthcheck.via == "tunnel" for v in config.vips)
 
 
-def targets_of(config: cfg.Config, marks: Callable[[str], int] | None = None) -> list[Target]:
-    """Every (VIP, real) pair whose VIP has a health check; tunnel probes get marks(real address)."""
+def targets_of(config: cfg.Config, marks: Callable[[str, str], int] | None = None) -> list[Target]:
+    """Every (VIP, real) pair whose VIP has a health check; tunnel probes get marks(real address, VIP encap)."""
     out = []
     for vip in config.vips:
         check = vip.healthcheck
@@ -243,12 +248,21 @@ def targets_of(config: cfg.Config, marks: Callable[[str], int] | None = None) ->
             if check.via == "tunnel":
                 if marks is None:
                     raise ValueError(f"{vip.name} is probed through the tunnel: targets_of needs marks")
-                mark = marks(str(real.address))
-            out.append(Target(vip.name, str(real.address), check, str(vip.address), mark))
+                mark = marks(str(real.address), vip.encap)
+            out.append(Target(vip.name, str(real.address), check, str(vip.address), mark, vip.encap))
     return out
 
 
 # ------------------------------------------------------------------------------------ tunnel encap
+
+_ENCAP_IDS = {"ipip": _abi.Encap.IPIP, "gue1": _abi.Encap.GUE1, "gue0": _abi.Encap.GUE0}
+
+
+def hc_target_bytes(address: str, encap: str, gue_port: int) -> bytes:
+    """The lb_hc_reals value for a probe of the real at `address` wrapped as `encap`."""
+    real = _abi.Real.from_buffer_copy(real_bytes(address, _abi.RealFlag.PRESENT))
+    return bytes(_abi.HcTarget(real=real, encap=int(_ENCAP_IDS[encap]), gue_port=socket.htons(gue_port)))
+
 
 
 class TunnelEncap:
@@ -258,7 +272,7 @@ class TunnelEncap:
     (or the process ending) detaches it.
     """
 
-    def __init__(self, obj_path: str, interfaces: Iterable[str]) -> None:
+    def __init__(self, obj_path: str, interfaces: Iterable[str], gue_port: int = 6080) -> None:
         ifaces = list(interfaces)
         if not ifaces:
             raise DatapathError("attach the tunnel health-check program", 0,
@@ -270,7 +284,8 @@ class TunnelEncap:
         verify_abi(obj_path)
         self._obj = BpfObject(obj_path)
         self.links: list[Link] = []
-        self.marks: dict[str, int] = {}
+        self.marks: dict[tuple[str, str], int] = {}
+        self.gue_port = gue_port
         try:
             self._obj.load()
             self.map: Map = self._obj.map("lb_hc_reals")
@@ -286,21 +301,31 @@ class TunnelEncap:
             self.close()
             raise
 
-    def mark(self, address: str) -> int:
-        """The mark of the real at address (stable while this object lives); registers it in the map."""
-        if address not in self.marks:
+    def mark(self, address: str, encap: str = "ipip") -> int:
+        """The mark of (real, encapsulation) (stable while this object lives); registers it in the map."""
+        key = (address, encap)
+        if key not in self.marks:
             used = set(self.marks.values())
             n = MARK_BASE + 1
             while n in used:
                 n += 1
-            self.map.update(n.to_bytes(4, "little"), real_bytes(address, _abi.RealFlag.PRESENT))
-            self.marks[address] = n
-        return self.marks[address]
+            self.map.update(n.to_bytes(4, "little"), hc_target_bytes(address, encap, self.gue_port))
+            self.marks[key] = n
+        return self.marks[key]
 
-    def keep_only(self, addresses: Collection[str]) -> None:
-        """Forget the marks of reals no longer probed through the tunnel."""
-        for address in [a for a in self.marks if a not in addresses]:
-            self.map.delete(self.marks.pop(address).to_bytes(4, "little"))
+    def set_gue_port(self, port: int) -> None:
+        """A reload changed encap.gue_port: rewrite the GUE marks' targets."""
+        if port == self.gue_port:
+            return
+        self.gue_port = port
+        for (address, encap), n in self.marks.items():
+            if encap != "ipip":
+                self.map.update(n.to_bytes(4, "little"), hc_target_bytes(address, encap, port))
+
+    def keep_only(self, keys: Collection[tuple[str, str]]) -> None:
+        """Forget the marks of (real, encapsulation) pairs no longer probed through the tunnel."""
+        for key in [k for k in self.marks if k not in keys]:
+            self.map.delete(self.marks.pop(key).to_bytes(4, "little"))
 
     def close(self) -> None:
         for link in self.links:

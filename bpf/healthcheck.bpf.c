@@ -1,20 +1,24 @@
-/* healthcheck.bpf.c: tc egress program that wraps marked health-check probes (sent to a VIP) in IPIP to one real.
+/* healthcheck.bpf.c: tc egress program that wraps marked health-check probes (sent to a VIP) to one real, as its VIP does.
  *
  * The controller probes a real "through the tunnel", as client traffic reaches it: the probe is an
  * ordinary socket connecting to the VIP, with SO_MARK set to a mark the controller chose for the
- * real. On the way out of the LB host's interface this program looks the mark up in lb_hc_reals
- * and, when found, inserts an outer IP header towards the real (IPIP: 4in4 or 6in6), the source
- * being the probe's own source address, so the real's decapsulation (kernel tunl0 or our decap
- * program) hands it the VIP-addressed packet and the real answers directly (DSR), as it would a
- * client. Unmarked packets, and marks the controller did not write, pass untouched. A marked probe
- * that cannot be encapsulated (family mismatch, no room) is dropped, never sent to the VIP bare:
- * the probe then fails instead of being answered by whichever real the balancer would pick.
+ * (real, encapsulation) pair. On the way out of the LB host's interface this program looks the mark
+ * up in lb_hc_reals and, when found, inserts the outer headers the VIP's encapsulation uses: IPIP
+ * (4in4 or 6in6) or GUE variant 1 / 0 (UDP to the configured port, source port 49152 + 14 bits of
+ * the packet's hash; UDP checksum 0 over IPv4, computed over IPv6). The outer source is the probe's
+ * own source address, so the real's decapsulation (kernel tunl0 / fou, or our decap program) hands
+ * it the VIP-addressed packet and the real answers directly (DSR), as it would a client. Unmarked
+ * packets, and marks the controller did not write, pass untouched. A marked probe that cannot be
+ * encapsulated (family mismatch, no room, an IPv6 GUE probe too long to checksum here) is dropped,
+ * never sent to the VIP bare: the probe then fails instead of being answered by whichever real the
+ * balancer would pick.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
 #include <linux/ip.h>
 #include <linux/ipv6.h>
+#include <linux/udp.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -27,71 +31,178 @@ enum hc_constants {
 	HC_ETH_LEN = 14,
 	HC_IP4_LEN = 20,
 	HC_IP6_LEN = 40,
+	HC_UDP_LEN = 8,
+	HC_GUE_LEN = 4,
 	HC_TTL = 64,
 	HC_IP4_DF = 0x4000,
+	HC_SPORT_BASE = 0xc000,
+	HC_SPORT_MASK = 0x3fff,
+	HC_CHUNK = 64,
+	HC_MAX_CHUNKS = 24, /* IPv6 GUE probes up to 1536 bytes are checksummed */
 };
 
-/* skb->mark -> the real a probe carrying that mark is encapsulated to. */
+/* skb->mark -> where a probe carrying that mark goes and how it is wrapped. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, LB_DEFAULT_MAX_REALS);
 	__type(key, __u32);
-	__type(value, struct lb_real);
+	__type(value, struct lb_hc_target);
 } lb_hc_reals SEC(".maps");
 
-static __always_inline __u16 hc_csum_ip4(const struct iphdr *ip)
-{
-	const __u16 *w = (const __u16 *)ip;
-	__u32 sum = 0;
+/* The outer headers, written in one store after the room is made. */
+struct hc_outer {
+	union {
+		struct iphdr ip4;
+		struct ipv6hdr ip6;
+	};
+	struct udphdr udp;
+	__u8 gue[HC_GUE_LEN];
+};
 
-	for (int i = 0; i < HC_IP4_LEN / 2; i++)
-		sum += w[i];
+static __always_inline __u16 hc_fold(__u64 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
 	sum = (sum & 0xffff) + (sum >> 16);
 	sum = (sum & 0xffff) + (sum >> 16);
 	return ~sum & 0xffff;
 }
 
-static __always_inline int encap_ip4(struct __sk_buff *skb, const struct lb_real *real)
+static __always_inline __u64 hc_words(const void *p, int words)
 {
-	struct iphdr inner, outer = {};
+	const __u16 *w = p;
+	__u64 sum = 0;
 
-	if (real->family != LB_AF_INET)
+	for (int i = 0; i < words; i++)
+		sum += w[i];
+	return sum;
+}
+
+/* Ones' complement sum (unfolded) of len bytes of the packet from off; -1 when too long or unreadable. */
+static __always_inline __s64 hc_sum_packet(struct __sk_buff *skb, __u32 off, __u32 len)
+{
+	__u8 buf[HC_CHUNK];
+	__u64 sum = 0;
+
+	for (int i = 0; i < HC_MAX_CHUNKS; i++) {
+		__u32 n = len - i * HC_CHUNK;
+
+		if ((__s32)n <= 0)
+			return sum;
+		__builtin_memset(buf, 0, sizeof(buf));
+		if (n >= HC_CHUNK) {
+			if (bpf_skb_load_bytes(skb, off + i * HC_CHUNK, buf, HC_CHUNK))
+				return -1;
+		} else {
+			volatile __u32 spilled = n; /* reloaded: the bounds below are checked on what is passed */
+			__u32 tail = spilled;
+
+			if (tail == 0 || tail >= HC_CHUNK || bpf_skb_load_bytes(skb, off + i * HC_CHUNK, buf, tail))
+				return -1;
+		}
+		sum += hc_words(buf, HC_CHUNK / 2); /* a short last chunk is zero-padded: same sum */
+	}
+	return len > HC_MAX_CHUNKS * HC_CHUNK ? -1 : (__s64)sum;
+}
+
+static __always_inline int gue_mode(__u8 encap)
+{
+	return encap == LB_ENCAP_GUE1 || encap == LB_ENCAP_GUE0;
+}
+
+/* The UDP (and GUE) header of a GUE probe; check 0 (the caller fills it in for IPv6). */
+static __always_inline __u32 hc_fill_udp(struct __sk_buff *skb, struct hc_outer *o, const struct lb_hc_target *t,
+					 __u32 inner_len, __u8 inner_proto)
+{
+	__u32 udp_len = HC_UDP_LEN + (t->encap == LB_ENCAP_GUE0 ? HC_GUE_LEN : 0) + inner_len;
+
+	o->udp.source = bpf_htons(HC_SPORT_BASE | (bpf_get_hash_recalc(skb) & HC_SPORT_MASK));
+	o->udp.dest = t->gue_port;
+	o->udp.len = bpf_htons(udp_len);
+	o->udp.check = 0;
+	if (t->encap == LB_ENCAP_GUE0) {
+		o->gue[0] = 0; /* version 0, no control, no extension fields */
+		o->gue[1] = inner_proto;
+		o->gue[2] = 0;
+		o->gue[3] = 0;
+	}
+	return udp_len;
+}
+
+static __always_inline int encap_ip4(struct __sk_buff *skb, const struct lb_hc_target *t)
+{
+	struct iphdr inner;
+	struct hc_outer o = {};
+	__u32 inner_len = skb->len - HC_ETH_LEN, extra = 0, len;
+	__u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4;
+
+	if (t->real.family != LB_AF_INET)
 		return TC_ACT_SHOT;
 	if (bpf_skb_load_bytes(skb, HC_ETH_LEN, &inner, sizeof(inner)))
 		return TC_ACT_SHOT;
-	outer.version = 4;
-	outer.ihl = HC_IP4_LEN / 4;
-	outer.tos = inner.tos;
-	outer.tot_len = bpf_htons(skb->len - HC_ETH_LEN + HC_IP4_LEN);
-	outer.frag_off = inner.frag_off & bpf_htons(HC_IP4_DF);
-	outer.ttl = HC_TTL;
-	outer.protocol = IPPROTO_IPIP;
-	outer.saddr = inner.saddr;
-	outer.daddr = real->addr[0];
-	outer.check = hc_csum_ip4(&outer);
-	if (bpf_skb_adjust_room(skb, HC_IP4_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4))
+	if (gue_mode(t->encap)) {
+		extra = hc_fill_udp(skb, &o, t, inner_len, IPPROTO_IPIP) - inner_len;
+		flags |= BPF_F_ADJ_ROOM_ENCAP_L4_UDP;
+	}
+	o.ip4.version = 4;
+	o.ip4.ihl = HC_IP4_LEN / 4;
+	o.ip4.tos = inner.tos;
+	o.ip4.tot_len = bpf_htons(HC_IP4_LEN + extra + inner_len);
+	o.ip4.frag_off = inner.frag_off & bpf_htons(HC_IP4_DF);
+	o.ip4.ttl = HC_TTL;
+	o.ip4.protocol = extra ? IPPROTO_UDP : IPPROTO_IPIP;
+	o.ip4.saddr = inner.saddr;
+	o.ip4.daddr = t->real.addr[0];
+	o.ip4.check = hc_fold(hc_words(&o.ip4, HC_IP4_LEN / 2));
+	len = HC_IP4_LEN + extra;
+	if (bpf_skb_adjust_room(skb, len, BPF_ADJ_ROOM_MAC, flags))
 		return TC_ACT_SHOT;
-	if (bpf_skb_store_bytes(skb, HC_ETH_LEN, &outer, sizeof(outer), 0))
+	/* the IP header, then what follows it (UDP and GUE) sits right after in struct hc_outer only for IPv6 */
+	if (bpf_skb_store_bytes(skb, HC_ETH_LEN, &o.ip4, HC_IP4_LEN, 0))
+		return TC_ACT_SHOT;
+	if (extra && bpf_skb_store_bytes(skb, HC_ETH_LEN + HC_IP4_LEN, &o.udp, extra == HC_UDP_LEN ? HC_UDP_LEN :
+					  HC_UDP_LEN + HC_GUE_LEN, 0))
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
 }
 
-static __always_inline int encap_ip6(struct __sk_buff *skb, const struct lb_real *real)
+static __always_inline int encap_ip6(struct __sk_buff *skb, const struct lb_hc_target *t)
 {
-	struct ipv6hdr inner, outer;
+	struct ipv6hdr inner;
+	struct hc_outer o = {};
+	__u32 inner_len = skb->len - HC_ETH_LEN, extra = 0, udp_len;
+	__u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV6;
 
-	if (real->family != LB_AF_INET6)
+	if (t->real.family != LB_AF_INET6)
 		return TC_ACT_SHOT;
 	if (bpf_skb_load_bytes(skb, HC_ETH_LEN, &inner, sizeof(inner)))
 		return TC_ACT_SHOT;
-	outer = inner; /* version, traffic class and flow label carried over */
-	outer.payload_len = bpf_htons(skb->len - HC_ETH_LEN);
-	outer.nexthdr = IPPROTO_IPV6;
-	outer.hop_limit = HC_TTL;
-	__builtin_memcpy(&outer.daddr, real->addr, sizeof(outer.daddr));
-	if (bpf_skb_adjust_room(skb, HC_IP6_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6))
+	o.ip6 = inner; /* version, traffic class and flow label carried over */
+	o.ip6.hop_limit = HC_TTL;
+	__builtin_memcpy(&o.ip6.daddr, t->real.addr, sizeof(o.ip6.daddr));
+	if (gue_mode(t->encap)) {
+		__s64 inner_sum = hc_sum_packet(skb, HC_ETH_LEN, inner_len);
+		__u64 sum;
+
+		if (inner_sum < 0)
+			return TC_ACT_SHOT;
+		udp_len = hc_fill_udp(skb, &o, t, inner_len, IPPROTO_IPV6);
+		extra = udp_len - inner_len;
+		flags |= BPF_F_ADJ_ROOM_ENCAP_L4_UDP;
+		o.ip6.nexthdr = IPPROTO_UDP;
+		/* pseudo-header (addresses, length, next header), UDP and GUE headers, the inner packet */
+		sum = (__u64)inner_sum + hc_words(&o.ip6.saddr, 16) + bpf_htons(udp_len) + bpf_htons(IPPROTO_UDP);
+		sum += hc_words(&o.udp, (extra) / 2);
+		o.udp.check = hc_fold(sum);
+		if (!o.udp.check)
+			o.udp.check = 0xffff;
+	} else {
+		o.ip6.nexthdr = IPPROTO_IPV6;
+	}
+	o.ip6.payload_len = bpf_htons(extra + inner_len);
+	if (bpf_skb_adjust_room(skb, HC_IP6_LEN + extra, BPF_ADJ_ROOM_MAC, flags))
 		return TC_ACT_SHOT;
-	if (bpf_skb_store_bytes(skb, HC_ETH_LEN, &outer, sizeof(outer), 0))
+	if (bpf_skb_store_bytes(skb, HC_ETH_LEN, &o, extra == HC_UDP_LEN + HC_GUE_LEN ? sizeof(o) :
+				extra == HC_UDP_LEN ? HC_IP6_LEN + HC_UDP_LEN : HC_IP6_LEN, 0))
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
 }
@@ -100,16 +211,16 @@ SEC("tc")
 int hc_encap(struct __sk_buff *skb)
 {
 	__u32 mark = skb->mark;
-	struct lb_real *real;
+	struct lb_hc_target *t;
 
 	if (!mark)
 		return TC_ACT_OK;
-	real = bpf_map_lookup_elem(&lb_hc_reals, &mark);
-	if (!real || !(real->flags & LB_REAL_PRESENT))
+	t = bpf_map_lookup_elem(&lb_hc_reals, &mark);
+	if (!t || !(t->real.flags & LB_REAL_PRESENT))
 		return TC_ACT_OK;
 	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return encap_ip4(skb, real);
+		return encap_ip4(skb, t);
 	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return encap_ip6(skb, real);
+		return encap_ip6(skb, t);
 	return TC_ACT_SHOT;
 }

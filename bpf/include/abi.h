@@ -118,6 +118,15 @@ struct lb_real {
 	__u16 pad;
 };
 
+/* Where a marked health-check probe goes (value of lb_hc_reals, keyed by the probe's mark): the
+ * real, and the encapsulation its VIP uses, so the probe reaches the real as client traffic does. */
+struct lb_hc_target {
+	struct lb_real real;
+	__u8 encap;      /* enum lb_encap */
+	__u8 pad;
+	__u16 gue_port;  /* GUE destination port, network order */
+};
+
 /* The 5-tuple of a client flow: key of the session tables. */
 struct lb_flow {
 	__u32 src[4];

@@ -173,7 +173,7 @@ class World:
     # -- daemon ---------------------------------------------------------------------------------
 
     def write_config(self, reals: list[str], *, extra: str = "", name: str = "lb.toml",
-                     interval: float = INTERVAL) -> Path:
+                     interval: float = INTERVAL, tcp_encap: str = "ipip") -> Path:
         reals_toml = ", ".join(f'{{ address = "{a}" }}' for a in reals)
         hc = f"interval_s = {interval}\ntimeout_s = {TIMEOUT}\nrise = {RISE}\nfall = {FALL}\n"
         text = f"""
@@ -192,6 +192,7 @@ listen = "127.0.0.1:{METRICS_PORT}"
 address = "{VIP}"
 port = 80
 proto = "tcp"
+encap = "{tcp_encap}"
 reals = [{reals_toml}]
 
 [vips.healthcheck]
@@ -596,8 +597,8 @@ def test_sighup_applies_a_changed_config_and_keeps_state_on_a_bad_one(world: Wor
              "the 4in6 tunnel config refused")
     err = [r for r in world.logs() if r["event"] == "reload_failed"][-1]
     assert err["error"] == f'{config}: vips[0].healthcheck.via = "tunnel" cannot probe vips[0].reals[3] ' \
-        f"(2001:db8::5) of {TCP_VIP}: tunnel probes are encapsulated 4in4 or 6in6 only; " \
-        'use via = "direct" for this VIP'
+        f"(2001:db8::5) of {TCP_VIP}: tunnel probes keep the VIP's family (4in4, 6in6, GUE over the same " \
+        'family); use via = "direct" for this VIP'
 
     # Valid, but the loaded datapath cannot take it: the apply is refused and rolled back.
     world.write_config([*REALS, EXTRA_REAL])
@@ -671,8 +672,10 @@ def test_a_config_it_cannot_run_is_refused_at_start(world: World) -> None:
     assert not Instance.state_path(world.instance).exists()
 
 
-def test_tunnel_probes_reach_the_real_through_its_decap(world: World) -> None:
-    """Probes addressed to the VIP, encapsulated by hc_encap: only a real that decapsulates passes."""
+@pytest.mark.parametrize("encap", ["ipip", "gue1", "gue0"])
+def test_tunnel_probes_reach_the_real_through_its_decap(world: World, encap: str) -> None:
+    """Probes addressed to the VIP, encapsulated by hc_encap as the VIP's traffic is: only a real that
+    decapsulates passes."""
     a, b = REALS
     with NetNS(world.rl) as ipr:
         ipr.addr("add", index=ipr.link_lookup(ifname="lo")[0], address=VIP, prefixlen=32)
@@ -685,7 +688,7 @@ def test_tunnel_probes_reach_the_real_through_its_decap(world: World) -> None:
     world.start_server(VIP)  # only the VIP answers HTTP on port 80 through the tunnel
     for addr in REALS:
         world.start_server(addr)  # the UDP VIP's direct probes
-    mark = world.start_daemon(world.write_config(REALS, extra='via = "tunnel"\n'))
+    mark = world.start_daemon(world.write_config(REALS, extra='via = "tunnel"\n', tcp_encap=encap))
     run = world.wait_running(mark)
     assert run["tunnel_probes"] == 2
     tunnel = world.wait_event("tunnel_probes", 0, 1.0)
@@ -697,7 +700,8 @@ def test_tunnel_probes_reach_the_real_through_its_decap(world: World) -> None:
     s = _samples(world.scrape()[2])
     assert _get(s, "l4lab_health_checks_total", vip=TCP_VIP, real=a, result="ok") >= 2
     assert _get(s, "l4lab_health_checks_total", vip=TCP_VIP, real=a, result="failed") == 0
-    assert decap.reasons()["IPIP"] >= 2  # a's probes arrived encapsulated
+    kind = "IPIP" if encap == "ipip" else "GUE"
+    assert decap.reasons()[kind] >= 2, decap.reasons()  # a's probes arrived encapsulated as the VIP's traffic
     assert decap.reasons()["PASS_NOT_LOCAL"] >= FALL  # b's too, but b does not decapsulate
 
     decap.add_local(b)

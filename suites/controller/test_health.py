@@ -10,14 +10,15 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from scapy.layers.inet import IP, TCP
+from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
 from balancer import config as cfg
 from balancer import health
-from balancer.datapath import real_bytes, verify_abi
+from balancer.datapath import verify_abi
 from balancer.errors import ConfigError
+from balancer.health import hc_target_bytes
 from balancer.libbpf import BpfObject, Map, Program
 
 LOOP = "127.0.0.1"
@@ -246,19 +247,24 @@ def test_tunnel_checks_get_marks_and_4in6_is_refused() -> None:
     conf = cfg.loads(text.replace("REAL2", "203.0.113.34"), "lb.toml")
     health.require_supported(conf, "lb.toml")
     assert health.uses_tunnel(conf)
-    marks = {"203.0.113.18": 0x4C480001, "203.0.113.34": 0x4C480002}
-    targets = health.targets_of(conf, marks.__getitem__)
-    assert [(t.key, t.vip_address, t.mark) for t in targets] == [
-        (("198.51.100.100:80/tcp", "203.0.113.18"), "198.51.100.100", 0x4C480001),
-        (("198.51.100.100:80/tcp", "203.0.113.34"), "198.51.100.100", 0x4C480002)]
+    marks = {("203.0.113.18", "ipip"): 0x4C480001, ("203.0.113.34", "ipip"): 0x4C480002}
+    targets = health.targets_of(conf, lambda address, encap: marks[(address, encap)])
+    assert [(t.key, t.vip_address, t.mark, t.encap) for t in targets] == [
+        (("198.51.100.100:80/tcp", "203.0.113.18"), "198.51.100.100", 0x4C480001, "ipip"),
+        (("198.51.100.100:80/tcp", "203.0.113.34"), "198.51.100.100", 0x4C480002, "ipip")]
+    gue = cfg.loads(text.replace("REAL2", "203.0.113.34").replace('proto = "tcp"\n', 'proto = "tcp"\nencap = "gue0"\n'),
+                    "lb.toml")
+    asked: list[tuple[str, str]] = []
+    health.targets_of(gue, lambda address, encap: asked.append((address, encap)) or 1)
+    assert asked == [("203.0.113.18", "gue0"), ("203.0.113.34", "gue0")], "the VIP's encap picks the mark"
     with pytest.raises(ValueError, match="needs marks"):
         health.targets_of(conf)
     mixed = cfg.loads(text.replace("REAL2", "2001:db8::5"), "lb.toml")
     with pytest.raises(ConfigError) as err:
         health.require_supported(mixed, "lb.toml")
     assert str(err.value) == ('lb.toml: vips[0].healthcheck.via = "tunnel" cannot probe vips[0].reals[1] '
-                              "(2001:db8::5) of 198.51.100.100:80/tcp: tunnel probes are encapsulated "
-                              '4in4 or 6in6 only; use via = "direct" for this VIP')
+                              "(2001:db8::5) of 198.51.100.100:80/tcp: tunnel probes keep the VIP's family "
+                              '(4in4, 6in6, GUE over the same family); use via = "direct" for this VIP')
     direct = cfg.loads(text.replace("REAL2", "2001:db8::5").replace('via = "tunnel"', ""), "lb.toml")
     health.require_supported(direct, "lb.toml")
     assert not health.uses_tunnel(direct)
@@ -297,8 +303,8 @@ def _mark_ctx(mark: int) -> bytes:
 
 def test_hc_encap_wraps_marked_probes_in_ipip_to_their_real(hc_encap: tuple[Program, Map]) -> None:
     prog, marks = hc_encap
-    marks.update((0x4C480001).to_bytes(4, "little"), real_bytes("203.0.113.18"))
-    marks.update((0x4C480002).to_bytes(4, "little"), real_bytes("2001:db8:e1::2"))
+    marks.update((0x4C480001).to_bytes(4, "little"), hc_target_bytes("203.0.113.18", "ipip", 6080))
+    marks.update((0x4C480002).to_bytes(4, "little"), hc_target_bytes("2001:db8:e1::2", "ipip", 6080))
     eth = Ether(src="02:00:00:00:00:0a", dst="02:00:00:00:00:01")
     probe4 = eth / IP(src="192.0.2.1", dst="198.51.100.100", tos=0x10, flags="DF") / TCP(sport=40000, dport=80)
     raw = bytes(probe4)
@@ -331,3 +337,38 @@ def test_hc_encap_wraps_marked_probes_in_ipip_to_their_real(hc_encap: tuple[Prog
     # A marked probe that cannot be wrapped is dropped, never sent to the VIP bare.
     assert prog.test_run(raw6, ctx=_mark_ctx(0x4C480001)).retval == TC_ACT_SHOT
     assert prog.test_run(raw, ctx=_mark_ctx(0x4C480002)).retval == TC_ACT_SHOT
+
+
+@pytest.mark.parametrize("encap", ["gue1", "gue0"])
+def test_hc_encap_wraps_probes_of_gue_vips_in_gue(hc_encap: tuple[Program, Map], encap: str) -> None:
+    """GUE over IPv4 (UDP checksum 0) and IPv6 (checksum computed), to the configured port, variant 0 with
+    its 4-byte header naming the inner protocol; the probe byte-identical inside."""
+    prog, marks = hc_encap
+    marks.update((0x4C480011).to_bytes(4, "little"), hc_target_bytes("203.0.113.18", encap, 7000))
+    marks.update((0x4C480012).to_bytes(4, "little"), hc_target_bytes("2001:db8:e1::2", encap, 7000))
+    eth = Ether(src="02:00:00:00:00:0a", dst="02:00:00:00:00:01")
+    gue_len = 4 if encap == "gue0" else 0
+    for mark, probe, inner_proto in (
+            (0x4C480011, eth / IP(src="192.0.2.1", dst="198.51.100.100", flags="DF") / TCP(sport=40000, dport=80), 4),
+            (0x4C480012, eth / IPv6(src="2001:db8:1b::1", dst="2001:db8:100::100") / TCP(sport=40001, dport=80)
+             / (b"GET /health HTTP/1.0\r\n" * 9), 41)):
+        raw = bytes(probe)
+        res = prog.test_run(raw, ctx=_mark_ctx(mark))
+        assert res.retval == TC_ACT_OK, f"{encap} probe of family {inner_proto} dropped"
+        out = Ether(res.data)
+        udp = out[UDP]
+        assert udp.dport == 7000 and 0xC000 <= udp.sport <= 0xFFFF
+        assert udp.len == 8 + gue_len + len(raw) - 14
+        payload = bytes(udp.payload)
+        if encap == "gue0":
+            assert payload[:4] == bytes([0, inner_proto, 0, 0]), payload[:4].hex()
+        assert payload[gue_len:] == raw[14:], "the probe must travel unchanged inside"
+        if inner_proto == 4:
+            assert (out[IP].dst, out[IP].proto, out[IP].src) == ("203.0.113.18", 17, "192.0.2.1")
+            assert udp.chksum == 0  # allowed over IPv4 (RFC 768), as the balancer does
+        else:
+            assert (out[IPv6].dst, out[IPv6].nh, out[IPv6].src) == ("2001:db8:e1::2", 17, "2001:db8:1b::1")
+            assert out[IPv6].plen == udp.len
+            fresh = Ether(res.data)
+            del fresh[UDP].chksum  # scapy computes it again over the pseudo-header and the datagram
+            assert udp.chksum == Ether(bytes(fresh))[UDP].chksum, "a wrong IPv6 UDP checksum"
