@@ -66,7 +66,7 @@ def hold(ifname: str, program: str, mode: str) -> int:
         print(f"lab.floorhold: {exc}", file=sys.stderr)
         return 1
     except (_Stop, BrokenPipeError):
-        pass
+        pass  # a signal or a closed pipe ends the hold; the finally block detaches
     finally:
         if link is not None:
             link.close()  # the only reference to the link: closing it detaches the program

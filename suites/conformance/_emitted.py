@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from balancer import _abi, maglev
 from balancer.datapath import Datapath
+from lab.checksum import inet_checksum
 
 XDP_TX = 3
 ETH = 14
@@ -42,15 +43,6 @@ class Emitted:
         return int(self.src.shape[0])
 
 
-def _csum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
-
-
 def _template(vip: str, port: int) -> tuple[bytearray, int, int]:
     """A client SYN to vip:port as bytes, with the offsets of the source address and the IP header."""
     v6 = ipaddress.ip_address(vip).version == 6
@@ -71,11 +63,11 @@ def _frame(tmpl: bytearray, src_off: int, l4_off: int, src: bytes, sport: int) -
     segment = bytes(f[l4_off:])
     if len(src) == 4:
         f[ETH + 10: ETH + 12] = b"\0\0"
-        f[ETH + 10: ETH + 12] = struct.pack("!H", _csum(bytes(f[ETH: ETH + 20])))
+        f[ETH + 10: ETH + 12] = struct.pack("!H", inet_checksum(bytes(f[ETH: ETH + 20])))
         pseudo = bytes(f[ETH + 12: ETH + 20]) + struct.pack("!BBH", 0, 6, len(segment))
     else:
         pseudo = bytes(f[ETH + 8: ETH + 40]) + struct.pack("!I3xB", len(segment), 6)
-    f[l4_off + 16: l4_off + 18] = struct.pack("!H", _csum(pseudo + segment))
+    f[l4_off + 16: l4_off + 18] = struct.pack("!H", inet_checksum(pseudo + segment))
     return bytes(f)
 
 

@@ -35,8 +35,8 @@ from typing import Any
 
 import pytest
 
-from balancer.controller import Instance
 from lab.lbconf import lb_link, real_addresses
+from suites.conformance._counters import counters
 from suites.conftest import Balancer, Lab
 
 from ._record import recorded
@@ -99,16 +99,6 @@ def quiet_neighbours(lab: Lab) -> Iterator[None]:
     finally:
         for addr in made:
             lab.run(router, ["ip", "neigh", "del", addr, "dev", router_if], check=False)
-
-
-def _stats(balancer: Balancer) -> dict[str, Any]:
-    if balancer.lab.target is not None:
-        return balancer.stats()
-    inst = Instance.open(balancer.instance)
-    try:
-        return inst.stats()
-    finally:
-        inst.close()
 
 
 def _delta(after: dict[str, Any], before: dict[str, Any], section: str) -> dict[str, tuple[int, int]]:
@@ -221,7 +211,7 @@ def test_counters_equal_the_wire(lab: Lab, balancer: Balancer, encap: str, quiet
         sources = [a for c in clients for a in ("--source", c)]
 
         with lab.capture(router, router_if, pcap, snaplen=256):
-            before = _stats(balancer)
+            before = counters(balancer)
             answers = json.loads(lab.python("client", "lab.traffic", "udp", "--vip", vip, "--port", "9000",
                                             "--count", str(UDP_DATAGRAMS), *sources).stdout)
             answers += json.loads(lab.python("client", "lab.traffic", "http", "--vip", vip, "--port", "80",
@@ -234,7 +224,7 @@ def test_counters_equal_the_wire(lab: Lab, balancer: Balancer, encap: str, quiet
 
             def behind() -> list[str]:
                 wire = Wire(read_frames(pcap), lb_mac, vips, reals, clients)
-                moved = _delta(_stats(balancer), before, "reasons")
+                moved = _delta(counters(balancer), before, "reasons")
                 got = {k: v[0] for k, v in moved.items()}
                 want = {k: v[0] for k, v in wire.reasons.items()}
                 emitted = sum(wire.encapsulated.values())
@@ -243,7 +233,7 @@ def test_counters_equal_the_wire(lab: Lab, balancer: Balancer, encap: str, quiet
                 return [f"counters {got}, frames to the LB {want}, encapsulated frames back {emitted}"]
 
             lag = poll(CATCH_UP_DEADLINE_S, behind)
-            after = _stats(balancer)
+            after = counters(balancer)
         wire = Wire(read_frames(pcap), lb_mac, vips, reals, clients)
 
         failed = [a for a in answers if "error" in a]
