@@ -141,7 +141,7 @@ struct lb_flow {
 struct lb_session {
 	__u32 real_id;
 	__u32 pad;
-	__u64 atime_ns; /* bpf_ktime_get_ns() of the last packet, for UDP expiry */
+	__u64 atime_ns; /* bpf_ktime_get_coarse_ns() of the last packet, for UDP expiry */
 };
 
 struct lb_counter {
