@@ -39,6 +39,8 @@ from lab.state import LabState, netns_name, state_dir
 from suites.lab import probes
 from suites.lab.probes import bpf_available
 
+BFD_UP_DEADLINE_S = 10.0
+
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "mlt-"
 LBS = ("lb1", "lb2")
@@ -169,7 +171,12 @@ def test_bgp_sessions_are_established(mlb: MultiLb) -> None:
         expected = {str(peer) for _, peer, _ in frr.peers(mlb.topo, node)}
         assert set(states) == expected and len(expected) == (4 if node == "router" else 2)
         assert set(states.values()) == {"Established"}, states
+    # BFD comes up after BGP (its sessions start once the peers are configured): poll, with a deadline.
+    deadline = time.monotonic() + BFD_UP_DEADLINE_S
     bfd = frr.vtysh(mlb.name, "router", "show bfd peers brief")
+    while bfd.count(" up ") != 4 and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling interval, not synchronisation: the loop re-reads the sessions
+        bfd = frr.vtysh(mlb.name, "router", "show bfd peers brief")
     assert bfd.count(" up ") == 4, bfd
 
 
