@@ -366,33 +366,6 @@ class Map:
             token_in = ctypes.create_string_buffer(token_out.raw, self.key_size)
         return keys[:count], values[:count]
 
-    def lookup_batch_raw(self, after: bytes | None, count: int) -> tuple[bytes, bytes]:
-        """Like lookup_batch, but the keys and values packed end to end (not per-CPU maps): no Python
-        object per element, for reading whole rings."""
-        if self.percpu:
-            raise DatapathError(f"batch-read packed values of per-CPU map '{self.name}'", _errno.EINVAL)
-        keys, values = bytearray(), bytearray()
-        got = 0
-        token_in = ctypes.create_string_buffer(after, self.key_size) if after is not None else None
-        token_out = ctypes.create_string_buffer(self.key_size)
-        while got < count:
-            want = min(count - got, 65536)
-            kb = ctypes.create_string_buffer(want * self.key_size)
-            vb = ctypes.create_string_buffer(want * self.value_size)
-            n = ctypes.c_uint32(want)
-            opts = _BatchOpts(sz=ctypes.sizeof(_BatchOpts))
-            ret = lib().bpf_map_lookup_batch(self.fd, token_in, token_out, kb, vb, ctypes.byref(n),
-                                             ctypes.byref(opts))
-            if ret < 0 and ret != -_errno.ENOENT:
-                _check(ret, f"batch-read map '{self.name}'")
-            keys += kb.raw[:n.value * self.key_size]
-            values += vb.raw[:n.value * self.value_size]
-            got += n.value
-            if ret == -_errno.ENOENT or n.value == 0:
-                break
-            token_in = ctypes.create_string_buffer(token_out.raw, self.key_size)
-        return bytes(keys[:count * self.key_size]), bytes(values[:count * self.value_size])
-
     def mmap_u32(self) -> npt.NDArray[np.uint32]:
         """The elements of a BPF_F_MMAPABLE array of 32-bit values as a writable array over the map's
         own memory (elements sit 8 bytes apart, as the kernel rounds array elements up to 8).
