@@ -1,36 +1,68 @@
-"""demo.py: `l4lab demo` — real traffic through the XDP balancer in every encap mode, then teardown.
+"""demo.py: `l4lab demo` — the encapsulation modes compared on real traffic, then teardown.
 
 Builds the default lab, loads the balancer in the LB node with `lbctl` (as an operator would),
-and for each encap id makes HTTP requests and UDP echoes from the client to the VIP while
-capturing the LB's link on the router. It holds only if every request was answered, every real
-served, and the capture shows the LB received client→VIP packets only and emitted only
-encapsulated ones (replies went straight from the reals to the client: DSR). It prints a summary,
-writes a demo result and the HTML report, and always removes the lab.
+and for each encap id checks four things, each a figure the demo measured and compared:
+
+    works/DSR  HTTP requests and UDP echoes from the client to the VIP while capturing the LB's
+               link on the router: every request answered, every real served, and the LB received
+               client→VIP packets only and emitted only encapsulated ones (0 replies crossed it).
+    spread     the outer headers the real balancer program writes for SPREAD_FLOWS flows
+               (BPF_PROG_TEST_RUN), hashed as a NIC does (lab/rss.py: Toeplitz, 8 queues), with a
+               fixed and a flow-derived outer source, under "sd" and (GUE) "sdfn": one queue where
+               the outer headers do not vary, max/mean ≤ 1.25 where they do.
+    PMTU       a 1500-byte UDP datagram with DF to the VIP: the LB answers "too big" itself and the
+               client's socket learns 1500 − the encap's overhead (a resend fails EMSGSIZE).
+    churn      CHURN_CONNS live TCP connections to an echo VIP, then one of three reals removed:
+               its connections must be reset (fail fast), no connection of a surviving real may
+               break (collateral 0) and no new flow may reach it.
+
+It prints a summary, writes a demo result (and rss, pmtu and churn results beside it) and the
+HTML report, and always removes the lab. The whole run takes under a minute on 2 vCPUs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ipaddress
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from balancer import config as cfg
 from lab import netns, topology
 from lab.capture import Capture, classify_lb_link
 from lab.errors import LabError
-from lab.lbconf import ENCAP_IDS, balancer_config, lb_link
+from lab.lbconf import ENCAP_IDS, balancer_config, lb_link, peer_mac, real_addresses
 from lab.nsexec import nsenter_argv
 from lab.state import netns_name, state_dir
 
 REPO = Path(__file__).resolve().parent.parent
 GUE_PORT = 6080
+UDP_PORT = 9000
+ECHO_PORT = 7007
+SPREAD_FLOWS = 6000  # through the program; about a third land on the real under study
+NQUEUES = 8
+MAX_OVER_MEAN = 1.25
+PMTU_SIZE = 1500  # the client's link MTU: the datagram fits the first hop, not the encapsulated path
+CHURN_CONNS = 60
+CHURN_OBSERVE_S = 1.5
+MOVED = "real3"  # the real the churn run removes
+
+
+def _use_suite_helpers() -> None:
+    """Make the checkout's suites importable: the demo runs the conformance suite's own flow emitter,
+    echo servers and churn client (suites/conformance/_emitted.py, _tcp_services.py, _churn_client.py)
+    rather than copies of them. `make demo` always runs from a checkout."""
+    if str(REPO) not in sys.path:
+        sys.path.append(str(REPO))
 
 
 @dataclass
@@ -44,14 +76,35 @@ class EncapRun:
     stray: list[str] = field(default_factory=list)  # anything else seen on the LB's link
     lb_tx: int = 0           # the LB's own count of encapsulated packets
     errors: list[str] = field(default_factory=list)
+    spread: list[dict[str, Any]] = field(default_factory=list)   # schema.DemoSpread fields
+    pmtu: dict[str, Any] | None = None                            # schema.DemoPmtu fields
+    churn: dict[str, Any] | None = None                           # schema.DemoChurn fields
 
     @property
     def dsr_ok(self) -> bool:
         return not self.stray and self.to_lb > 0 and self.from_lb == self.to_lb
 
+    def works(self, nreals: int) -> bool:
+        return self.ok == self.requests > 0 and len(self.reals) == nreals and self.lb_tx == self.to_lb
+
+    @property
+    def spread_ok(self) -> bool:
+        return bool(self.spread) and all(s["held"] for s in self.spread)
+
+    @property
+    def pmtu_ok(self) -> bool:
+        p = self.pmtu
+        return p is not None and p["learnt_mtu"] == p["expected_mtu"] and p["lb_too_big"] > 0 \
+            and p["resend"] == "EMSGSIZE"
+
+    @property
+    def churn_ok(self) -> bool:
+        c = self.churn
+        return c is not None and c["on_removed"] > 0 and c["reset"] == c["on_removed"] and c["collateral"] == 0 \
+            and c["new_flows"] > 0 and c["new_to_removed"] == 0 and c["new_failed"] == 0
+
     def held(self, nreals: int) -> bool:
-        return (self.ok == self.requests > 0 and len(self.reals) == nreals and self.dsr_ok
-                and self.lb_tx == self.to_lb)
+        return self.works(nreals) and self.dsr_ok and self.spread_ok and self.pmtu_ok and self.churn_ok
 
 
 def lbctl(lab: str, args: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -63,27 +116,44 @@ def lbctl(lab: str, args: Sequence[str], check: bool = True) -> subprocess.Compl
     return done
 
 
-def run_encap(lab: str, topo: topology.Topology, encap_id: str, requests: int, work: Path) -> EncapRun:
-    fam, encap = ENCAP_IDS[encap_id]
-    run = EncapRun(encap_id)
-    conf = balancer_config(topo, lab, encaps={fam: encap})
-    conf_file = work / f"lb-{encap_id}.toml"
+def _in_node(lab: str, node: str, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(nsenter_argv(netns_name(lab, node), list(argv)), capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, check=False)
+
+
+def _apply(lab: str, conf: cfg.Config, work: Path, name: str) -> None:
+    conf_file = work / f"lb-{name}.toml"
     conf_file.write_text(cfg.dump(conf))
     lbctl(lab, ["apply", str(conf_file)])
+
+
+def _stats(lab: str) -> dict[str, Any]:
+    stats: dict[str, Any] = json.loads(lbctl(lab, ["stats", "--json"]).stdout)
+    return stats
+
+
+def _delta(before: dict[str, Any], after: dict[str, Any], reason: str) -> int:
+    return int(after["reasons"][reason]["packets"] - before["reasons"][reason]["packets"])
+
+
+def run_traffic(lab: str, topo: topology.Topology, run: EncapRun, requests: int, work: Path) -> None:
+    """HTTP and UDP through the VIPs of the encap's family, with the LB's link captured (works, DSR)."""
+    fam, encap = ENCAP_IDS[run.encap_id]
+    conf = balancer_config(topo, lab, encaps={fam: encap})
+    _apply(lab, conf, work, run.encap_id)
     vips = {str(v.address) for v in conf.vips}
     clients = {str(a.ip) for link in topo.links for ep in link.endpoints if ep.node == "client"
                for a in ep.all_addresses if a.version == fam}
-    before = json.loads(lbctl(lab, ["stats", "--json"]).stdout)
+    before = _stats(lab)
     lb_if, router, router_if = lb_link(topo)
-    pcap = work / f"{encap_id}.pcap"
+    pcap = work / f"{run.encap_id}.pcap"
     cap = Capture(lab, router, router_if, pcap)
     try:
         for vip in sorted(vips):
-            for kind, port in (("http", 80), ("udp", 9000)):
+            for kind, port in (("http", 80), ("udp", UDP_PORT)):
                 argv = [sys.executable, "-m", "lab.traffic", kind, "--vip", vip, "--port", str(port),
                         "--count", str(requests)] + [a for c in sorted(clients) for a in ("--source", c)]
-                done = subprocess.run(nsenter_argv(netns_name(lab, "client"), argv), capture_output=True,
-                                      text=True, timeout=120, cwd=REPO, check=False)
+                done = _in_node(lab, "client", argv, timeout=120)
                 if done.returncode != 0:
                     run.errors.append(done.stderr.strip()[-300:])
                     continue
@@ -97,70 +167,256 @@ def run_encap(lab: str, topo: topology.Topology, encap_id: str, requests: int, w
                     run.reals[r["node"]] = run.reals.get(r["node"], 0) + 1
     finally:
         cap.stop()
-    after = json.loads(lbctl(lab, ["stats", "--json"]).stdout)
-    run.lb_tx = after["reasons"]["TX_ENCAP"]["packets"] - before["reasons"]["TX_ENCAP"]["packets"]
-    from lab.lbconf import peer_mac
+    run.lb_tx = _delta(before, _stats(lab), "TX_ENCAP")
     counts = classify_lb_link(pcap, peer_mac(lab, "lb", lb_if).lower(), vips, clients, GUE_PORT)
     run.to_lb, run.from_lb, run.stray = counts.to_lb, counts.from_lb, counts.stray
-    return run
+
+
+def run_spread(topo: topology.Topology, run: EncapRun) -> None:
+    """The NIC model's queues for the outer headers the balancer program writes (no lab traffic)."""
+    import numpy as np
+
+    from balancer import _abi
+    from lab.rss import Toeplitz, indirection_table, queues_of, spread
+    from suites.conformance._emitted import emit_flows
+
+    fam, mode = ENCAP_IDS[run.encap_id]
+    vip = next(str(v.address) for v in topo.vips if v.address.version == fam)
+    reals = sorted(real_addresses(topo, fam).values(), key=lambda a: ipaddress.ip_address(a).packed)
+    src4 = next(str(p) for p in topo.lb_source_prefixes if p.version == 4)
+    src6 = next(str(p) for p in topo.lb_source_prefixes if p.version == 6)
+    hasher, reta = Toeplitz(), indirection_table(NQUEUES)
+    obj = str(REPO / "build" / "bpf" / "balancer.o")
+    encap = {"ipip": _abi.Encap.IPIP, "gue1": _abi.Encap.GUE1, "gue0": _abi.Encap.GUE0}[mode]
+    for outer_src in ("fixed", "flow"):
+        out = emit_flows(obj, vip=vip, port=80, reals=reals, encap=encap, flow_src=outer_src == "flow",
+                         src4=src4, src6=src6, flows=SPREAD_FLOWS, real=reals[0])
+        # IPIP carries no ports a NIC parses: it is hashed on addresses whatever the NIC's setting.
+        for fields in (("sd",) if mode == "ipip" else ("sd", "sdfn")):
+            rows = np.concatenate([out.src, out.dst] + ([out.ports] if fields == "sdfn" else []), axis=1)
+            queues = queues_of(hasher.hash(rows), reta)
+            s = spread(queues, NQUEUES)
+            used = sum(1 for c in s.counts if c)
+            one_queue = outer_src == "fixed" and fields == "sd"
+            held = out.flows > 0 and (used == 1 if one_queue else s.max_over_mean <= MAX_OVER_MEAN)
+            run.spread.append({"name": f"{outer_src}-src-{fields}", "queues_used": used, "nqueues": NQUEUES,
+                               "max_over_mean": round(s.max_over_mean, 3), "held": held,
+                               "rss": {"name": f"{mode}-{outer_src}-src-{fields}", "queue_counts": list(s.counts),
+                                       "nqueues": NQUEUES, "flows": int(queues.size),
+                                       "max_over_mean": round(s.max_over_mean, 4), "chi2": round(s.chi2, 3),
+                                       "p_value": s.p_value, "counted": "flows", "source": "model"}})
+
+
+def run_pmtu(lab: str, topo: topology.Topology, run: EncapRun) -> None:
+    """One DF datagram of PMTU_SIZE bytes to the VIP: the LB's ICMP and the MTU the client learnt."""
+    from lab.bench import ENCAPS
+
+    fam, _ = ENCAP_IDS[run.encap_id]
+    vip = next(str(v.address) for v in topo.vips if v.address.version == fam)
+    for version in ("-4", "-6"):
+        _in_node(lab, "client", ["ip", version, "route", "flush", "cache"])
+    before = _stats(lab)
+    done = _in_node(lab, "client", [sys.executable, "-m", "suites.conformance._udp_df", "--vip", vip,
+                                    "--port", str(UDP_PORT), "--size", str(PMTU_SIZE), "--wait", "2"])
+    if done.returncode != 0:
+        run.errors.append(f"pmtu probe: {done.stderr.strip()[-300:]}")
+        return
+    probe = json.loads(done.stdout)
+    run.pmtu = {"sent_bytes": PMTU_SIZE, "expected_mtu": PMTU_SIZE - ENCAPS[run.encap_id].overhead,
+                "learnt_mtu": probe["mtu_learnt"] if probe["mtu_learnt"] < PMTU_SIZE else None,
+                "lb_too_big": _delta(before, _stats(lab), "TX_ICMP_TOO_BIG"), "resend": probe["resend"]}
+    for version in ("-4", "-6"):  # the next encap has another overhead: start it from the link's MTU
+        _in_node(lab, "client", ["ip", version, "route", "flush", "cache"])
+
+
+def _ring_collateral(topo: topology.Topology, fam: int) -> tuple[int, int]:
+    """(slots moved between surviving reals, ring size) when MOVED leaves the lab's ring."""
+    import numpy as np
+
+    from balancer import maglev
+
+    addrs = real_addresses(topo, fam)
+    ids = {node: i for i, node in enumerate(sorted(addrs), start=1)}
+    size = maglev.DEFAULT_RING_SIZE
+    full = maglev.build_ring({ids[n]: (a, 1) for n, a in addrs.items()}, size)
+    less = maglev.build_ring({ids[n]: (a, 1) for n, a in addrs.items() if n != MOVED}, size)
+    changed = int(np.count_nonzero(full != less))
+    return changed - int(np.count_nonzero(full == ids[MOVED])), size
+
+
+@contextlib.contextmanager
+def echo_services(lab: str, topo: topology.Topology) -> Iterator[None]:
+    """A line echo on ECHO_PORT of every VIP on every real, pinned to CPU 0 (as test_churn does)."""
+    from suites.conformance._tcp_services import Services
+
+    binds = [f"[{v.address}]:{ECHO_PORT}" if v.address.version == 6 else f"{v.address}:{ECHO_PORT}"
+             for v in topo.vips]
+    with Services(lab, sorted(real_addresses(topo, 4)), "echo", binds, cpu=0):
+        yield
+
+
+def _kill_echo_connections(lab: str, topo: topology.Topology) -> None:
+    """The removed real keeps its connections ESTABLISHED (nothing reaches it): end them."""
+    for node in sorted(real_addresses(topo, 4)):
+        _in_node(lab, node, ["ss", "-K", "-tn", "state", "connected", "sport", "=", f":{ECHO_PORT}"])
+
+
+def run_churn(lab: str, topo: topology.Topology, run: EncapRun, work: Path) -> None:
+    """CHURN_CONNS live connections to the echo VIP, then MOVED removed from it with `lbctl real del`."""
+    from suites.conformance._churn_client import ChurnClient
+
+    fam, encap = ENCAP_IDS[run.encap_id]
+    conf = balancer_config(topo, lab, encaps={fam: encap})
+    first: dict[Any, cfg.Vip] = {}
+    for v in conf.vips:
+        first.setdefault(v.address, v)
+    _apply(lab, replace(conf, vips=tuple(replace(v, port=ECHO_PORT, proto="tcp") for v in first.values())),
+           work, f"{run.encap_id}-churn")
+    vip = next(str(a) for a in first)
+    address = real_addresses(topo, fam)[MOVED]
+    _kill_echo_connections(lab, topo)
+    try:
+        with ChurnClient(lab, "client", vip, ECHO_PORT, "--conns", str(CHURN_CONNS), "--interval", "0.25",
+                         "--timeout", "2.0", "--new-every", "0.05", "--cpu", "0") as client:
+            client.mark("change")
+            lbctl(lab, ["real", "del", vip, str(ECHO_PORT), "tcp", address])
+            applied = client.mark("applied")
+            report = client.stop(after=CHURN_OBSERVE_S)
+    finally:
+        _kill_echo_connections(lab, topo)
+    conns = report["conns"]
+    victims = [c for c in conns if c["node"] == MOVED]
+    late = [f for f in report["new"] if f["t"] > applied]
+    slots, size = _ring_collateral(topo, fam)
+    run.churn = {"connections": len(conns), "on_removed": len(victims),
+                 "reset": sum(c["status"] == "reset" for c in victims),
+                 "collateral": sum(c["status"] != "ok" for c in conns if c["node"] != MOVED),
+                 "new_flows": len(late), "new_to_removed": sum(f.get("node") == MOVED for f in late),
+                 "new_failed": sum("error" in f for f in late), "ring_collateral_slots": slots, "ring_size": size}
+
+
+def _spread_text(run: EncapRun) -> str:
+    """`fixed: sd 1/8q sdfn 1.04; flow: sd 1.05 …`: queues used where not all, else max/mean."""
+    groups: dict[str, list[str]] = {}
+    for s in run.spread:
+        source, _, fields = s["name"].partition("-src-")
+        figure = f"{s['queues_used']}/{s['nqueues']}q" if s["queues_used"] < s["nqueues"] else \
+            f"{s['max_over_mean']:.2f}"
+        groups.setdefault(source, []).append(f"{fields} {figure}")
+    return "; ".join(f"{k}: {' '.join(v)}" for k, v in groups.items()) or "–"
+
+
+def _pmtu_text(run: EncapRun) -> str:
+    p = run.pmtu
+    return "–" if p is None else f"{p['learnt_mtu'] or 'none'} (want {p['expected_mtu']})"
+
+
+def _churn_text(run: EncapRun) -> str:
+    c = run.churn
+    return "–" if c is None else f"{c['reset']}/{c['on_removed']} reset, {c['collateral']} collateral"
 
 
 def summary(runs: list[EncapRun], nreals: int) -> str:
-    head = f"{'encap':<12}{'requests':>9}{'ok':>6}  {'reals (answers)':<34}{'to LB':>7}{'from LB':>8}" \
-           f"{'LB tx':>7}  {'DSR':<4} result"
+    """The per-encap table the demo prints: each column a figure it checked, and whether it held."""
+    def mark(ok: bool) -> str:
+        return "" if ok else " ✗"
+
+    head = f"{'encap':<11}{'works':<12}{'DSR (replies via LB)':<22}" \
+           f"{'RSS spread by outer source (max/mean, or queues)':<52}{'PMTU learnt':<18}" \
+           f"{'churn (1 of 3 removed)':<28}result"
     lines = [head, "-" * len(head)]
     for r in runs:
-        reals = " ".join(f"{k}:{v}" for k, v in sorted(r.reals.items()))
-        lines.append(f"{r.encap_id:<12}{r.requests:>9}{r.ok:>6}  {reals:<34}{r.to_lb:>7}{r.from_lb:>8}"
-                     f"{r.lb_tx:>7}  {'yes' if r.dsr_ok else 'NO':<4} {'ok' if r.held(nreals) else 'FAILED'}")
+        works = f"{r.ok}/{r.requests}{mark(r.works(nreals))}"
+        dsr = f"{'held' if r.dsr_ok else 'NO'} ({len(r.stray)})"
+        lines.append(f"{r.encap_id:<11}{works:<12}{dsr:<22}{_spread_text(r) + mark(r.spread_ok):<52}"
+                     f"{_pmtu_text(r) + mark(r.pmtu_ok):<18}{_churn_text(r) + mark(r.churn_ok):<28}"
+                     f"{'ok' if r.held(nreals) else 'FAILED'}")
     return "\n".join(lines)
 
 
 def write_outputs(runs: list[EncapRun], nreals: int) -> Path | None:
+    """The demo result, plus rss, pmtu and churn results of the same figures; then the report."""
     try:
         from reports import render, schema
     except ImportError:
         return None
-    payload = {"encaps": [{"encap": r.encap_id, "requests": r.requests, "ok": r.ok,
-                           "reals_seen": sorted(r.reals), "lb_saw_only_client_to_vip": r.dsr_ok}
-                          for r in runs]}
-    schema.write_result("demo", "demo", payload)
+    encaps = []
+    for r in runs:
+        encaps.append({"encap": r.encap_id, "requests": r.requests, "ok": r.ok, "reals_seen": sorted(r.reals),
+                       "lb_saw_only_client_to_vip": r.dsr_ok, "to_lb": r.to_lb, "from_lb": r.from_lb,
+                       "replies_via_lb": len(r.stray),
+                       "spread": [{k: v for k, v in s.items() if k != "rss"} for s in r.spread],
+                       "pmtu": r.pmtu, "churn": r.churn})
+        if r.spread:
+            schema.write_result("rss", schema.case_id("demo_spread", r.encap_id),
+                                {"scenarios": [s["rss"] for s in r.spread]})
+        if r.pmtu is not None:
+            p = r.pmtu
+            schema.write_result("pmtu", schema.case_id("demo_pmtu", r.encap_id), {"encap": r.encap_id, "scenarios": [
+                {"name": "udp-df", "completed": p["learnt_mtu"] == p["expected_mtu"], "seconds": 0.0,
+                 "route_mtu": p["learnt_mtu"]}]})
+    schema.write_result("demo", "demo", {"encaps": encaps})
     return render.render(out=REPO / "reports" / "out" / "index.html")
 
 
+def _step(what: str) -> Callable[[], None]:
+    """Print `what` now and its duration when the returned function is called."""
+    t0 = time.monotonic()
+    print(f"  {what} ...", end="", flush=True)
+    return lambda: print(f" {time.monotonic() - t0:.1f} s", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="l4lab demo", description="Balance real traffic in every encap mode.")
-    ap.add_argument("--name", default="l4demo", help="lab name (default l4demo)")
+    ap = argparse.ArgumentParser(prog="l4lab demo", description="Compare the encap modes on real traffic.")
+    ap.add_argument("--name", default="l4lab", help="lab name (default l4lab)")
     ap.add_argument("--topology", default="default")
-    ap.add_argument("--requests", type=int, default=24, help="requests per VIP, service and encap")
+    ap.add_argument("--requests", type=int, default=16, help="requests per VIP, service and encap")
     ap.add_argument("--encap", action="append", choices=sorted(ENCAP_IDS), help="default: all")
     args = ap.parse_args(argv)
+    _use_suite_helpers()
     topo = topology.load(args.topology)
     nreals = len(topo.nodes_with_role("real"))
     runs: list[EncapRun] = []
+    started = time.monotonic()
     with ExitStack() as stack:
-        t0 = time.monotonic()
+        done = _step(f"lab '{args.name}' ({args.topology}) up")
         netns.build(topo, args.name)
         stack.callback(netns.teardown, args.name)
-        print(f"lab '{args.name}' ({args.topology}) up in {time.monotonic() - t0:.2f} s")
+        done()
         work = state_dir(args.name)
         lb_if = lb_link(topo)[0]
         lbctl(args.name, ["load", "--interface", lb_if, "--mode", "native"])
         stack.callback(lbctl, args.name, ["unload"], False)
-        print(lbctl(args.name, ["status"]).stdout.strip().splitlines()[1])
+        print("  " + lbctl(args.name, ["status"]).stdout.strip().splitlines()[1])
+        stack.enter_context(echo_services(args.name, topo))
         for encap_id in args.encap or list(ENCAP_IDS):
-            run = run_encap(args.name, topo, encap_id, args.requests, work)
+            run = EncapRun(encap_id)
             runs.append(run)
-            print(f"  {encap_id}: {run.ok}/{run.requests} answered by {len(run.reals)} reals"
-                  + (f"; problems: {run.stray[:2] + run.errors[:2]}" if run.stray or run.errors else ""))
+            done = _step(f"{encap_id}: traffic and capture")
+            run_traffic(args.name, topo, run, args.requests, work)
+            done()
+            done = _step(f"{encap_id}: RSS spread (model)")
+            run_spread(topo, run)
+            done()
+            done = _step(f"{encap_id}: PMTU")
+            run_pmtu(args.name, topo, run)
+            done()
+            done = _step(f"{encap_id}: churn, {MOVED} removed under {CHURN_CONNS} connections")
+            run_churn(args.name, topo, run, work)
+            done()
+            if run.stray or run.errors:
+                print(f"    problems: {run.stray[:2] + run.errors[:2]}")
+        done = _step("lab down")
+    done()
     print()
     print(summary(runs, nreals))
     report = write_outputs(runs, nreals)
     if report is not None:
         print(f"\nreport: {os.path.relpath(report, Path.cwd())}")
     held = all(r.held(nreals) for r in runs)
-    print("\ndemo " + ("held: every request answered by the reals directly, the LB saw only client→VIP"
-                       if held else "FAILED: see the rows above"))
+    print(f"\ndemo {'held' if held else 'FAILED'} in {time.monotonic() - started:.1f} s: "
+          + ("every request answered by the reals directly (0 replies via the LB), spread, PMTU and churn "
+             "as expected" if held else "see the rows marked ✗ above"))
     return 0 if held else 1
 
 

@@ -58,7 +58,10 @@ __all__ = [
     "ChurnPoint",
     "ConformancePayload",
     "ConnectionOutcomes",
+    "DemoChurn",
     "DemoEncap",
+    "DemoPmtu",
+    "DemoSpread",
     "DemoPayload",
     "FailoverPayload",
     "Floor",
@@ -419,14 +422,57 @@ class ConformancePayload:
 
 
 @dataclass(frozen=True)
+class DemoSpread:
+    """The NIC model's spread of one outer-header setting over a real's queues (demo summary)."""
+
+    name: str = field(metadata=_rule(_non_empty))  # fixed-src-sd, flow-src-sdfn, ...
+    queues_used: int = field(metadata=_rule(_at_least(0)))
+    nqueues: int = field(metadata=_rule(_at_least(1)))
+    max_over_mean: float = field(metadata=_rule(_at_least(0)))
+    held: bool  # one queue where the outer headers do not vary, max/mean ≤ 1.25 where they do
+
+
+@dataclass(frozen=True)
+class DemoPmtu:
+    """A DF datagram larger than the path after encapsulation: the MTU the client learnt from the LB."""
+
+    sent_bytes: int = field(metadata=_rule(_at_least(0)))
+    expected_mtu: int = field(metadata=_rule(_at_least(0)))  # egress MTU − the encap's overhead
+    learnt_mtu: int | None  # the client socket's path MTU afterwards; None: nothing learnt
+    lb_too_big: int = field(metadata=_rule(_at_least(0)))  # the LB's own ICMP answers
+    resend: str  # what sending the same datagram again did: EMSGSIZE when the MTU was learnt
+
+
+@dataclass(frozen=True)
+class DemoChurn:
+    """One of three reals removed under live connections: who was reset, who suffered as collateral."""
+
+    connections: int = field(metadata=_rule(_at_least(0)))
+    on_removed: int = field(metadata=_rule(_at_least(0)))  # connections the removed real served
+    reset: int = field(metadata=_rule(_at_least(0)))  # of those, ended by RST (fail fast)
+    collateral: int = field(metadata=_rule(_at_least(0)))  # connections of surviving reals that broke
+    new_flows: int = field(metadata=_rule(_at_least(0)))  # new flows opened after the removal
+    new_to_removed: int = field(metadata=_rule(_at_least(0)))  # of those, answered by the removed real
+    new_failed: int = field(metadata=_rule(_at_least(0)))
+    ring_collateral_slots: int = field(metadata=_rule(_at_least(0)))  # Maglev slots moved between survivors
+    ring_size: int = field(metadata=_rule(_at_least(1)))
+
+
+@dataclass(frozen=True)
 class DemoEncap:
-    """Real traffic balanced through the lab in one encap."""
+    """Real traffic balanced through the lab in one encap, and what the demo checked beside it."""
 
     encap: EncapId
     requests: int = field(metadata=_rule(_at_least(0)))
     ok: int = field(metadata=_rule(_at_least(0)))
     reals_seen: list[str]  # the reals that answered
     lb_saw_only_client_to_vip: bool  # DSR: the LB never saw a reply
+    to_lb: int | None = None  # frames router → LB in the capture (all client → VIP)
+    from_lb: int | None = None  # frames LB → router (all encapsulated client → VIP)
+    replies_via_lb: int | None = None  # frames on the LB's link that were neither: 0 when DSR held
+    spread: list[DemoSpread] = field(default_factory=list)
+    pmtu: DemoPmtu | None = None
+    churn: DemoChurn | None = None
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if self.ok > self.requests:
