@@ -129,6 +129,7 @@ class Report:
     results_file: Path | None = None
     generator: str = "xdp-live"  # the results' generator (reports/schema.py BenchPayload)
     egress_mtu: int = LINK_MTU  # MTU of the LB's egress link
+    nic: dict[str, Any] | None = None  # hardware runs: reports/schema.py Nic fields
 
 
 # --- the testbed ----------------------------------------------------------------------------------
@@ -407,7 +408,7 @@ def latency_figures(m: Measured) -> list[Any]:
 
 
 def bench_payload(report: Report, sizes: Sequence[FrameSpec], encaps: Sequence[str]) -> Any:
-    from reports.schema import BenchPayload, BenchPoint, ControllerFigure, Floor, MicroFigure, Trial
+    from reports.schema import BenchPayload, BenchPoint, ControllerFigure, Floor, MicroFigure, Nic, Trial
 
     points = []
     for size in sizes:
@@ -434,7 +435,7 @@ def bench_payload(report: Report, sizes: Sequence[FrameSpec], encaps: Sequence[s
             fig = report.controller[key]
             controller.append(ControllerFigure(name=label, ms=round(fig["ms"], 3), ring_slots=fig["ring_slots"]))
     return BenchPayload(generator=report.generator, egress_mtu=report.egress_mtu, points=points,  # type: ignore[arg-type]
-                        micro=micro, controller=controller)
+                        micro=micro, controller=controller, nic=Nic(**report.nic) if report.nic else None)
 
 
 def summary_lines(report: Report, opts: Options) -> list[str]:

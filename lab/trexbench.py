@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import select
 import shlex
 import signal
@@ -78,6 +79,8 @@ class LbHost:
     mac: str
     mtu: int
     speed_mbps: int | None  # None: the driver does not say (virtual NICs)
+    driver: str = ""  # `ethtool -i`
+    model: str = ""  # lspci's vendor and device names, else the PCI ids
 
     def describe(self) -> str:
         speed = f"{self.speed_mbps / 1000:g} Gb/s" if self.speed_mbps else "speed unknown"
@@ -111,15 +114,35 @@ def lb_host(target: Target) -> LbHost:
     mac = target.mac(node, topo_if)
     # Netlink and ethtool, not /sys/class/net: they answer for the network namespace ssh lands in.
     quoted = shlex.quote(ifname)
-    out = target.run(node, ["sh", "-c", f"ip -j link show dev {quoted} && {{ ethtool {quoted} 2>/dev/null || true; }}"]
-                     ).stdout
+    nic = (f"echo {_NIC_MARK}; ethtool -i {quoted} 2>/dev/null; bus=$(ethtool -i {quoted} 2>/dev/null | "
+           f"sed -n 's/^bus-info: //p'); [ -n \"$bus\" ] && {{ lspci -mm -nn -s \"$bus\" 2>/dev/null || true; }}")
+    out = target.run(node, ["sh", "-c", f"ip -j link show dev {quoted} && {{ ethtool {quoted} 2>/dev/null || true; }}"
+                                        f"; {nic}"]).stdout
+    out, _, nic_text = out.partition(_NIC_MARK + "\n")
     first, _, rest = out.partition("\n")
     try:
         mtu = int(json.loads(first)[0]["mtu"])
     except (ValueError, LookupError, TypeError):
         raise LabError(f"cannot read the MTU of {ifname} on {node} from `ip -j link show`: got {first!r}") from None
     speed = next((_mbps(line) for line in rest.splitlines() if line.strip().startswith("Speed:")), None)
-    return LbHost(target, node, ifname, mac, mtu, speed)
+    driver, model = nic_identity(nic_text)
+    return LbHost(target, node, ifname, mac, mtu, speed, driver, model)
+
+
+_NIC_MARK = "--- nic ---"
+
+
+def nic_identity(text: str) -> tuple[str, str]:
+    """(driver, model) from `ethtool -i` followed by `lspci -mm -nn -s BUS`; empty strings when unknown.
+
+    lspci -mm quotes its fields: slot "class [id]" "vendor [id]" "device [id]" …"""
+    driver = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("driver:")), "")
+    model = ""
+    for line in text.splitlines():
+        fields = re.findall(r'"([^"]*)"', line)
+        if len(fields) >= 3 and "Ethernet" in fields[0]:
+            model = f"{fields[1]} {fields[2]}".strip()
+    return driver, model
 
 
 def _mbps(line: str) -> int | None:
@@ -388,7 +411,9 @@ def bench_trex(opts: Options, say: Callable[[str], None] = print, make: Generato
     trex = trex_ports(target)
     lb = lb_host(target)
     started = time.monotonic()
-    report = Report(generator="trex", egress_mtu=lb.mtu)
+    report = Report(generator="trex", egress_mtu=lb.mtu,
+                    nic={"model": lb.model or "unknown", "driver": lb.driver, "speed_mbps": lb.speed_mbps}
+                    if lb.driver else None)
     say(f"hardware bench of {target.name}: TRex {trex.server} port {trex.tx_port} → LB {lb.describe()} → "
         f"TRex port {trex.rx_port} (XDP_TX floor: port {trex.tx_port}; XDP_DROP floor: the LB's count)")
     say(f"NDR/PDR search ({'quick' if opts.quick else 'full'}), {opts.flows} flows:")

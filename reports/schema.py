@@ -19,8 +19,9 @@ a writer fails loudly instead of vanishing from the report. Every error names th
 dotted field path (``payload.points[3].ndr_mpps``).
 
 Results live in ``results/`` at the repository top, or in ``$L4LAB_RESULTS``, or in the directory
-given; ``write_result`` writes ``<kind>.<id>.json`` there (atomically, replacing an older run of
-the same case) and ``load_results`` reads every ``*.json`` back, sorted by kind, id and time.
+given; ``write_result`` writes ``<kind>.<id>@<UTC time>.json`` there (atomically; every run is kept,
+so the report can show history and trends) and ``load_results`` reads every ``*.json`` back,
+sorted by kind, id and time. A run is named by its commit, time, machine and (bench) generator.
 
 Versions: a field added with a default (older files, which lack it, still parse to the same values)
 keeps ``SCHEMA_VERSION``, as ``BenchPoint.latency`` did; a field removed, renamed, made required or
@@ -69,6 +70,7 @@ __all__ = [
     "Kind",
     "LatencyFigure",
     "Machine",
+    "Nic",
     "PmtuPayload",
     "PmtuScenario",
     "Result",
@@ -77,6 +79,7 @@ __all__ = [
     "RssScenario",
     "TimelineEvent",
     "Trial",
+    "Versus",
     "case_id",
     "current_commit",
     "current_machine",
@@ -169,6 +172,12 @@ def _frame_size(value: Any) -> str | None:
     return f'must be a frame size 64..9018 bytes or "imix" but got {value!r}'
 
 
+def _rss_source(value: Any) -> str | None:
+    if value in ("model", "measured") or re.fullmatch(r"nic:[A-Za-z0-9_.-]+", value):
+        return None
+    return f'must be "model", "measured" or "nic:<driver>" (e.g. "nic:virtio") but got {value!r}'
+
+
 def _rule(check: _Check) -> dict[str, _Check]:
     """Field metadata that makes the validator apply ``check`` to the parsed value."""
     return {"check": check}
@@ -230,6 +239,24 @@ class LatencyFigure:
 
 
 @dataclass(frozen=True)
+class Versus:
+    """Another program's figures for the same point, measured interleaved in the same run (DESIGN 14)."""
+
+    program: str = field(metadata=_rule(_non_empty))  # e.g. "katran"
+    ndr_mpps: float = field(metadata=_rule(_at_least(0)))
+    pdr_mpps: float = field(metadata=_rule(_at_least(0)))
+
+
+@dataclass(frozen=True)
+class Nic:
+    """The NIC a hardware run measured: what `ethtool -i` and the PCI id say."""
+
+    model: str = field(metadata=_rule(_non_empty))  # e.g. "Mellanox ConnectX-5 (15b3:1017)"
+    driver: str = field(metadata=_rule(_non_empty))  # e.g. "mlx5_core"
+    speed_mbps: int | None = None
+
+
+@dataclass(frozen=True)
 class BenchPoint:
     """The throughput of one encap at one ingress frame size."""
 
@@ -241,6 +268,7 @@ class BenchPoint:
     egress_overhead_bytes: int = field(metadata=_rule(_at_least(0)))  # bytes the encap adds to each frame
     trials: list[Trial] = field(default_factory=list)
     latency: list[LatencyFigure] = field(default_factory=list)  # TRex only: at 10/50/90 % of PDR
+    versus: list[Versus] = field(default_factory=list)  # other programs on the same packets, same run
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if self.pdr_mpps < self.ndr_mpps:
@@ -278,6 +306,7 @@ class BenchPayload:
     points: list[BenchPoint] = field(default_factory=list)
     micro: list[MicroFigure] = field(default_factory=list)
     controller: list[ControllerFigure] = field(default_factory=list)
+    nic: Nic | None = None  # hardware runs: the LB's NIC
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if not (self.points or self.micro or self.controller):
@@ -300,7 +329,9 @@ class RssScenario:
     chi2: float = field(metadata=_rule(_at_least(0)))  # against a uniform spread over nqueues
     p_value: float = field(metadata=_rule(_between(0, 1)))
     counted: Literal["packets", "flows"] = "packets"
-    source: Literal["measured", "model"] = "measured"  # model: the Toeplitz prediction for the flows
+    # model: the Toeplitz prediction for the flows; nic:<driver> (nic:virtio, nic:mlx5_core): a NIC's own
+    # per-queue counters; measured: the kernel's software view (RPS CPUs) on a real
+    source: str = field(default="model", metadata=_rule(_rss_source))
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if len(self.queue_counts) != self.nqueues:
@@ -767,10 +798,12 @@ def current_commit(repo: str | Path = _REPO_TOP) -> str:
     return commit + ("-dirty" if dirty else "")
 
 
-def _file_name(kind: Kind, result_id: str) -> str:
-    # A test name holds no '+', so test_x[ip4-gue1] -> test_x+ip4-gue1 cannot meet another test's file.
+def _file_name(kind: Kind, result_id: str, moment: datetime, n: int = 0) -> str:
+    # A test name holds no '+', so test_x[ip4-gue1] -> test_x+ip4-gue1 cannot meet another test's file;
+    # the UTC time (and a counter within one second) keeps every run of a case.
     name = re.sub(r"[^A-Za-z0-9_.+=-]", "_", result_id.replace("[", "+").replace("]", ""))
-    return f"{kind.value}.{name}.json"
+    stamp = moment.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ") + (f"-{n}" if n else "")
+    return f"{kind.value}.{name}@{stamp}.json"
 
 
 def write_result(
@@ -815,7 +848,9 @@ def write_result(
     result = parse_result(data)  # refuse to write what the loader would refuse to read
     target_dir = results_dir(directory)
     target_dir.mkdir(parents=True, exist_ok=True)
-    target = target_dir / _file_name(kind, id)
+    n = 0
+    while (target := target_dir / _file_name(kind, id, moment, n)).exists():
+        n += 1
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=target_dir)
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are for every user of the machine to read

@@ -236,4 +236,32 @@ def _latency(stats: dict[str, Any], pg_id: int) -> Latency | None:
     values = [lat.get("total_min", math.nan), lat.get("average", math.nan), lat.get("total_max", math.nan)]
     if any(not isinstance(v, int | float) for v in values):
         return None
-    return Latency(min_us=float(values[0]), avg_us=float(values[1]), max_us=float(values[2]))
+    low, high = float(values[0]), float(values[2])
+    hist = lat.get("histogram") or {}
+    return Latency(min_us=low, avg_us=float(values[1]), max_us=high,
+                   p50_us=histogram_percentile(hist, 0.50, low, high),
+                   p99_us=histogram_percentile(hist, 0.99, low, high))
+
+
+def histogram_percentile(hist: dict[Any, Any], q: float, low: float, high: float) -> float | None:
+    """The q-quantile (0..1) of TRex's latency histogram, in µs; None for an empty histogram.
+
+    TRex keys each bucket by its lower bound in µs (10, 20, … 90, 100, 200, … 900, 1000, …), the
+    count of packets whose latency fell in it as value: a bucket is as wide as its key's leading
+    decade (10 µs below 100, 100 µs below 1000, …). The quantile is interpolated linearly inside
+    its bucket, then clamped to the stream's own [min, max]: the bucket bounds are coarser than the
+    exact extremes TRex reports.
+    """
+    buckets = sorted((float(k), int(v)) for k, v in hist.items() if int(v) > 0)
+    total = sum(n for _, n in buckets)
+    if total == 0:
+        return None
+    want = q * total
+    seen = 0
+    for start, count in buckets:
+        if seen + count >= want:
+            width = 10 ** math.floor(math.log10(start)) if start >= 1 else 1.0
+            value = start + width * (want - seen) / count
+            return round(min(max(value, low), high), 3)
+        seen += count
+    return round(high, 3)

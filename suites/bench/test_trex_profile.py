@@ -184,3 +184,31 @@ def test_trex_own_api_parses_the_profile_back_unchanged(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
     assert theirs == profile
+
+
+def test_latency_percentiles_come_from_trex_histogram() -> None:
+    """p50/p99 from TRex's latency histogram (bucket lower bound in µs → packets), clamped to min/max."""
+    from lab.gen.trex import _latency, histogram_percentile
+
+    # 100 packets: 60 in 10-20 µs, 39 in 20-30 µs, 1 in 100 µs-max.
+    hist = {"10": 60, "20": 39, "100": 1, "200": 0}
+    assert histogram_percentile(hist, 0.5, 11.0, 140.0) == pytest.approx(10 + 10 * 50 / 60, abs=1e-3)
+    assert histogram_percentile(hist, 0.99, 11.0, 140.0) == pytest.approx(30.0)
+    assert histogram_percentile(hist, 1.0, 11.0, 140.0) == pytest.approx(140.0)
+    assert histogram_percentile({"10": 5}, 0.01, 12.5, 13.0) == 12.5, "clamped to the stream's own min"
+    assert histogram_percentile({}, 0.5, 1.0, 2.0) is None
+    stats = {"latency": {7: {"latency": {"total_min": 11.0, "average": 19.0, "total_max": 140.0,
+                                         "histogram": hist}}}}
+    lat = _latency(stats, 7)
+    assert lat is not None and lat.min_us <= lat.p50_us <= lat.p99_us <= lat.max_us  # type: ignore[operator]
+
+
+def test_nic_identity_from_ethtool_and_lspci() -> None:
+    from lab.trexbench import nic_identity
+
+    text = ("driver: mlx5_core\nversion: 6.18.0\nfirmware-version: 16.35.2000\nbus-info: 0000:3b:00.0\n"
+            '3b:00.0 "Ethernet controller [0200]" "Mellanox Technologies [15b3]" '
+            '"MT27800 Family [ConnectX-5] [1017]" -r00 "Mellanox Technologies [15b3]" "ConnectX-5 [0008]"\n')
+    assert nic_identity(text) == ("mlx5_core", "Mellanox Technologies [15b3] MT27800 Family [ConnectX-5] [1017]")
+    assert nic_identity("driver: veth\nbus-info: \n") == ("veth", "")
+    assert nic_identity("") == ("", "")

@@ -21,6 +21,7 @@ from reports.schema import (
     ConformancePayload,
     Kind,
     ResultsError,
+    RssPayload,
     case_id,
     load_results,
     parse_result,
@@ -50,9 +51,11 @@ def test_sample_round_trips_every_kind(sample_results: Path) -> None:
 
 
 def test_write_result_writes_one_versioned_file(tmp_path: Path) -> None:
-    path = write_result("conformance", case_id("test_tcp_connect", "ip4-gue1"), _conformance(), tmp_path)
+    when = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    path = write_result("conformance", case_id("test_tcp_connect", "ip4-gue1"), _conformance(), tmp_path,
+                        timestamp=when)
     assert path.parent == tmp_path
-    assert path.name == "conformance.test_tcp_connect+ip4-gue1.json"
+    assert path.name == "conformance.test_tcp_connect+ip4-gue1@20260304T050607Z.json"
     assert path.stat().st_mode & 0o777 == 0o644
     data = json.loads(path.read_text())
     assert data["schema_version"] == SCHEMA_VERSION
@@ -71,13 +74,38 @@ def test_write_result_writes_one_versioned_file(tmp_path: Path) -> None:
     assert result.test == "test_tcp_connect" and result.encap == "ip4-gue1"
 
 
-def test_rewriting_a_case_replaces_its_file(tmp_path: Path) -> None:
-    first = write_result("conformance", "test_x[ip4-ipip]", _conformance(outcome="fail"), tmp_path)
-    second = write_result("conformance", "test_x[ip4-ipip]", _conformance(outcome="pass"), tmp_path)
-    assert first == second
-    assert [p.name for p in tmp_path.iterdir()] == [first.name], "no temporary files may remain"
-    (result,) = load_results(tmp_path)
-    assert isinstance(result.payload, ConformancePayload) and result.payload.outcome == "pass"
+def test_every_run_of_a_case_is_kept(tmp_path: Path) -> None:
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    first = write_result("conformance", "test_x[ip4-ipip]", _conformance(outcome="fail"), tmp_path, timestamp=t0)
+    second = write_result("conformance", "test_x[ip4-ipip]", _conformance(outcome="pass"), tmp_path,
+                          timestamp=t0 + timedelta(hours=1))
+    same_second = write_result("conformance", "test_x[ip4-ipip]", _conformance(outcome="skip"), tmp_path,
+                               timestamp=t0 + timedelta(hours=1))
+    assert len({first, second, same_second}) == 3, "a run never replaces another"
+    assert same_second.name == second.name.replace(".json", "-1.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (first, second, same_second)), \
+        "no temporary files may remain"
+    outcomes = [r.payload.outcome for r in load_results(tmp_path) if isinstance(r.payload, ConformancePayload)]
+    assert outcomes[0] == "fail" and sorted(outcomes[1:]) == ["pass", "skip"], "sorted by time"
+
+
+def test_rss_source_is_model_nic_or_measured(tmp_path: Path) -> None:
+    base = {"name": "gue-sd", "queue_counts": [1], "nqueues": 1, "flows": 1, "max_over_mean": 1.0, "chi2": 0,
+            "p_value": 1}
+    for source in ("model", "measured", "nic:virtio", "nic:mlx5_core"):
+        write_result("rss", "test_r", {"scenarios": [base | {"source": source}]}, tmp_path)
+    (default,) = load_results_of(write_result("rss", "test_d", {"scenarios": [base]}, tmp_path))
+    assert default == "model", "a scenario without source is the model's"
+    with pytest.raises(ResultsError, match=r'payload\.scenarios\[0\]\.source: must be "model", "measured" or '
+                       r'"nic:<driver>"'):
+        write_result("rss", "test_r", {"scenarios": [base | {"source": "nic:"}]}, tmp_path)
+
+
+def load_results_of(path: Path) -> list[str]:
+    """The RSS sources of one results file."""
+    result = parse_result(json.loads(path.read_text()), path)
+    assert isinstance(result.payload, RssPayload)
+    return [sc.source for sc in result.payload.scenarios]
 
 
 def test_env_variable_chooses_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
