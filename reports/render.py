@@ -1,23 +1,28 @@
-"""The HTML report: results files in, one self-contained page out (charts inlined as base64 PNG).
+"""The HTML report: results files in, one self-contained page out (inline SVG charts, no external resource).
 
-    l4lab report [--results DIR] [--out FILE]     # the lead's CLI calls main(argv)
+    l4lab report [--results DIR] [--out FILE]          # the lead's CLI calls main(argv)
+    l4lab report --compare A B [--out FILE]             # two runs side by side with the change
     python -m reports.render --results DIR --out FILE
 
-The page reads only results files (reports.schema). Each kind has a section; a kind with no
-results keeps its section and says "no results of this kind". Charts are drawn by matplotlib's
-Agg canvas on Figure objects (no pyplot, no global state), tables are lists of cells, and the
-Jinja2 template only lays them out.
+The page reads only results files (reports.schema). It opens with the encapsulation modes at a
+glance (the newest demo run), then one section per kind; a kind with no results keeps its section
+and says "no results of this kind"; it ends with the runs (latest per machine and generator) and a
+trend per figure over commits. Charts are inline SVG (reports/svg.py) whose every mark has a
+<title> (hover value), zoomable with the wheel; every chart and table links its data as CSV and
+JSON (data: URLs). The Jinja2 template only lays them out.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import csv
 import io
+import json
 import math
+import re
 import sys
-import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,15 +30,16 @@ from typing import Any
 
 import jinja2
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullLocator
+from markupsafe import Markup
 
+from reports import svg
 from reports.schema import (
     ENCAP_IDS,
+    IMIX_MEAN_FRAME_BYTES,
     BenchPayload,
     ChurnPayload,
     ConformancePayload,
+    DemoEncap,
     DemoPayload,
     FailoverPayload,
     PmtuPayload,
@@ -45,23 +51,35 @@ from reports.schema import (
     results_dir,
 )
 
-__all__ = ["DEFAULT_OUT", "NO_RESULTS", "main", "render", "render_html"]
+__all__ = ["DEFAULT_OUT", "NO_RESULTS", "compare_html", "figures", "main", "render", "render_html"]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "index.html"
 NO_RESULTS = "no results of this kind"
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
-_ENCAP_COLOURS = dict(
-    zip(ENCAP_IDS, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"), strict=True)
-)
+_ENCAP_COLOURS = dict(zip(ENCAP_IDS, svg.PALETTE, strict=False))
+PREAMBLE_AND_GAP = 20  # bytes on the wire around every frame (L1): preamble + delimiter 8, gap 12
+SPREAD_MAX_OVER_MEAN = 1.25  # what the suites call an even spread over a real's queues
+
+
+@dataclass(frozen=True)
+class Download:
+    label: str  # CSV or JSON
+    filename: str
+    href: str  # a data: URL
 
 
 @dataclass(frozen=True)
 class Chart:
-    """One image: its title (also drawn in the image), alt text and data: URI."""
+    """One inline SVG chart: its title, alt text, markup and the values it plots (downloadable)."""
 
     title: str
     alt: str
-    src: str
+    svg: Markup
+    data: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def downloads(self) -> list[Download]:
+        return _downloads(self.title, self.data)
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,7 @@ class Cell:
     text: str
     css: str = ""
     hint: str = ""  # shown on hover
+    html: Markup | None = None  # markup shown instead of text (a sparkline); text stays the data value
 
 
 @dataclass(frozen=True)
@@ -77,10 +96,15 @@ class Table:
     header: list[str]
     rows: list[list[Cell]]
 
+    @property
+    def downloads(self) -> list[Download]:
+        return _downloads(self.caption, [dict(zip(self.header, (c.text for c in row), strict=False))
+                                         for row in self.rows])
+
 
 @dataclass
 class Section:
-    """One kind's part of the page; ``empty`` sections print the no-results notice."""
+    """One part of the page; ``empty`` sections print the no-results notice."""
 
     id: str
     title: str
@@ -91,20 +115,31 @@ class Section:
     empty: bool = False
 
 
-# --- drawing ------------------------------------------------------------------------------------
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "data"
 
 
-def _figure(width: float = 8.0, height: float = 4.2) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
+def _downloads(title: str, rows: list[dict[str, Any]]) -> list[Download]:
+    """CSV and JSON of ``rows`` as data: URLs (base64, so any text survives the attribute)."""
+    if not rows:
+        return []
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    stem = _slug(title)
+
+    def url(mime: str, text: str) -> str:
+        return f"data:{mime};charset=utf-8;base64," + base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+    return [Download("CSV", f"{stem}.csv", url("text/csv", buffer.getvalue())),
+            Download("JSON", f"{stem}.json", url("application/json",
+                                                  json.dumps(rows, indent=1, ensure_ascii=False, default=str)))]
 
 
-def _chart(fig: Figure, title: str, alt: str) -> Chart:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return Chart(title=title, alt=alt, src=f"data:image/png;base64,{encoded}")
+def _chart(markup: str, title: str, alt: str, data: list[dict[str, Any]]) -> Chart:
+    return Chart(title=title, alt=alt, svg=Markup(markup), data=data)  # noqa: S704 - built by reports/svg.py, escaped
 
 
 def _fmt(value: float, digits: int = 2) -> str:
@@ -121,29 +156,158 @@ def _latest(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return frame.sort_values("time", kind="stable").drop_duplicates(keys, keep="last")
 
 
+def _newest(results: Iterable[tuple[Result, Any]], key: Any) -> list[tuple[Result, Any]]:
+    """The newest (result, payload) per ``key(result, payload)``, in the order first seen."""
+    best: dict[Any, tuple[Result, Any]] = {}
+    for r, p in results:
+        k = key(r, p)
+        if k not in best or r.time >= best[k][0].time:
+            best[k] = (r, p)
+    return list(best.values())
+
+
 def _size_order(size: Any) -> tuple[int, float]:
     return (1, 0.0) if size == "imix" else (0, float(size))
 
 
+def _encap_rank(encap: str) -> int:
+    return ENCAP_IDS.index(encap) if encap in ENCAP_IDS else len(ENCAP_IDS)
+
+
+def gbps(mpps: float, size: Any) -> float:
+    """Ingress line rate in Gb/s (L1: the frame plus preamble and gap) of ``mpps`` frames of ``size``."""
+    frame = IMIX_MEAN_FRAME_BYTES if size == "imix" else float(size)
+    return mpps * (frame + PREAMBLE_AND_GAP) * 8 / 1000
+
+
+def _short(commit: str) -> str:
+    return commit[:10] + ("-dirty" if commit.endswith("-dirty") else "") if commit != "unknown" else commit
+
+
+def _when(r: Result) -> str:
+    return r.time.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _run_label(r: Result, generator: str | None = None) -> str:
+    gen = f", {generator}" if generator else ""
+    return f"{r.machine.hostname}{gen}, commit {_short(r.commit)}, {_when(r)}"
+
+
 # --- sections -----------------------------------------------------------------------------------
+
+
+def _spread_verdict(max_over_mean: float, queues_used: int, nqueues: int) -> str:
+    if nqueues > 1 and queues_used <= 1:
+        return "one queue"
+    return "even" if max_over_mean <= SPREAD_MAX_OVER_MEAN else "uneven"
+
+
+def _summary(results: list[Result]) -> Section:
+    """The encapsulation modes at a glance: the newest demo run's checked figures, one row per encap."""
+    section = Section(
+        "summary",
+        "Encapsulation modes at a glance",
+        "One row per encap from the newest demo run (make demo): real requests answered; DSR held only if 0 "
+        "frames other than client→VIP and its encapsulation crossed the LB's link; the NIC model's spread "
+        "of the program's own outer headers over 8 queues of a real, with a fixed and a flow-derived outer "
+        "source (sd: addresses, sdfn: addresses and ports; 1/8 q = every flow on one queue); the path MTU the "
+        "client learnt from the LB's own ICMP; and one of three reals removed under live connections "
+        "(its connections reset, collateral = connections of surviving reals that broke). Green: as expected.",
+    )
+    found = of_kind(results, DemoPayload)
+    if not found:
+        section.empty = True
+        return section
+    result, payload = max(found, key=lambda rp: rp[0].time)
+    section.notes.append(f"Demo run on {_run_label(result)}.")
+    ndr = _newest_ndr_ratio(results)
+    rows = []
+    for e in sorted(payload.encaps, key=lambda e: _encap_rank(e.encap)):
+        rows.append(_summary_row(e, ndr.get(e.encap)))
+    header = ["encap", "works", "DSR (replies via LB)", "RSS spread: fixed outer source",
+              "RSS spread: flow outer source",
+              "PMTU learnt (expected)", "churn: removed real's connections reset", "churn: collateral"]
+    if ndr:
+        header.append("NDR ÷ XDP_TX floor (64 B)")
+    else:
+        rows = [row[:-1] for row in rows]
+    section.tables.append(Table("The five encaps compared (newest demo run)", header, rows))
+    return section
+
+
+def _spread_cell(e: DemoEncap, source: str) -> Cell:
+    mine = [s for s in e.spread if s.name.startswith(source + "-")]
+    if not mine:
+        return Cell("–", "missing", "not measured")
+    parts = []
+    for s in mine:
+        fields = s.name.rsplit("-", 1)[-1]
+        figure = f"{s.queues_used}/{s.nqueues} q" if s.queues_used < s.nqueues else f"max/mean {_fmt(s.max_over_mean)}"
+        parts.append(f"{fields}: {figure}")
+    # fixed-source sd is expected on one queue: a "collapse" that held is still shown for what it is
+    collapsed = any(s.queues_used == 1 and s.nqueues > 1 for s in mine)
+    css = "bad" if not all(s.held for s in mine) else ("warn" if collapsed else "ok")
+    hint = "as expected" if all(s.held for s in mine) else "not as expected"
+    if collapsed:
+        hint += "; one queue takes every flow where the outer headers do not vary"
+    return Cell("; ".join(parts), css, hint)
+
+
+def _summary_row(e: DemoEncap, ratio: float | None) -> list[Cell]:
+    works = e.ok == e.requests > 0
+    row = [Cell(e.encap, "key"),
+           Cell(f"{e.ok}/{e.requests}, {len(e.reals_seen)} reals", "ok" if works else "bad",
+                ", ".join(e.reals_seen))]
+    replies = e.replies_via_lb
+    dsr = e.lb_saw_only_client_to_vip and (replies in (None, 0))
+    row.append(Cell(f"{'held' if dsr else 'NO'}" + (f" ({replies})" if replies is not None else ""),
+                    "ok" if dsr else "bad",
+                    f"LB link: {e.to_lb} in, {e.from_lb} out" if e.to_lb is not None else ""))
+    row.append(_spread_cell(e, "fixed-src"))
+    row.append(_spread_cell(e, "flow-src"))
+    if e.pmtu is None:
+        row.append(Cell("–", "missing", "not measured"))
+    else:
+        p = e.pmtu
+        good = p.learnt_mtu == p.expected_mtu and p.lb_too_big > 0
+        row.append(Cell(f"{p.learnt_mtu or 'none'} ({p.expected_mtu})", "ok" if good else "bad",
+                        f"{p.sent_bytes}-byte DF datagram; LB too-big answers {p.lb_too_big}; resend: {p.resend}"))
+    if e.churn is None:
+        row += [Cell("–", "missing", "not measured"), Cell("–", "missing", "not measured")]
+    else:
+        c = e.churn
+        row.append(Cell(f"{c.reset}/{c.on_removed}", "ok" if c.on_removed and c.reset == c.on_removed else "bad",
+                        f"{c.connections} connections; new flows after: {c.new_flows}, to the removed real "
+                        f"{c.new_to_removed}, failed {c.new_failed}"))
+        row.append(Cell(f"{c.collateral} connections; {c.ring_collateral_slots} ring slots",
+                        "ok" if c.collateral == 0 else "bad",
+                        f"ring slots moved between surviving reals, of {c.ring_size}"))
+    row.append(Cell(_fmt(ratio) if ratio is not None else "–", "num" if ratio is not None else "missing"))
+    return row
+
+
+def _newest_ndr_ratio(results: list[Result]) -> dict[str, float]:
+    """NDR ÷ XDP_TX floor at 64 B per encap, from the newest software (xdp-live) bench run."""
+    out: dict[str, tuple[datetime, float]] = {}
+    for r, p in of_kind(results, BenchPayload):
+        if p.generator != "xdp-live":
+            continue
+        for pt in p.points:
+            if pt.frame_size == 64 and pt.floor.xdp_tx_mpps > 0 and (pt.encap not in out or r.time >= out[pt.encap][0]):
+                out[pt.encap] = (r.time, pt.ndr_mpps / pt.floor.xdp_tx_mpps)
+    return {k: v for k, (_, v) in out.items()}
 
 
 def _demo(results: list[Result]) -> Section:
     section = Section(
         "demo",
         "Demo: real traffic in every encap",
-        "Requests sent through the lab by the demo (make demo), the reals that answered, and whether "
-        "the LB saw only client→VIP packets (direct server return).",
+        "Requests sent through the lab by the demo (make demo), the reals that answered, and what the "
+        "capture of the LB's link saw (direct server return: only client→VIP in, only its encapsulation out).",
     )
     rows = [
-        {
-            "time": r.time,
-            "encap": e.encap,
-            "requests": e.requests,
-            "ok": e.ok,
-            "reals": e.reals_seen,
-            "dsr": e.lb_saw_only_client_to_vip,
-        }
+        {"time": r.time, "encap": e.encap, "requests": e.requests, "ok": e.ok, "reals": e.reals_seen,
+         "dsr": e.lb_saw_only_client_to_vip, "to_lb": e.to_lb, "from_lb": e.from_lb, "stray": e.replies_via_lb}
         for r, p in of_kind(results, DemoPayload)
         for e in p.encaps
     ]
@@ -153,6 +317,8 @@ def _demo(results: list[Result]) -> Section:
     frame = _latest(pd.DataFrame(rows), ["encap"])
     table_rows = []
     for row in frame.sort_values("encap", key=lambda s: s.map(_encap_rank)).itertuples():
+        measured = row.stray is not None and not pd.isna(row.stray)
+        capture = f"{int(row.to_lb)} / {int(row.from_lb)} / {int(row.stray)}" if measured else "–"
         table_rows.append(
             [
                 Cell(row.encap, "key"),
@@ -160,20 +326,18 @@ def _demo(results: list[Result]) -> Section:
                 Cell(str(row.ok), "num " + ("ok" if row.ok == row.requests else "bad")),
                 Cell(", ".join(row.reals) or "none", "" if row.reals else "bad"),
                 Cell("yes" if row.dsr else "no", "ok" if row.dsr else "bad"),
+                Cell(capture, "num"),
             ]
         )
     section.tables.append(
         Table(
             "Requests per encap",
-            ["encap", "requests", "answered", "reals seen", "LB saw only client→VIP"],
+            ["encap", "requests", "answered", "reals seen", "LB saw only client→VIP",
+             "LB link frames: in / out / other"],
             table_rows,
         )
     )
     return section
-
-
-def _encap_rank(encap: str) -> int:
-    return ENCAP_IDS.index(encap) if encap in ENCAP_IDS else len(ENCAP_IDS)
 
 
 def _micro_and_controller(section: Section, results: list[Result]) -> None:
@@ -196,102 +360,98 @@ def _micro_and_controller(section: Section, results: list[Result]) -> None:
               Cell(str(c.ring_slots) if c.ring_slots is not None else "–", "num")] for c in payload.controller]))
 
 
+def _bench_rows(results: list[Result]) -> pd.DataFrame:
+    rows = [
+        {"time": r.time, "machine": r.machine.hostname, "commit": r.commit, "generator": p.generator,
+         "egress_mtu": p.egress_mtu, "encap": pt.encap, "size": pt.frame_size, "ndr": pt.ndr_mpps,
+         "pdr": pt.pdr_mpps, "tx": pt.floor.xdp_tx_mpps, "drop": pt.floor.xdp_drop_mpps,
+         "overhead": pt.egress_overhead_bytes, "trials": len(pt.trials), "latency": pt.latency,
+         "versus": pt.versus, "run": _run_label(r, p.generator)}
+        for r, p in of_kind(results, BenchPayload)
+        for pt in p.points
+    ]
+    return pd.DataFrame(rows)
+
+
 def _bench(results: list[Result]) -> Section:
     section = Section(
         "bench",
         "Encapsulation comparison: throughput",
         "NDR (no loss) and PDR (≤ 0.5 % loss) of the balancer per encap and ingress frame size, from "
         "the NDR/PDR search, beside the machine's floor measured in the same run: a MAC-swap XDP_TX "
-        "program and XDP_DROP. Compare ratios, not absolute rates: the spread between runs is ±20 %.",
+        "program and XDP_DROP. One block per machine and generator (its newest figures); a TRex run and a "
+        "software run never hide each other. Gb/s is the ingress rate on the wire (frame + 20 B preamble "
+        "and gap). Compare ratios, not absolute rates: the spread between runs is ±20 %.",
     )
-    rows = [
-        {
-            "time": r.time,
-            "generator": p.generator,
-            "egress_mtu": p.egress_mtu,
-            "encap": pt.encap,
-            "size": pt.frame_size,
-            "ndr": pt.ndr_mpps,
-            "pdr": pt.pdr_mpps,
-            "tx": pt.floor.xdp_tx_mpps,
-            "drop": pt.floor.xdp_drop_mpps,
-            "overhead": pt.egress_overhead_bytes,
-            "trials": len(pt.trials),
-        }
-        for r, p in of_kind(results, BenchPayload)
-        for pt in p.points
-    ]
     _micro_and_controller(section, results)
-    if not rows:
+    all_rows = _bench_rows(results)
+    if all_rows.empty:
         section.empty = not section.tables
         return section
-    frame = _latest(pd.DataFrame(rows), ["encap", "size"])
-    frame["ratio"] = [n / t if t > 0 else math.nan for n, t in zip(frame["ndr"], frame["tx"], strict=True)]
+    frame = _latest(all_rows, ["machine", "generator", "encap", "size"])
+    frame = frame.assign(ratio=[n / t if t > 0 else math.nan for n, t in zip(frame["ndr"], frame["tx"], strict=True)])
+    for (machine, generator), group in sorted(frame.groupby(["machine", "generator"]), key=lambda kv: kv[0]):
+        _bench_group(section, str(machine), str(generator), group)
+
+    mtu_rows = []
+    for encap in sorted(set(frame["encap"]), key=_encap_rank):
+        part = frame[frame["encap"] == encap]
+        overhead = int(part["overhead"].max())
+        mtu = int(part["egress_mtu"].min())
+        mtu_rows.append([Cell(encap, "key"), Cell(str(overhead), "num"), Cell(str(mtu), "num"),
+                         Cell(str(mtu - overhead), "num"), Cell(", ".join(sorted(set(part["generator"]))))])
+    section.tables.append(Table(
+        "Egress overhead and the largest client packet that fits without ICMP too-big",
+        ["encap", "egress overhead (bytes)", "egress MTU (bytes)", "effective MTU (bytes)", "generator"], mtu_rows))
+    return section
+
+
+def _bench_group(section: Section, machine: str, generator: str, frame: pd.DataFrame) -> None:
+    """Charts and tables of one machine's newest figures from one generator."""
+    where = f"{generator} on {machine}"
     sizes = sorted(set(frame["size"]), key=_size_order)
     encaps = sorted(set(frame["encap"]), key=_encap_rank)
-    positions = {size: i for i, size in enumerate(sizes)}
     labels = [str(s) for s in sizes]
+    pos = {size: i for i, size in enumerate(sizes)}
+    ordered = frame.sort_values("size", key=lambda s: s.map(_size_order))
 
-    fig = _figure()
-    ax = fig.add_subplot()
+    series, data = [], []
     for encap in encaps:
-        part = frame[frame["encap"] == encap].sort_values("size", key=lambda s: s.map(_size_order))
-        ax.plot(
-            [positions[s] for s in part["size"]],
-            part["ratio"],
-            marker="o",
-            label=encap,
-            color=_ENCAP_COLOURS.get(encap),
-        )
-    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="XDP_TX floor")
-    title = "NDR as a share of the XDP_TX floor, per encap"
-    ax.set_title(title)
-    ax.set_xticks(range(len(sizes)), labels)
-    ax.set_xlabel("ingress frame size (bytes)")
-    ax.set_ylabel("NDR ÷ XDP_TX floor (ratio)")
-    ax.set_ylim(0, max(1.1, float(frame["ratio"].max()) * 1.05))
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower left", ncols=4, fontsize="small")
-    section.charts.append(
-        _chart(
-            fig,
-            title,
-            "Line chart: NDR divided by the XDP_TX floor against frame "
-            "size, one line per encap, dashed line at the floor (1.0).",
-        )
-    )
+        part = ordered[ordered["encap"] == encap]
+        points = []
+        for row in part.itertuples():
+            points.append((float(pos[row.size]), float(row.ratio),
+                           f"{row.size} B: NDR {_fmt(row.ndr)} Mpps ÷ floor {_fmt(row.tx)} = {_fmt(row.ratio)}"))
+            data.append({"generator": generator, "machine": machine, "encap": encap, "frame_size": row.size,
+                         "ndr_mpps": row.ndr, "pdr_mpps": row.pdr, "xdp_tx_mpps": row.tx, "xdp_drop_mpps": row.drop,
+                         "ndr_over_floor": round(row.ratio, 4), "ndr_gbps": round(gbps(row.ndr, row.size), 4)})
+        series.append(svg.Series(encap, points, _ENCAP_COLOURS.get(encap, "#333")))
+    title = f"NDR as a share of the XDP_TX floor, per encap ({where})"
+    section.charts.append(_chart(
+        svg.line_chart(title, series, categories=labels, x_label="ingress frame size (bytes)",
+                       y_label="NDR ÷ XDP_TX floor", hlines=[(1.0, "XDP_TX floor")]),
+        title, "Line chart: NDR divided by the XDP_TX floor against frame size, one line per encap, "
+               "dashed line at the floor (1.0).", data))
 
-    fig = _figure()
-    ax = fig.add_subplot()
     floors = frame.groupby("size")[["tx", "drop"]].mean()
-    xs = [positions[s] for s in sizes]
-    ax.plot(xs, [floors.loc[s, "drop"] for s in sizes], color="black", linestyle=":", label="XDP_DROP floor")
-    ax.plot(xs, [floors.loc[s, "tx"] for s in sizes], color="grey", linestyle="--", label="XDP_TX floor")
+    series = [svg.Series("XDP_DROP floor", [(float(pos[s]), float(floors.loc[s, "drop"]),
+                                             f"{s} B: {_fmt(float(floors.loc[s, 'drop']))} Mpps") for s in sizes],
+                         "#000", dashed=True),
+              svg.Series("XDP_TX floor", [(float(pos[s]), float(floors.loc[s, "tx"]),
+                                           f"{s} B: {_fmt(float(floors.loc[s, 'tx']))} Mpps") for s in sizes],
+                         "#888", dashed=True)]
     for encap in encaps:
-        part = frame[frame["encap"] == encap].sort_values("size", key=lambda s: s.map(_size_order))
-        ax.plot(
-            [positions[s] for s in part["size"]],
-            part["ndr"],
-            marker="o",
-            label=encap,
-            color=_ENCAP_COLOURS.get(encap),
-        )
-    title = "NDR throughput per encap against frame size"
-    ax.set_title(title)
-    ax.set_xticks(range(len(sizes)), labels)
-    ax.set_xlabel("ingress frame size (bytes)")
-    ax.set_ylabel("throughput (Mpps)")
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower left", ncols=4, fontsize="small")
-    section.charts.append(
-        _chart(
-            fig,
-            title,
-            "Line chart: NDR in million packets per second against frame "
-            "size, one line per encap, with the XDP_TX and XDP_DROP floors.",
-        )
-    )
+        part = ordered[ordered["encap"] == encap]
+        series.append(svg.Series(encap, [(float(pos[r.size]), float(r.ndr),
+                                          f"{r.size} B: NDR {_fmt(r.ndr)} Mpps ({_fmt(gbps(r.ndr, r.size))} Gb/s), "
+                                          f"PDR {_fmt(r.pdr)} Mpps") for r in part.itertuples()],
+                                 _ENCAP_COLOURS.get(encap, "#333")))
+    title = f"NDR throughput per encap against frame size ({where})"
+    section.charts.append(_chart(
+        svg.line_chart(title, series, categories=labels, x_label="ingress frame size (bytes)",
+                       y_label="throughput (Mpps)"),
+        title, "Line chart: NDR in million packets per second against frame size, one line per encap, "
+               "with the XDP_TX and XDP_DROP floors.", data))
 
     by_key = {(row.encap, row.size): row for row in frame.itertuples()}
     table_rows = []
@@ -302,81 +462,78 @@ def _bench(results: list[Result]) -> Section:
             if row is None:
                 cells.append(Cell("–", "num missing"))
             else:
-                cells.append(
-                    Cell(
-                        f"{_fmt(row.ndr)} / {_fmt(row.pdr)} ({_fmt(row.ratio)})",
-                        "num",
-                        f"{row.trials} trials; XDP_TX floor {_fmt(row.tx)} Mpps",
-                    )
-                )
+                cells.append(Cell(f"{_fmt(row.ndr)} / {_fmt(row.pdr)} ({_fmt(row.ratio)})", "num",
+                                  f"{row.trials} trials; XDP_TX floor {_fmt(row.tx)} Mpps; {row.run}"))
         table_rows.append(cells)
-    section.tables.append(
-        Table(
-            "NDR / PDR in Mpps (NDR ÷ XDP_TX floor) per encap and ingress frame size (bytes)",
-            ["encap", *labels],
-            table_rows,
-        )
-    )
+    section.tables.append(Table(
+        f"NDR / PDR in Mpps (NDR ÷ XDP_TX floor) per encap and ingress frame size (bytes) — {where}",
+        ["encap", *labels], table_rows))
 
-    mtu_rows = []
+    csit = []
     for encap in encaps:
-        part = frame[frame["encap"] == encap]
-        overhead = int(part["overhead"].max())
-        mtu = int(part["egress_mtu"].min())
-        mtu_rows.append(
-            [
-                Cell(encap, "key"),
-                Cell(str(overhead), "num"),
-                Cell(str(mtu), "num"),
-                Cell(str(mtu - overhead), "num"),
-                Cell(", ".join(sorted(set(part["generator"])))),
-            ]
-        )
-    section.tables.append(
-        Table(
-            "Egress overhead and the largest client packet that fits without ICMP too-big",
-            ["encap", "egress overhead (bytes)", "egress MTU (bytes)", "effective MTU (bytes)", "generator"],
-            mtu_rows,
-        )
-    )
-    latency = _latency_table(results)
+        for size in sizes:
+            row = by_key.get((encap, size))
+            if row is None:
+                continue
+            csit.append([Cell(encap, "key"), Cell(str(size), "num"), Cell(_fmt(row.ndr, 3), "num"),
+                         Cell(_fmt(gbps(row.ndr, size), 3), "num"), Cell(_fmt(row.pdr, 3), "num"),
+                         Cell(_fmt(gbps(row.pdr, size), 3), "num"), Cell(_fmt(row.ratio), "num")])
+    section.tables.append(Table(
+        f"Throughput in Mpps and Gb/s (L1, ingress) — {where}",
+        ["encap", "frame size (bytes)", "NDR (Mpps)", "NDR (Gb/s)", "PDR (Mpps)", "PDR (Gb/s)", "NDR ÷ XDP_TX"], csit))
+
+    latency = _latency_table(frame, where)
     if latency is not None:
         section.tables.append(latency)
-    return section
+    versus = _versus_table(frame, where)
+    if versus is not None:
+        section.tables.append(versus)
 
 
-def _latency_table(results: list[Result]) -> Table | None:
-    """Latency at shares of PDR for the newest point of each encap and size that has any, or None."""
-    rows = [
-        {"time": r.time, "encap": pt.encap, "size": pt.frame_size, "latency": pt.latency}
-        for r, p in of_kind(results, BenchPayload)
-        for pt in p.points
-        if pt.latency
-    ]
-    if not rows:
+LATENCY_CAPTION = "Latency at 10/50/90 % of PDR"
+
+
+def _latency_table(frame: pd.DataFrame, where: str) -> Table | None:
+    """Latency at shares of PDR for the points of ``frame`` that have any, or None."""
+    ordered = sorted((row for row in frame.itertuples() if row.latency),
+                     key=lambda row: (_encap_rank(row.encap), _size_order(row.size)))
+    if not ordered:
         return None
-    frame = _latest(pd.DataFrame(rows), ["encap", "size"])
-    ordered = sorted(frame.itertuples(), key=lambda row: (_encap_rank(row.encap), _size_order(row.size)))
     table_rows = []
     for row in ordered:
         for fig in sorted(row.latency, key=lambda f: f.share_of_pdr):
-            spread = ", ".join(f"{name} {_fmt(value, 1)} µs" for name, value in (("p50", fig.p50_us),
-                                                                                  ("p99", fig.p99_us))
-                               if value is not None)
             table_rows.append([
-                Cell(row.encap, "key"),
-                Cell(str(row.size), "num"),
-                Cell(str(fig.share_of_pdr), "num"),
-                Cell(_fmt(fig.rate_mpps, 3), "num"),
+                Cell(row.encap, "key"), Cell(str(row.size), "num"), Cell(str(fig.share_of_pdr), "num"),
+                Cell(_fmt(fig.rate_mpps, 3), "num"), Cell(_fmt(gbps(fig.rate_mpps, row.size), 3), "num"),
                 Cell(_fmt(fig.min_us, 1), "num"),
-                Cell(_fmt(fig.avg_us, 1), "num", spread),
+                Cell(_fmt(fig.p50_us, 1) if fig.p50_us is not None else "–", "num"),
+                Cell(_fmt(fig.avg_us, 1), "num"),
+                Cell(_fmt(fig.p99_us, 1) if fig.p99_us is not None else "–", "num"),
                 Cell(_fmt(fig.max_us, 1), "num"),
             ])
     return Table(
-        "Latency at 10/50/90 % of PDR (one way, TRex's latency stream; newest run per encap and frame size)",
-        ["encap", "frame size (bytes)", "share of PDR (%)", "rate (Mpps)", "min (µs)", "avg (µs)", "max (µs)"],
+        f"{LATENCY_CAPTION} (one way, TRex's latency stream; p50/p99 from its histogram) — {where}",
+        ["encap", "frame size (bytes)", "share of PDR (%)", "rate (Mpps)", "rate (Gb/s)", "min (µs)", "p50 (µs)",
+         "avg (µs)", "p99 (µs)", "max (µs)"],
         table_rows,
     )
+
+
+def _versus_table(frame: pd.DataFrame, where: str) -> Table | None:
+    """Another program's NDR/PDR beside ours for the points that carry one (measured interleaved)."""
+    rows = []
+    for row in sorted(frame.itertuples(), key=lambda r: (_encap_rank(r.encap), _size_order(r.size))):
+        for v in row.versus:
+            ratio = row.ndr / v.ndr_mpps if v.ndr_mpps > 0 else math.nan
+            rows.append([Cell(row.encap, "key"), Cell(str(row.size), "num"), Cell(v.program),
+                         Cell(_fmt(row.ndr, 3), "num"), Cell(_fmt(v.ndr_mpps, 3), "num"),
+                         Cell(_fmt(row.pdr, 3), "num"), Cell(_fmt(v.pdr_mpps, 3), "num"),
+                         Cell(_fmt(ratio) if math.isfinite(ratio) else "–", "num")])
+    if not rows:
+        return None
+    return Table(f"l4lab vs another program on the same packets, same run — {where}",
+                 ["encap", "frame size (bytes)", "program", "l4lab NDR (Mpps)", "its NDR (Mpps)", "l4lab PDR (Mpps)",
+                  "its PDR (Mpps)", "l4lab ÷ it (NDR)"], rows)
 
 
 def _rss(results: list[Result]) -> Section:
@@ -385,67 +542,83 @@ def _rss(results: list[Result]) -> Section:
         "Receive-side scaling on a real server",
         "How the encapsulated flows spread over a real's receive queues, for IPIP with a fixed or a "
         "flow-derived outer source and for GUE under each NIC hash setting (sd: addresses only, sdfn: "
-        "addresses and ports). χ² and p are against an even spread; a p near 0 means the spread is not even.",
+        "addresses and ports). Source: the Toeplitz model (model), a NIC's own queue counters (nic:<driver>) "
+        "or the kernel's RPS CPUs (measured). χ² and p are against an even spread; a p near 0 means the "
+        "spread is not even.",
     )
-    found = of_kind(results, RssPayload)
+    found = _newest(of_kind(results, RssPayload), lambda r, p: (r.machine.hostname, r.id))
     if not found:
         section.empty = True
         return section
     table_rows = []
-    # The NIC model's scenarios first, then what was measured on a real's CPUs.
     found = sorted(found, key=lambda rp: (any(sc.source != "model" for sc in rp[1].scenarios), rp[0].id))
     for result, payload in found:
-        scenarios = payload.scenarios
-        ncols = min(3, len(scenarios))
-        nrows = math.ceil(len(scenarios) / ncols)
-        width = max(3.4 * ncols, 5.0)
-        fig = _figure(width=width, height=2.8 * nrows + 0.8)
-        title = f"Flows per receive queue ({result.id})"
-        fig.suptitle(textwrap.fill(title, int(width * 9)))
-        for i, sc in enumerate(scenarios):
-            ax = fig.add_subplot(nrows, ncols, i + 1)
-            ax.bar(range(sc.nqueues), sc.queue_counts, color="#4c72b0")
-            mean = sum(sc.queue_counts) / sc.nqueues
-            ax.axhline(mean, color="grey", linestyle="--", linewidth=1)
-            ax.set_title(
-                f"{sc.name}\nmax/mean {_fmt(sc.max_over_mean)}, p {_p(sc.p_value, '= ')}", fontsize="medium"
-            )
-            ax.set_xlabel("receive queue")
-            ax.set_ylabel(f"{sc.counted} per queue")
-            ax.set_xticks(range(sc.nqueues))
-            table_rows.append(
-                [
-                    Cell(sc.name, "key"),
-                    Cell(result.id),
-                    Cell(sc.source),
-                    Cell(str(sc.nqueues), "num"),
-                    Cell(str(sc.flows), "num"),
-                    Cell(
-                        _fmt(sc.max_over_mean),
-                        "num bad" if sc.max_over_mean > 1.5 else "num",
-                        "the busiest queue gets more than 1.5 × the mean" if sc.max_over_mean > 1.5 else "",
-                    ),
-                    Cell(_fmt(sc.chi2, 1), "num"),
-                    Cell(_p(sc.p_value), "num"),
-                ]
-            )
-        names = ", ".join(sc.name for sc in scenarios)
-        section.charts.append(
-            _chart(
-                fig,
-                title,
-                f"Bar charts of {scenarios[0].counted} per receive queue "
-                f"for {names}; dashed line at the mean.",
-            )
-        )
-    section.tables.append(
-        Table(
-            "Spread per scenario",
-            ["scenario", "result", "source", "queues", "flows", "max ÷ mean", "χ²", "p-value"],
-            table_rows,
-        )
-    )
+        panels = []
+        for sc in payload.scenarios:
+            mean = sum(sc.queue_counts) / max(sc.nqueues, 1)
+            subtitle = f"{sc.name} ({sc.source}): max/mean {_fmt(sc.max_over_mean)}, p {_p(sc.p_value, '= ')}"
+            panels.append(svg.Bars(subtitle,
+                                   [float(c) for c in sc.queue_counts],
+                                   [f"queue {i}: {c} {sc.counted}" for i, c in enumerate(sc.queue_counts)], mean))
+            table_rows.append([
+                Cell(sc.name, "key"), Cell(result.id), Cell(sc.source), Cell(str(sc.nqueues), "num"),
+                Cell(str(sc.flows), "num"),
+                Cell(_fmt(sc.max_over_mean), "num bad" if sc.max_over_mean > 1.5 else "num",
+                     "the busiest queue gets more than 1.5 × the mean" if sc.max_over_mean > 1.5 else ""),
+                Cell(_fmt(sc.chi2, 1), "num"), Cell(_p(sc.p_value), "num")])
+        title = f"{payload.scenarios[0].counted.capitalize()} per receive queue ({result.id})"
+        data = [{"result": result.id, "scenario": sc.name, "source": sc.source, "queue": i, sc.counted: c}
+                for sc in payload.scenarios for i, c in enumerate(sc.queue_counts)]
+        section.charts.append(_chart(
+            svg.bar_grid(title, panels, x_label="receive queue", y_label=payload.scenarios[0].counted),
+            title, f"Bar charts of {payload.scenarios[0].counted} per receive queue for "
+                   f"{', '.join(sc.name for sc in payload.scenarios)}; dashed line at the mean.", data))
+    section.tables.append(Table(
+        "Spread per scenario",
+        ["scenario", "result", "source", "queues", "flows", "max ÷ mean", "χ²", "p-value"], table_rows))
+    side = _rss_side_by_side(found)
+    if side is not None:
+        section.tables.append(side)
     return section
+
+
+def _rss_side_by_side(found: list[tuple[Result, RssPayload]]) -> Table | None:
+    """The model beside each NIC per encap and scenario, disagreements flagged (a NIC that collapses
+    where the model spreads, or the reverse). Only where a NIC result exists."""
+    by: dict[tuple[str, str], dict[str, Any]] = {}
+    for result, payload in found:
+        encap = result.encap or "–"
+        for sc in payload.scenarios:
+            if sc.source == "measured":
+                continue
+            used = sum(1 for c in sc.queue_counts if c)
+            by.setdefault((encap, sc.name), {})[sc.source] = (sc, _spread_verdict(sc.max_over_mean, used, sc.nqueues))
+    sources = sorted({src for v in by.values() for src in v if src != "model"})
+    if not sources:
+        return None
+    rows = []
+    for (encap, name), seen in sorted(by.items(), key=lambda kv: (_encap_rank(kv[0][0]), kv[0][1])):
+        if not any(src in seen for src in sources):
+            continue
+        model = seen.get("model")
+        cells = [Cell(encap, "key"), Cell(name),
+                 Cell(f"{model[1]} ({_fmt(model[0].max_over_mean)})" if model else "–", "num" if model else "missing")]
+        disagree = []
+        for src in sources:
+            nic = seen.get(src)
+            if nic is None:
+                cells.append(Cell("–", "missing", "not measured"))
+                continue
+            differs = model is not None and nic[1] != model[1]
+            if differs:
+                disagree.append(src)
+            cells.append(Cell(f"{nic[1]} ({_fmt(nic[0].max_over_mean)})", "bad" if differs else "ok",
+                              f"{nic[0].flows} {nic[0].counted} over {nic[0].nqueues} queues"))
+        cells.append(Cell("DISAGREE: " + ", ".join(disagree) if disagree else ("agree" if model else "no model"),
+                          "bad" if disagree else ("ok" if model else "missing")))
+        rows.append(cells)
+    return Table("Model beside NIC per encap and setting (verdict and max ÷ mean)",
+                 ["encap", "scenario", "model", *sources, "model vs NIC"], rows)
 
 
 def _pmtu(results: list[Result]) -> Section:
@@ -453,8 +626,9 @@ def _pmtu(results: list[Result]) -> Section:
         "pmtu",
         "Path MTU through the balancer",
         "A transfer larger than the path MTU after encapsulation: with the LB's own ICMP too-big (icmp), "
-        "with TCP MSS clamping (mss-clamp), and with a router behind the LB sending the ICMP (blackhole, "
-        "expected to fail). Route MTU is what the client's route cache learnt.",
+        "with TCP MSS clamping (mss-clamp), with a router behind the LB sending the ICMP (blackhole, "
+        "expected to fail), and a single DF datagram (udp-df, also run by the demo). Route MTU is what the "
+        "client learnt.",
     )
     rows = [
         {"time": r.time, "encap": p.encap, "name": s.name, "scenario": s}
@@ -490,12 +664,6 @@ def _pmtu(results: list[Result]) -> Section:
     return section
 
 
-def _label_n_axis(ax: Any, ns: list[int]) -> None:
-    """Tick a log-scale N axis at the measured N values, written as plain numbers."""
-    ax.set_xticks(ns, [str(n) for n in ns])
-    ax.xaxis.set_minor_locator(NullLocator())
-
-
 def _churn(results: list[Result]) -> Section:
     section = Section(
         "churn",
@@ -512,120 +680,64 @@ def _churn(results: list[Result]) -> Section:
         return section
     frame = _latest(pd.DataFrame(rows), ["n"]).sort_values("n")
     points = list(frame["point"])
-    ns = [pt.n for pt in points]
-
-    fig = _figure()
-    ax = fig.add_subplot()
-    ax.plot(
-        ns,
-        [100 * pt.theoretical_slots / pt.ring_size for pt in points],
-        color="grey",
-        linestyle="--",
-        label="theoretical: 1/N of the ring",
-    )
-    ax.plot(
-        ns, [100 * pt.slots_changed / pt.ring_size for pt in points], marker="o", label="l4lab: slots changed"
-    )
+    data = [{"n": pt.n, "ring_size": pt.ring_size, "slots_owned_by_removed": pt.slots_owned_by_removed,
+             "slots_changed": pt.slots_changed, "theoretical_slots": pt.theoretical_slots,
+             "katran_slots_owned": pt.katran.slots_owned_by_removed if pt.katran else None,
+             "katran_slots_changed": pt.katran.slots_changed if pt.katran else None} for pt in points]
     katran = [pt for pt in points if pt.katran is not None]
-    if katran:
-        ax.plot(
-            [pt.n for pt in katran],
-            [100 * pt.katran.slots_changed / pt.katran.ring_size for pt in katran if pt.katran],
-            marker="s",
-            linestyle="none",
-            label="Katran: slots changed",
-        )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    low, high = ax.get_ylim()
-    ax.set_yticks([v for v in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if low <= v <= high])
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g} %"))
-    ax.yaxis.set_minor_locator(NullLocator())
-    _label_n_axis(ax, ns)
-    title = "Ring disruption against the number of reals"
-    ax.set_title(title)
-    ax.set_xlabel("reals before the removal, N (log scale)")
-    ax.set_ylabel("ring slots changed (% of ring, log scale)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    section.charts.append(
-        _chart(
-            fig,
-            title,
-            "Log-log chart: percentage of ring slots changed against N for "
-            "l4lab and Katran, with the theoretical 1/N line.",
-        )
-    )
 
-    fig = _figure()
-    ax = fig.add_subplot()
-    ax.plot(
-        ns,
-        [100 * (pt.slots_changed - pt.slots_owned_by_removed) / pt.ring_size for pt in points],
-        marker="o",
-        label="l4lab",
-    )
+    def pct(v: float, ring: int) -> float:
+        return 100 * v / ring
+
+    series = [svg.Series("theoretical: 1/N of the ring",
+                         [(pt.n, pct(pt.theoretical_slots, pt.ring_size),
+                           f"N={pt.n}: {pct(pt.theoretical_slots, pt.ring_size):.3g} %")
+                          for pt in points], "#888", dashed=True, markers=False),
+              svg.Series("l4lab: slots changed",
+                         [(pt.n, pct(pt.slots_changed, pt.ring_size),
+                           f"N={pt.n}: {pt.slots_changed} of {pt.ring_size} slots "
+                           f"({pct(pt.slots_changed, pt.ring_size):.3g} %)")
+                          for pt in points], svg.PALETTE[0])]
     if katran:
-        ax.plot(
-            [pt.n for pt in katran],
-            [
-                100 * (pt.katran.slots_changed - pt.katran.slots_owned_by_removed) / pt.katran.ring_size
-                for pt in katran
-                if pt.katran
-            ],
-            marker="s",
-            linestyle="none",
-            label="Katran",
-        )
-    ax.set_xscale("log")
-    _label_n_axis(ax, ns)
+        series.append(svg.Series("Katran: slots changed",
+                                 [(pt.n, pct(pt.katran.slots_changed, pt.katran.ring_size),
+                                   f"N={pt.n}: {pt.katran.slots_changed} slots") for pt in katran if pt.katran],
+                                 svg.PALETTE[1], line=False))
+    title = "Ring disruption against the number of reals"
+    section.charts.append(_chart(
+        svg.line_chart(title, series, x_label="reals before the removal, N (log scale)",
+                       y_label="slots changed (% of ring, log)", log_x=True, log_y=True, y_min=None),
+        title, "Log-log chart: percentage of ring slots changed against N for l4lab and Katran, with the "
+               "theoretical 1/N line.", data))
+
+    series = [svg.Series("l4lab", [(pt.n, pct(pt.slots_changed - pt.slots_owned_by_removed, pt.ring_size),
+                                    f"N={pt.n}: {pt.slots_changed - pt.slots_owned_by_removed} slots")
+                                   for pt in points], svg.PALETTE[0])]
+    if katran:
+        series.append(svg.Series("Katran", [(pt.n, pct(pt.katran.slots_changed - pt.katran.slots_owned_by_removed,
+                                                        pt.katran.ring_size),
+                                             f"N={pt.n}: "
+                                             f"{pt.katran.slots_changed - pt.katran.slots_owned_by_removed} slots")
+                                            for pt in katran if pt.katran], svg.PALETTE[1], line=False))
     title = "Collateral moves: slots changed that the removed real did not own"
-    ax.set_title(title)
-    ax.set_xlabel("reals before the removal, N (log scale)")
-    ax.set_ylabel("collateral slots (% of ring)")
-    ax.set_ylim(bottom=0)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    section.charts.append(
-        _chart(
-            fig,
-            title,
-            "Chart: collateral slot moves as a percentage of the ring " "against N for l4lab and Katran.",
-        )
-    )
+    section.charts.append(_chart(
+        svg.line_chart(title, series, x_label="reals before the removal, N (log scale)",
+                       y_label="collateral slots (% of ring)", log_x=True),
+        title, "Chart: collateral slot moves as a percentage of the ring against N for l4lab and Katran.", data))
 
     table_rows = []
     for pt in points:
-        k = pt.katran
-        c = pt.connections
-        table_rows.append(
-            [
-                Cell(str(pt.n), "num"),
-                Cell(str(pt.ring_size), "num"),
-                Cell(str(pt.slots_owned_by_removed), "num"),
-                Cell(str(pt.slots_changed), "num"),
-                Cell(_fmt(pt.theoretical_slots, 0), "num"),
-                Cell(str(pt.slots_changed - pt.slots_owned_by_removed), "num"),
-                Cell(f"{k.slots_owned_by_removed} / {k.slots_changed}" if k else "–", "num"),
-                Cell(f"{c.survived} / {c.reset} / {c.failed_fast}" if c else "–", "num"),
-            ]
-        )
-    section.tables.append(
-        Table(
-            "Slots per N (ring of the size given)",
-            [
-                "N",
-                "ring slots",
-                "owned by removed",
-                "changed",
-                "theoretical (ring ÷ N)",
-                "collateral",
-                "Katran owned / changed",
-                "connections survived / reset / failed fast",
-            ],
-            table_rows,
-        )
-    )
+        k, c = pt.katran, pt.connections
+        table_rows.append([
+            Cell(str(pt.n), "num"), Cell(str(pt.ring_size), "num"), Cell(str(pt.slots_owned_by_removed), "num"),
+            Cell(str(pt.slots_changed), "num"), Cell(_fmt(pt.theoretical_slots, 0), "num"),
+            Cell(str(pt.slots_changed - pt.slots_owned_by_removed), "num"),
+            Cell(f"{k.slots_owned_by_removed} / {k.slots_changed}" if k else "–", "num"),
+            Cell(f"{c.survived} / {c.reset} / {c.failed_fast}" if c else "–", "num")])
+    section.tables.append(Table(
+        "Slots per N (ring of the size given)",
+        ["N", "ring slots", "owned by removed", "changed", "theoretical (ring ÷ N)", "collateral",
+         "Katran owned / changed", "connections survived / reset / failed fast"], table_rows))
     return section
 
 
@@ -636,49 +748,21 @@ def _failover(results: list[Result]) -> Section:
         "What happened, and when, in each failover test; the failover time is how long traffic was "
         "interrupted.",
     )
-    found = of_kind(results, FailoverPayload)
+    found = _newest(of_kind(results, FailoverPayload), lambda r, p: (r.machine.hostname, r.id))
     if not found:
         section.empty = True
         return section
     table_rows = []
-    for result, payload in found:
+    for result, payload in sorted(found, key=lambda rp: rp[0].id):
         events = sorted(payload.timeline, key=lambda e: e.t)
-        fig = _figure(height=1.2 + 0.45 * len(events))
-        ax = fig.add_subplot()
-        ys = list(range(len(events)))[::-1]
-        ax.hlines(ys, 0, [e.t for e in events], color="#cccccc", linewidth=1)
-        ax.plot([e.t for e in events], ys, marker="o", linestyle="none", color="#4c72b0")
-        for e, y in zip(events, ys, strict=True):
-            ax.annotate(
-                f"{e.t:.2f} s",
-                (e.t, y),
-                xytext=(6, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize="small",
-            )
-        ax.set_yticks(ys, [e.event for e in events])
-        ax.set_xlim(0, max(e.t for e in events) * 1.15 + 0.1)
-        ax.set_ylim(-0.7, len(events) - 0.3)
         title = f"{result.id}: traffic interrupted for {payload.failover_seconds:.2f} s"
-        ax.set_title(title)
-        ax.set_xlabel("time since the test started (s)")
-        ax.grid(True, axis="x", alpha=0.3)
-        section.charts.append(
-            _chart(
-                fig,
-                title,
-                f"Timeline of {len(events)} events in {result.id}; "
-                f"failover took {payload.failover_seconds:.2f} seconds.",
-            )
-        )
-        table_rows.append(
-            [
-                Cell(result.id, "key"),
-                Cell(_fmt(payload.failover_seconds), "num"),
-                Cell(str(len(events)), "num"),
-            ]
-        )
+        section.charts.append(_chart(
+            svg.timeline(title, [(e.t, e.event) for e in events], x_label="time since the test started (s)"),
+            title, f"Timeline of {len(events)} events in {result.id}; failover took "
+                   f"{payload.failover_seconds:.2f} seconds.",
+            [{"test": result.id, "t": e.t, "event": e.event} for e in events]))
+        table_rows.append([Cell(result.id, "key"), Cell(_fmt(payload.failover_seconds), "num"),
+                           Cell(str(len(events)), "num")])
     section.tables.append(Table("Failover time per test", ["test", "failover (s)", "events"], table_rows))
     return section
 
@@ -717,6 +801,166 @@ def _conformance(results: list[Result]) -> Section:
     return section
 
 
+# --- figures, history and comparison ------------------------------------------------------------
+
+
+def figures(result: Result) -> dict[str, float | str]:
+    """The figures of one result by a name that is stable across runs (for trends and comparisons)."""
+    out: dict[str, float | str] = {}
+    p = result.payload
+    if isinstance(p, BenchPayload):
+        for pt in p.points:
+            key = f"bench {p.generator} {pt.encap} {pt.frame_size} B"
+            out[f"{key} NDR (Mpps)"] = pt.ndr_mpps
+            out[f"{key} PDR (Mpps)"] = pt.pdr_mpps
+            if pt.floor.xdp_tx_mpps > 0:
+                out[f"{key} NDR ÷ XDP_TX floor"] = round(pt.ndr_mpps / pt.floor.xdp_tx_mpps, 4)
+            for v in pt.versus:
+                out[f"{key} {v.program} NDR (Mpps)"] = v.ndr_mpps
+        for m in p.micro:
+            out[f"micro {m.case} (ns/packet)"] = m.ns_per_packet
+        for c in p.controller:
+            out[f"controller {c.name} (ms)"] = c.ms
+    elif isinstance(p, DemoPayload):
+        for e in p.encaps:
+            out[f"demo {e.encap} answered"] = f"{e.ok}/{e.requests}"
+            out[f"demo {e.encap} DSR"] = "held" if e.lb_saw_only_client_to_vip else "broken"
+            for s in e.spread:
+                out[f"demo {e.encap} spread {s.name} max÷mean"] = s.max_over_mean
+            if e.pmtu is not None:
+                out[f"demo {e.encap} PMTU learnt"] = float(e.pmtu.learnt_mtu or 0)
+            if e.churn is not None:
+                out[f"demo {e.encap} churn collateral"] = float(e.churn.collateral)
+                out[f"demo {e.encap} churn reset"] = f"{e.churn.reset}/{e.churn.on_removed}"
+    elif isinstance(p, RssPayload):
+        for rss in p.scenarios:
+            out[f"rss {result.id} {rss.name} ({rss.source}) max÷mean"] = rss.max_over_mean
+    elif isinstance(p, PmtuPayload):
+        for sc in p.scenarios:
+            out[f"pmtu {result.id} {sc.name}"] = "completed" if sc.completed else "failed"
+            if sc.route_mtu is not None:
+                out[f"pmtu {result.id} {sc.name} route MTU"] = float(sc.route_mtu)
+    elif isinstance(p, ChurnPayload):
+        for churn in p.points:
+            out[f"churn {result.test} N={churn.n} slots changed"] = float(churn.slots_changed)
+    elif isinstance(p, FailoverPayload):
+        out[f"failover {result.id} (s)"] = p.failover_seconds
+    elif isinstance(p, ConformancePayload):
+        out[f"conformance {p.test} {p.encap}"] = p.outcome
+    return out
+
+
+def _history(results: list[Result]) -> Section:
+    section = Section(
+        "history",
+        "Runs and trends",
+        "Every run is kept. The newest run per machine and generator, then every numeric figure measured "
+        "at two or more commits: its value at each commit (newest run per commit, oldest first; hover a dot), "
+        "the first and the latest value and the change.",
+    )
+    if not results:
+        section.empty = True
+        return section
+    runs: dict[tuple[str, str], Result] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for r in results:
+        gen = r.payload.generator if isinstance(r.payload, BenchPayload) else f"({r.kind.value})"
+        key = (r.machine.hostname, gen)
+        counts[key] = counts.get(key, 0) + 1
+        if key not in runs or r.time >= runs[key].time:
+            runs[key] = r
+    section.tables.append(Table(
+        "Newest run per machine and generator",
+        ["machine", "generator or kind", "commit", "time", "result", "results kept"],
+        [[Cell(f"{r.machine.hostname} (kernel {r.machine.kernel}, {r.machine.cpus} CPUs)", "key"), Cell(gen),
+          Cell(_short(r.commit)), Cell(_when(r)), Cell(r.id), Cell(str(counts[(host, gen)]), "num")]
+         for (host, gen), r in sorted(runs.items())]))
+    series: dict[str, dict[str, tuple[datetime, float]]] = {}
+    for r in results:
+        for name, value in figures(r).items():
+            if isinstance(value, float | int):
+                figure = f"{name} — {r.machine.hostname}"
+                seen = series.setdefault(figure, {})
+                if r.commit not in seen or r.time >= seen[r.commit][0]:
+                    seen[r.commit] = (r.time, float(value))
+    trend_rows = []
+    for name, by_commit in sorted(series.items()):
+        if len(by_commit) < 2:
+            continue
+        ordered = sorted(by_commit.items(), key=lambda kv: kv[1][0])
+        first, last = ordered[0][1][1], ordered[-1][1][1]
+        change = (last - first) / first * 100 if first else math.nan
+        spark = svg.sparkline(name, [(v, f"{_short(c)} ({t.astimezone(UTC):%Y-%m-%d %H:%M}): {v:.4g}")
+                                     for c, (t, v) in ordered])
+        trend_rows.append([Cell(name), Cell(str(len(ordered)), "num"),
+                           Cell(" ".join(f"{v:.4g}" for _, (_, v) in ordered), html=Markup(spark)),  # noqa: S704
+                           Cell(f"{first:.4g}", "num"), Cell(f"{last:.4g}", "num"),
+                           Cell(f"{change:+.1f} %" if math.isfinite(change) else "–", "num")])
+    if trend_rows:
+        section.tables.append(Table("Trend per figure over commits",
+                                    ["figure — machine", "commits", "trend", "first", "latest", "change"], trend_rows))
+    else:
+        section.notes.append("No figure was measured at two commits yet: trends appear once results of a second "
+                             "commit are in the results directory.")
+    return section
+
+
+def _select(results: list[Result], spec: str) -> list[Result]:
+    """The results of one run named by ``spec``: a commit (prefix of at least 4 hex digits), a results
+    file, or a results directory."""
+    path = Path(spec)
+    if path.is_dir():
+        return load_results(path)
+    if path.is_file():
+        from reports.schema import parse_result
+
+        return [parse_result(json.loads(path.read_text(encoding="utf-8")), path)]
+    if re.fullmatch(r"[0-9a-f]{4,40}", spec):
+        chosen = [r for r in results if r.commit.startswith(spec)]
+        if chosen:
+            return chosen
+        raise ResultsError("<compare>", spec, "no result has a commit starting with it; see the runs in the report")
+    raise ResultsError("<compare>", spec, "is neither a commit (4+ hex digits), a results file nor a directory")
+
+
+def compare_html(results: list[Result], a: str, b: str, now: datetime | None = None) -> str:
+    """A page with runs ``a`` and ``b`` side by side: every figure either has, and the change."""
+    left, right = _select(results, a), _select(results, b)
+
+    def latest(chosen: list[Result]) -> dict[str, float | str]:
+        out: dict[str, tuple[datetime, float | str]] = {}
+        for r in chosen:
+            for name, value in figures(r).items():
+                key = f"{name} — {r.machine.hostname}"
+                if key not in out or r.time >= out[key][0]:
+                    out[key] = (r.time, value)
+        return {k: v for k, (_, v) in out.items()}
+
+    fa, fb = latest(left), latest(right)
+    rows = []
+    for name in sorted(set(fa) | set(fb)):
+        va, vb = fa.get(name), fb.get(name)
+        if isinstance(va, float | int) and isinstance(vb, float | int):
+            change = f"{(vb - va) / va * 100:+.1f} %" if va else ("0" if vb == va else "new")
+            css = "num" if va == vb else "num changed"
+        else:
+            change = "same" if va == vb else "differs" if va is not None and vb is not None else "only in one"
+            css = "" if va == vb else "changed"
+        rows.append([Cell(name, "key"), Cell("–" if va is None else f"{va:.4g}" if isinstance(va, float) else str(va)),
+                     Cell("–" if vb is None else f"{vb:.4g}" if isinstance(vb, float) else str(vb)), Cell(change, css)])
+    section = Section("compare", f"Compare {a} with {b}",
+                      f"A: {len(left)} results ({_describe_runs(left)}). B: {len(right)} results "
+                      f"({_describe_runs(right)}). Each figure is the newest of its side; change is B against A.")
+    section.tables.append(Table(f"Figures of {a} (A) and {b} (B)", ["figure — machine", "A", "B", "change"], rows))
+    section.empty = not rows
+    return _page([section], left + right, source=f"{a} vs {b}", now=now, title="l4lab comparison")
+
+
+def _describe_runs(chosen: list[Result]) -> str:
+    commits = _distinct([_short(r.commit) for r in chosen])
+    return "commits " + ", ".join(commits[:3]) + (" …" if len(commits) > 3 else "") if commits else "none"
+
+
 # --- the page -----------------------------------------------------------------------------------
 
 
@@ -724,17 +968,16 @@ def _distinct(values: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
 
-def render_html(results: list[Result], source: str = "", now: datetime | None = None) -> str:
-    """The report page for ``results`` (possibly none) as one HTML string."""
-    sections = [
-        _demo(results),
-        _bench(results),
-        _rss(results),
-        _pmtu(results),
-        _churn(results),
-        _failover(results),
-        _conformance(results),
-    ]
+def _nics(results: list[Result]) -> list[str]:
+    out = []
+    for r, p in of_kind(results, BenchPayload):
+        if p.nic is not None:
+            speed = f", {p.nic.speed_mbps / 1000:g} Gb/s" if p.nic.speed_mbps else ""
+            out.append(f"{p.nic.model}, driver {p.nic.driver}{speed} ({r.machine.hostname}, {p.generator})")
+    return _distinct(out)
+
+
+def _page(sections: list[Section], results: list[Result], source: str, now: datetime | None, title: str) -> str:
     times = sorted(r.time for r in results)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(_TEMPLATES),
@@ -745,11 +988,14 @@ def render_html(results: list[Result], source: str = "", now: datetime | None = 
     )
     template = env.get_template("report.html.j2")
     return template.render(
+        title=title,
         sections=sections,
         machines=_distinct(
             [f"{r.machine.hostname} (kernel {r.machine.kernel}, {r.machine.cpus} CPUs)" for r in results]
         ),
         commits=_distinct([r.commit for r in results]),
+        generators=_distinct([p.generator for _, p in of_kind(results, BenchPayload)]),
+        nics=_nics(results),
         first=times[0].astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC") if times else "",
         last=times[-1].astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC") if times else "",
         generated=(now or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC"),
@@ -757,7 +1003,32 @@ def render_html(results: list[Result], source: str = "", now: datetime | None = 
         synthetic=sum(1 for r in results if r.synthetic),
         source=source,
         no_results=NO_RESULTS,
+        zoom_script=Markup(svg.ZOOM_SCRIPT),  # noqa: S704 - our own constant
     )
+
+
+def render_html(results: list[Result], source: str = "", now: datetime | None = None) -> str:
+    """The report page for ``results`` (possibly none) as one HTML string."""
+    sections = [
+        _summary(results),
+        _demo(results),
+        _bench(results),
+        _rss(results),
+        _pmtu(results),
+        _churn(results),
+        _failover(results),
+        _conformance(results),
+        _history(results),
+    ]
+    return _page(sections, results, source, now, "l4lab report")
+
+
+def _write(target: Path, page: str) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(target)
+    return target
 
 
 def render(results_directory: str | Path | None = None, out: str | Path | None = None) -> Path:
@@ -767,13 +1038,7 @@ def render(results_directory: str | Path | None = None, out: str | Path | None =
     """
     source = results_dir(results_directory)
     results = load_results(source)
-    target = Path(out) if out is not None else DEFAULT_OUT
-    page = render_html(results, source=str(source))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(target)
-    return target
+    return _write(Path(out) if out is not None else DEFAULT_OUT, render_html(results, source=str(source)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -788,9 +1053,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="results directory (default: $L4LAB_RESULTS or results/ at the repository top)",
     )
     parser.add_argument("--out", type=Path, default=None, help=f"HTML file to write (default: {DEFAULT_OUT})")
+    parser.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                        help="two runs side by side: each a commit (prefix), a results file or a results directory "
+                             "(default out: compare.html beside the report)")
     args = parser.parse_args(argv)
     try:
-        path = render(args.results, args.out)
+        if args.compare:
+            results = load_results(args.results)
+            page = compare_html(results, *args.compare)
+            path = _write(args.out or DEFAULT_OUT.with_name("compare.html"), page)
+        else:
+            path = render(args.results, args.out)
     except ResultsError as e:
         print(f"l4lab report: {e}", file=sys.stderr)
         return 2

@@ -30,8 +30,11 @@ from reports.schema import (
     ConformancePayload,
     ConnectionOutcomes,
     ControllerFigure,
+    DemoChurn,
     DemoEncap,
     DemoPayload,
+    DemoPmtu,
+    DemoSpread,
     FailoverPayload,
     Floor,
     KatranChurn,
@@ -39,20 +42,23 @@ from reports.schema import (
     LatencyFigure,
     Machine,
     MicroFigure,
+    Nic,
     PmtuPayload,
     PmtuScenario,
     RssPayload,
     RssScenario,
     TimelineEvent,
     Trial,
+    Versus,
     case_id,
     write_result,
 )
 
-__all__ = ["SAMPLE_COMMIT", "SAMPLE_MACHINE", "main", "write_sample"]
+__all__ = ["SAMPLE_COMMIT", "SAMPLE_MACHINE", "SAMPLE_OLDER_COMMIT", "main", "write_sample"]
 
 SAMPLE_MACHINE = Machine(hostname="synthetic-sample", kernel="6.18.0-synthetic", cpus=2)
 SAMPLE_COMMIT = hashlib.sha1(b"l4lab synthetic sample results").hexdigest()
+SAMPLE_OLDER_COMMIT = hashlib.sha1(b"l4lab synthetic sample results, an older commit").hexdigest()
 _START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 #: Bytes each encap adds to a frame (outer IPv4 20, IPv6 40, UDP 8, GUE variant-0 header 4).
@@ -128,6 +134,8 @@ def bench_payload(rng: random.Random) -> BenchPayload:
                     floor=Floor(xdp_tx_mpps=round(tx, 4), xdp_drop_mpps=round(drop, 4)),
                     egress_overhead_bytes=OVERHEAD[encap],
                     trials=ndr_trials + pdr_trials,
+                    versus=[Versus(program="katran", ndr_mpps=round(ndr * 0.93, 4), pdr_mpps=round(pdr * 0.93, 4))]
+                    if size == 64 and encap in ("ip4-ipip", "ip6-ip6ip6") else [],
                 )
             )
     micro = [MicroFigure(case=c, ns_per_packet=ns) for c, ns in
@@ -164,7 +172,9 @@ def trex_bench_payload(rng: random.Random) -> BenchPayload:
                               duration_s=0.5)],
                 latency=latency,
             ))
-    return BenchPayload(generator="trex", egress_mtu=1500, points=points)
+    return BenchPayload(generator="trex", egress_mtu=1500, points=points,
+                        nic=Nic(model="Mellanox Technologies MT27800 Family [ConnectX-5]", driver="mlx5_core",
+                                speed_mbps=25000))
 
 
 def _p_value(chi2: float, dof: int) -> float:
@@ -290,6 +300,13 @@ def demo_payload() -> DemoPayload:
     for encap in ENCAP_IDS:
         v6_outer = encap.startswith("ip6")
         reals = [f"2001:db8:2::{i}" if v6_outer else f"198.51.100.{i}" for i in (11, 12, 13)]
+        gue = "gue" in encap
+        spread = [DemoSpread(name="fixed-src-sd", queues_used=1, nqueues=8, max_over_mean=8.0, held=True),
+                  *([DemoSpread(name="fixed-src-sdfn", queues_used=8, nqueues=8, max_over_mean=1.06, held=True)]
+                    if gue else []),
+                  DemoSpread(name="flow-src-sd", queues_used=8, nqueues=8, max_over_mean=1.05, held=True),
+                  *([DemoSpread(name="flow-src-sdfn", queues_used=8, nqueues=8, max_over_mean=1.04, held=True)]
+                    if gue else [])]
         encaps.append(
             DemoEncap(
                 encap=encap,  # type: ignore[arg-type]
@@ -297,9 +314,33 @@ def demo_payload() -> DemoPayload:
                 ok=60,
                 reals_seen=reals,
                 lb_saw_only_client_to_vip=True,
+                to_lb=170, from_lb=170, replies_via_lb=0,
+                spread=spread,
+                pmtu=DemoPmtu(sent_bytes=1500, expected_mtu=1500 - OVERHEAD[encap],
+                              learnt_mtu=1500 - OVERHEAD[encap], lb_too_big=1, resend="EMSGSIZE"),
+                churn=DemoChurn(connections=60, on_removed=20, reset=20, collateral=0, new_flows=30,
+                                new_to_removed=0, new_failed=0, ring_collateral_slots=15, ring_size=_RING),
             )
         )
     return DemoPayload(encaps=encaps)
+
+
+def rss_model_and_nic(rng: random.Random) -> dict[str, RssPayload]:
+    """The model's and a virtio NIC's queues for the same flows of two encaps (the NIC disagrees once)."""
+    out = {}
+    for encap in ("ip4-gue1", "ip4-ipip"):
+        for source in ("model", "nic:virtio"):
+            scenarios = []
+            for outer, fields in (("fixed", "sd"), ("flow", "sd")) + ((("fixed", "sdfn"),) if "gue" in encap else ()):
+                counts = [0] * 8
+                collapsed = outer == "fixed" and fields == "sd" and not (source != "model" and "gue" in encap)
+                for _ in range(2000):
+                    counts[3 if collapsed else rng.randrange(8)] += 1
+                sc = _rss(f"{'gue' if 'gue' in encap else 'ipip'}-{outer}-src-{fields}", counts, 2000)
+                scenarios.append(RssScenario(**{**sc.__dict__, "source": source}))
+            out[f"{'test_nic_queue_spread' if source == 'model' else 'test_nic_queues_on_hardware'}"
+                f"[{encap}]"] = RssPayload(scenarios=scenarios)
+    return out
 
 
 def write_sample(
@@ -311,7 +352,7 @@ def write_sample(
     clock = iter(range(10_000))
     paths: list[Path] = []
 
-    def put(kind: Kind, result_id: str, payload: object) -> None:
+    def put(kind: Kind, result_id: str, payload: object, commit: str = SAMPLE_COMMIT) -> None:
         if kind in wanted:
             paths.append(
                 write_result(
@@ -320,17 +361,21 @@ def write_sample(
                     payload,
                     directory,
                     machine=SAMPLE_MACHINE,
-                    commit=SAMPLE_COMMIT,
+                    commit=commit,
                     timestamp=_START + timedelta(seconds=5 * next(clock)),
                     synthetic=True,
                 )
             )
 
     put(Kind.DEMO, "demo", demo_payload())
-    # The hardware run first, so the veth run (newer) is what the throughput tables show.
+    # An older commit's software run first (the trends' first point), then the hardware run, then the
+    # newest software run: both generators' newest figures are shown, each in its own block.
+    put(Kind.BENCH, "test_ndr_pdr", bench_payload(rng), commit=SAMPLE_OLDER_COMMIT)
     put(Kind.BENCH, "test_trex_ndr_pdr", trex_bench_payload(rng))
     put(Kind.BENCH, "test_ndr_pdr", bench_payload(rng))
     put(Kind.RSS, "test_real_rss_spread", rss_payload(rng))
+    for name, rss in rss_model_and_nic(rng).items():
+        put(Kind.RSS, name, rss)
     for encap in ENCAP_IDS:
         put(Kind.PMTU, case_id("test_pmtu", encap), pmtu_payload(encap, rng))
     put(Kind.CHURN, "test_maglev_churn", churn_payload(rng))

@@ -52,6 +52,7 @@ from typing import Any, Literal, TypeVar, Union
 __all__ = [
     "ENCAP_IDS",
     "FRAME_SIZES",
+    "IMIX_MEAN_FRAME_BYTES",
     "SCHEMA_VERSION",
     "BenchPayload",
     "BenchPoint",
@@ -100,6 +101,9 @@ EncapId = Literal["ip4-ipip", "ip4-gue1", "ip4-gue0", "ip6-ip6ip6", "ip6-gue1", 
 #: The frame sizes a benchmark reports, in bytes of Ethernet frame without FCS, plus the IMIX mix.
 FRAME_SIZES: tuple[int | str, ...] = (64, 128, 256, 512, 1024, 1280, 1518, "imix")
 FrameSize = int | Literal["imix"]
+#: Mean frame of the simple IMIX the generators send (lab/gen/base.py IMIX: 28 × 64, 16 × 570 and
+#: 4 × 1518 bytes per 48 frames), for rates in Gb/s; suites/reports checks it against lab/gen/base.py.
+IMIX_MEAN_FRAME_BYTES = (28 * 64 + 16 * 570 + 4 * 1518) / 48
 
 ENV_RESULTS = "L4LAB_RESULTS"
 _REPO_TOP = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The report page as the tests see it: sections, images, figures and tables parsed with html.parser."""
+"""The report page as the tests see it: sections, figures (inline SVG), tables and downloads parsed with html.parser."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ class Figure:
     section: str
     img: dict[str, str | None] = field(default_factory=dict)
     caption: str = ""
+    svg: dict[str, str | None] = field(default_factory=dict)  # the chart's <svg> attributes
+    marks: int = 0  # circles and bars of class point / bar
+    titled_marks: int = 0  # of those, how many carry a <title> (hover value)
+    downloads: list[dict[str, str | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -19,6 +23,7 @@ class Table:
     caption: str = ""
     header: list[str] = field(default_factory=list)
     rows: list[list[str]] = field(default_factory=list)
+    downloads: list[dict[str, str | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -44,6 +49,10 @@ class Page(HTMLParser):
         self._table: Table | None = None
         self._row: list[str] | None = None
         self._cell: list[str] | None = None
+        self.scripts: list[dict[str, str | None]] = []
+        self.downloads: list[dict[str, str | None]] = []
+        self._mark: bool = False  # inside a point or bar, whose <title> child is its hover text
+        self._last_table: Table | None = None
         self._in: list[str] = []  # open elements we track text for: caption, figcaption, header, style
         self.feed(html)
         self.close()
@@ -60,6 +69,22 @@ class Page(HTMLParser):
             self.images.append(a)
             if self._figure is not None:
                 self._figure.img = a
+        elif tag == "svg" and self._figure is not None and not self._figure.svg:
+            self._figure.svg = a
+        elif tag in ("circle", "rect") and (a.get("class") or "") in ("point", "bar"):
+            self._mark = True
+            if self._figure is not None:
+                self._figure.marks += 1
+        elif tag == "title" and self._mark and self._figure is not None:
+            self._figure.titled_marks += 1
+        elif tag == "script":
+            self.scripts.append(a)
+        elif tag == "a" and "download" in a:
+            self.downloads.append(a)
+            if self._figure is not None:
+                self._figure.downloads.append(a)
+            elif self._last_table is not None:
+                self._last_table.downloads.append(a)
         elif tag == "table":
             self._table = Table(self._section.id if self._section else "")
             self.tables.append(self._table)
@@ -67,16 +92,20 @@ class Page(HTMLParser):
             self._row = []
         elif tag in ("td", "th"):
             self._cell = []
-        if tag in ("caption", "figcaption", "header", "style", "script"):
+        if tag in ("caption", "figcaption", "header", "style", "script", "title"):
             self._in.append(tag)
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "section":
             self._section = None
+            self._last_table = None
         elif tag == "figure":
             self._figure = None
         elif tag == "table":
+            self._last_table = self._table
             self._table = None
+        elif tag in ("circle", "rect"):
+            self._mark = False
         elif tag in ("td", "th") and self._row is not None and self._cell is not None:
             self._row.append("".join(self._cell).strip())
             self._cell = None
@@ -90,7 +119,7 @@ class Page(HTMLParser):
             self._in.pop()
 
     def handle_data(self, data: str) -> None:
-        if "style" in self._in or "script" in self._in:
+        if "style" in self._in or "script" in self._in or "title" in self._in:
             return
         self.text += data
         if self._section is not None:

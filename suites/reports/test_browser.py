@@ -24,7 +24,38 @@ pytestmark = pytest.mark.skipif(
     find_chromium() is None, reason=f"Chromium is not installed; run `{SETUP_HINT}`"
 )
 
-_IMAGES = "Array.from(document.images).map(i => ({alt: i.alt, complete: i.complete, width: i.naturalWidth}))"
+_CHARTS = """Array.from(document.querySelectorAll('svg.chart')).map(s => ({
+  label: s.getAttribute('aria-label'), width: s.getBoundingClientRect().width,
+  height: s.getBoundingClientRect().height, marks: s.querySelectorAll('.point, .bar').length}))"""
+_SECTIONS = """Array.from(document.querySelectorAll('main section')).map(s => ({
+  id: s.id, height: s.getBoundingClientRect().height, downloads: s.querySelectorAll('a[download]').length,
+  tables: s.querySelectorAll('table').length, charts: s.querySelectorAll('svg.chart').length,
+  empty: s.classList.contains('no-results')}))"""
+_DOWNLOADS = """Array.from(document.querySelectorAll('a[download]')).map(a => ({
+  name: a.getAttribute('download'), ok: a.href.startsWith('data:') && atob(a.href.split(',')[1]).length > 0}))"""
+# Zoom the first chart with the wheel at its centre: its viewBox must shrink; double click restores it.
+_ZOOM = """(() => {
+  const s = document.querySelector('svg.zoomable'), r = s.getBoundingClientRect();
+  const before = s.getAttribute('viewBox');
+  s.dispatchEvent(new WheelEvent('wheel', {deltaY: -100, clientX: r.left + r.width / 2,
+                                           clientY: r.top + r.height / 2, bubbles: true, cancelable: true}));
+  const zoomed = s.getAttribute('viewBox');
+  s.dispatchEvent(new MouseEvent('dblclick', {bubbles: true}));
+  return {before: before, zoomed: zoomed, reset: s.getAttribute('viewBox')};
+})()"""
+
+
+def _check_sections(page: object, expect_empty: set[str]) -> list[dict[str, object]]:
+    sections = page.evaluate(_SECTIONS)  # type: ignore[attr-defined]
+    for s in sections:
+        assert s["height"] > 0, f"section {s['id']} does not render"
+        assert s["empty"] == (s["id"] in expect_empty), s
+        assert s["downloads"] == 2 * (s["tables"] + s["charts"]), f"{s['id']}: a CSV and a JSON per table and chart"
+    downloads = page.evaluate(_DOWNLOADS)  # type: ignore[attr-defined]
+    assert all(d["ok"] for d in downloads), [d for d in downloads if not d["ok"]]
+    return sections
+
+
 # Widths in CSS pixels of every table and of the column they sit in (main's content box).
 _TABLES = """(() => {
   const main = document.querySelector('main').getBoundingClientRect();
@@ -52,15 +83,33 @@ def _assert_non_blank_png(path: Path, min_width: int) -> None:
 def test_report_renders_in_chromium(sample_report: Path, tmp_path: Path) -> None:
     with Browser.start(tmp_path / "profile") as browser:
         page = browser.open(sample_report.as_uri(), width=1280)
-        images = page.evaluate(_IMAGES)
-        assert len(images) == 7
-        for image in images:
-            assert image["complete"] and image["width"] > 0, f"image not loaded: {image['alt']}"
-        assert page.evaluate("document.querySelectorAll('section.no-results').length") == 0
+        charts = page.evaluate(_CHARTS)
+        assert len(charts) == 13
+        for chart in charts:
+            assert chart["width"] > 300 and chart["height"] > 100 and chart["marks"] > 0, chart
+        sections = _check_sections(page, expect_empty=set())
+        assert [s["id"] for s in sections][0] == "summary"
+        zoom = page.evaluate(_ZOOM)
+        assert zoom["zoomed"] != zoom["before"] and zoom["reset"] == zoom["before"], zoom
         assert page.evaluate("document.title") == "l4lab report (synthetic sample)"
         shot = page.screenshot(tmp_path / "report.png")
         assert page.errors == [], "console errors while loading the report"
     _assert_non_blank_png(shot, 1280)
+
+
+@pytest.mark.slow
+def test_mixed_generators_render_in_chromium(tmp_path: Path) -> None:
+    write_sample(tmp_path / "results", ["bench"])
+    report = render(tmp_path / "results", tmp_path / "index.html")
+    with Browser.start(tmp_path / "profile") as browser:
+        page = browser.open(report.as_uri(), width=1024)
+        sections = _check_sections(page, expect_empty={"summary", "demo", "rss", "pmtu", "churn", "failover",
+                                                       "conformance"})
+        bench = next(s for s in sections if s["id"] == "bench")
+        assert bench["charts"] == 4, "one pair of charts per generator (trex, xdp-live)"
+        captions = page.evaluate("Array.from(document.querySelectorAll('#bench caption')).map(c => c.textContent)")
+        assert any("trex on" in c for c in captions) and any("xdp-live on" in c for c in captions)
+        assert page.errors == []
 
 
 @pytest.mark.slow
@@ -91,5 +140,18 @@ def test_empty_sections_show_their_notice_in_the_browser(tmp_path: Path) -> None
             "Array.from(document.querySelectorAll('section.no-results p.empty'))"
             ".filter(p => p.getBoundingClientRect().height > 0).map(p => p.closest('section').id)"
         )
-        assert visible == ["demo", "bench", "rss", "pmtu", "churn", "failover"]
+        assert visible == ["summary", "demo", "bench", "rss", "pmtu", "churn", "failover"]
+        _check_sections(page, expect_empty=set(visible))
         assert page.errors == []
+
+
+@pytest.mark.slow
+def test_no_results_at_all_render_in_the_browser(tmp_path: Path) -> None:
+    (tmp_path / "results").mkdir()
+    report = render(tmp_path / "results", tmp_path / "index.html")
+    with Browser.start(tmp_path / "profile") as browser:
+        page = browser.open(report.as_uri(), width=1024)
+        sections = _check_sections(page, expect_empty={"summary", "demo", "bench", "rss", "pmtu", "churn",
+                                                       "failover", "conformance", "history"})
+        assert len(sections) == 9
+        assert page.errors == [], "the zoom script must not fail on a page without charts"

@@ -400,3 +400,10 @@ def test_bad_latency_is_refused_naming_the_field(tmp_path: Path, change: dict[st
     assert caught.value.field == f"payload.points[0].latency[1].{field}"
     assert problem in caught.value.problem
     assert list(tmp_path.iterdir()) == [], "nothing may be written for a refused payload"
+
+
+def test_imix_mean_matches_the_generators_mix() -> None:
+    from lab.gen.base import IMIX
+    from reports.schema import IMIX_MEAN_FRAME_BYTES
+
+    assert sum(size * n for size, n in IMIX) / sum(n for _, n in IMIX) == IMIX_MEAN_FRAME_BYTES
