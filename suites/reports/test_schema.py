@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reports.sample import SAMPLE_COMMIT, SAMPLE_MACHINE, write_sample
+from reports.sample import SAMPLE_COMMIT, SAMPLE_MACHINE, SAMPLE_OLDER_COMMIT, write_sample
 from reports.schema import (
     ENCAP_IDS,
     SCHEMA_VERSION,
@@ -42,12 +42,13 @@ def test_sample_round_trips_every_kind(sample_results: Path) -> None:
     assert len(results) == len(list(sample_results.glob("*.json")))
     assert all(r.synthetic for r in results), "the sample must say it is synthetic in every file"
     assert {r.machine for r in results} == {SAMPLE_MACHINE}
-    assert {r.commit for r in results} == {SAMPLE_COMMIT}
+    assert {r.commit for r in results} == {SAMPLE_COMMIT, SAMPLE_OLDER_COMMIT}, "two commits: the trends' points"
     # Every file holds exactly what its Result serialises to.
-    by_id = {(r.kind.value, r.id): r for r in results}
+    by_run = {(r.kind.value, r.id, r.timestamp): r for r in results}
+    assert len(by_run) == len(results)
     for path in sample_results.glob("*.json"):
         data = json.loads(path.read_text())
-        assert by_id[(data["kind"], data["id"])].to_json() == data, path
+        assert by_run[(data["kind"], data["id"], data["timestamp"])].to_json() == data, path
 
 
 def test_write_result_writes_one_versioned_file(tmp_path: Path) -> None:
