@@ -46,6 +46,7 @@ from typing import Any, NoReturn
 from lab.errors import LabError, UsageError
 from lab.gen.base import Family, FrameSpec, Generator, Latency, check_frame_spec, mean_frame_size
 from lab.ndr import SearchResult, SearchSettings, latency_rates, search
+from lab.progress import BenchProgress
 
 OBJECT_DIR = Path(__file__).resolve().parents[1] / "build" / "bpf"
 PREFIX = "bnt-"
@@ -291,6 +292,7 @@ def measure_ndr(bed: Testbed, opts: Options, report: Report, say: Callable[[str]
     """Floors and every encap, per frame size, in this one run."""
     plan: list[tuple[str, str, Family]] = [("xdp_drop", "xdp_drop", 4), ("xdp_tx", "xdp_tx_swap", 4)]
     plan += [(case, "balancer", ENCAPS[case].family) for case in opts.encaps]
+    progress = BenchProgress(len(plan) * len(opts.sizes), opts.search_settings().max_trials)
     for size in opts.sizes:
         max_rate = opts.max_rate_pps * min(1.0, 256 / max(256.0, mean_frame_size(size)) * 2)
         for name, program, family in plan:
@@ -298,8 +300,11 @@ def measure_ndr(bed: Testbed, opts: Options, report: Report, say: Callable[[str]
             if program == "balancer":
                 bed.instance.apply(lb_config(name))
             sink = bed.lb_count if program == "xdp_drop" else bed.gen_count
+            progress.start_point(name, _size_label(size))
             with _generator(bed, sink) as gen:
-                measured = ndr_point(gen, name, size, opts.flows, family, opts.search_settings(max_rate))
+                measured = ndr_point(gen, name, size, opts.flows, family, opts.search_settings(max_rate),
+                                     on_trial=progress.trial)
+            progress.end_point()
             report.ndr[(name, _size_label(size))] = measured
             outcome = measured.result
             say(f"  {name:<11} {_size_label(size):>5}  NDR {outcome.ndr_pps / 1e6:6.3f} Mpps  "
@@ -307,14 +312,18 @@ def measure_ndr(bed: Testbed, opts: Options, report: Report, say: Callable[[str]
 
 
 def ndr_point(gen: Generator, name: str, size: FrameSpec, flows: int, family: Family,
-              settings: SearchSettings) -> Measured:
-    """One NDR/PDR search with any generator, then latency at 10/50/90 % of PDR if it measures latency."""
+              settings: SearchSettings, on_trial: Callable[[float, float, float], None] | None = None) -> Measured:
+    """One NDR/PDR search with any generator, then latency at 10/50/90 % of PDR if it measures latency.
+
+    on_trial(rate_pps, duration_s, loss) is told each trial's outcome (progress on a terminal)."""
     measures_latency = False
 
     def trial(rate: float, duration: float) -> float:
         nonlocal measures_latency
         result = gen.run(rate, duration, size, flows, family)
         measures_latency = measures_latency or result.latency is not None
+        if on_trial is not None:
+            on_trial(rate, duration, result.loss)
         return result.loss
 
     outcome = search(trial, settings)

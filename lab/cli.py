@@ -52,11 +52,16 @@ def _add_up(parser: argparse.ArgumentParser) -> None:
 
 def _run_up(args: argparse.Namespace) -> int:
     from lab import netns
+    from lab.progress import StepProgress
 
     topo = topology.load(args.topology)
     started = time.monotonic()
-    netns.build(topo, check_name(args.name), programs=not args.no_bpf,
-                balancers=not (args.no_bpf or args.no_balancer))
+    progress = StepProgress()  # each step named as it runs, on a terminal only
+    try:
+        netns.build(topo, check_name(args.name), programs=not args.no_bpf,
+                    balancers=not (args.no_bpf or args.no_balancer), on_step=progress.step)
+    finally:
+        progress.done()
     took = time.monotonic() - started
     size = f"{len(topo.nodes)} nodes, {len(topo.links)} links"
     print(f"lab '{args.name}' up ({topo.name}: {size}) in {took:.2f} s")

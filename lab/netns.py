@@ -72,8 +72,10 @@ class Builder:
         balancers: bool = False,
         fail_at: int | None = None,
         interrupt_at: int | None = None,
+        on_step: Callable[[str], None] | None = None,
     ) -> None:
         self.topo = topology
+        self.on_step = on_step  # told the name of each step as it starts (progress on a terminal)
         self.lab = check_name(lab)
         self.with_programs = programs
         self.with_balancers = balancers
@@ -87,8 +89,10 @@ class Builder:
 
     @contextmanager
     def _step(self, what: str) -> Iterator[None]:
-        """One build step: counts it, injects the requested failure, names it in any error."""
+        """One build step: counts it, names it to on_step, injects the requested failure, names it in any error."""
         self.steps += 1
+        if self.on_step is not None:
+            self.on_step(what)
         if self.steps == self.fail_at:
             raise InjectedFailure(f"injected failure at step {self.steps}: {what}", step=what)
         if self.steps == self.interrupt_at:
@@ -463,10 +467,12 @@ def build(
     balancers: bool = False,
     fail_at: int | None = None,
     interrupt_at: int | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> LabState:
-    """Build `topology` as lab `lab`; see Builder (balancers: also `lbctl load` on every LB node)."""
+    """Build `topology` as lab `lab`; see Builder (balancers: also `lbctl load` on every LB node;
+    on_step: called with each step's name as it starts)."""
     return Builder(topology, lab, programs=programs, balancers=balancers, fail_at=fail_at,
-                   interrupt_at=interrupt_at).build()
+                   interrupt_at=interrupt_at, on_step=on_step).build()
 
 
 def teardown(lab: str) -> None:
