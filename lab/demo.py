@@ -53,7 +53,7 @@ NQUEUES = 8
 MAX_OVER_MEAN = 1.25
 PMTU_SIZE = 1500  # the client's link MTU: the datagram fits the first hop, not the encapsulated path
 CHURN_CONNS = 60
-CHURN_OBSERVE_S = 1.5
+CHURN_OBSERVE_S = 1.0
 MOVED = "real3"  # the real the churn run removes
 
 
@@ -128,7 +128,15 @@ def _apply(lab: str, conf: cfg.Config, work: Path, name: str) -> None:
 
 
 def _stats(lab: str) -> dict[str, Any]:
-    stats: dict[str, Any] = json.loads(lbctl(lab, ["stats", "--json"]).stdout)
+    """What `lbctl stats --json` prints, read in this process from the instance's pinned maps (no
+    interpreter start-up per reading: the demo reads the counters 20 times)."""
+    from balancer.controller import Instance
+
+    inst = Instance.open(f"{lab}-lb")
+    try:
+        stats: dict[str, Any] = inst.stats()
+    finally:
+        inst.close()
     return stats
 
 
@@ -166,10 +174,26 @@ def run_traffic(lab: str, topo: topology.Topology, run: EncapRun, requests: int,
                     run.ok += 1
                     run.reals[r["node"]] = run.reals.get(r["node"], 0) + 1
     finally:
+        _settled(pcap, lambda: _stats(lab)["reasons"]["TX_ENCAP"]["packets"])
         cap.stop()
     run.lb_tx = _delta(before, _stats(lab), "TX_ENCAP")
     counts = classify_lb_link(pcap, peer_mac(lab, "lb", lb_if).lower(), vips, clients, GUE_PORT)
     run.to_lb, run.from_lb, run.stray = counts.to_lb, counts.from_lb, counts.stray
+
+
+def _settled(pcap: Path, lb_sent: Callable[[], int], quiet_s: float = 0.2, deadline_s: float = 3.0) -> None:
+    """Wait until the capture file and the LB's encap counter have stopped changing for quiet_s: the
+    last frame the LB sent (a closing ACK) is on file before tcpdump stops, so in and out still match."""
+    end = time.monotonic() + deadline_s
+    last = (pcap.stat().st_size if pcap.exists() else 0, lb_sent())
+    still_since = time.monotonic()
+    while time.monotonic() < end:
+        time.sleep(0.05)  # polling interval: the loop re-reads the file size and the counter
+        now = (pcap.stat().st_size if pcap.exists() else 0, lb_sent())
+        if now != last:
+            last, still_since = now, time.monotonic()
+        elif time.monotonic() - still_since >= quiet_s:
+            return
 
 
 def run_spread(topo: topology.Topology, run: EncapRun) -> None:
@@ -213,8 +237,8 @@ def run_pmtu(lab: str, topo: topology.Topology, run: EncapRun) -> None:
 
     fam, _ = ENCAP_IDS[run.encap_id]
     vip = next(str(v.address) for v in topo.vips if v.address.version == fam)
-    for version in ("-4", "-6"):
-        _in_node(lab, "client", ["ip", version, "route", "flush", "cache"])
+    flush = ["sh", "-c", "ip -4 route flush cache && ip -6 route flush cache"]
+    _in_node(lab, "client", flush)  # each encap starts from the link's MTU
     before = _stats(lab)
     done = _in_node(lab, "client", [sys.executable, "-m", "suites.conformance._udp_df", "--vip", vip,
                                     "--port", str(UDP_PORT), "--size", str(PMTU_SIZE), "--wait", "2"])
@@ -225,8 +249,6 @@ def run_pmtu(lab: str, topo: topology.Topology, run: EncapRun) -> None:
     run.pmtu = {"sent_bytes": PMTU_SIZE, "expected_mtu": PMTU_SIZE - ENCAPS[run.encap_id].overhead,
                 "learnt_mtu": probe["mtu_learnt"] if probe["mtu_learnt"] < PMTU_SIZE else None,
                 "lb_too_big": _delta(before, _stats(lab), "TX_ICMP_TOO_BIG"), "resend": probe["resend"]}
-    for version in ("-4", "-6"):  # the next encap has another overhead: start it from the link's MTU
-        _in_node(lab, "client", ["ip", version, "route", "flush", "cache"])
 
 
 def _ring_collateral(topo: topology.Topology, fam: int) -> tuple[int, int]:
