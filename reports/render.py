@@ -112,6 +112,7 @@ class Section:
     charts: list[Chart] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    legend: list[str] = field(default_factory=list)  # shown after the tables
     empty: bool = False
 
 
@@ -207,13 +208,18 @@ def _summary(results: list[Result]) -> Section:
     section = Section(
         "summary",
         "Encapsulation modes at a glance",
-        "One row per encap from the newest demo run (make demo): real requests answered; DSR held only if 0 "
-        "frames other than client→VIP and its encapsulation crossed the LB's link; the NIC model's spread "
-        "of the program's own outer headers over 8 queues of a real, with a fixed and a flow-derived outer "
-        "source (sd: addresses, sdfn: addresses and ports; 1/8 q = every flow on one queue); the path MTU the "
-        "client learnt from the LB's own ICMP; and one of three reals removed under live connections "
-        "(its connections reset, collateral = connections of surviving reals that broke). Green: as expected.",
+        "The newest demo run (make demo), one row per encap; every figure was checked by the demo. "
+        "Green: as expected; yellow: as expected, but worth knowing; red: not as expected.",
     )
+    section.legend.append(
+        "works: requests answered and reals that answered. DSR held only if 0 frames other than client→VIP "
+        "and its encapsulation crossed the LB's link (in brackets: the frames that did). RSS spread: the "
+        "NIC model (Toeplitz, 8 queues) over the outer headers the balancer program itself wrote, per NIC "
+        "hash setting (sd: addresses, sdfn: addresses and ports): max ÷ mean, or the queues used when "
+        "not all (1/8 q: every flow on one queue). PMTU: the path MTU a 1500-byte DF datagram taught the "
+        "client through the LB's own ICMP, expected 1500 − the encap's overhead. Churn: one of three reals "
+        "removed under live connections; its connections must be reset (fail fast) and no connection of "
+        "a surviving real may break (collateral), beside the Maglev slots that moved between survivors.")
     found = of_kind(results, DemoPayload)
     if not found:
         section.empty = True
@@ -225,8 +231,8 @@ def _summary(results: list[Result]) -> Section:
     for e in sorted(payload.encaps, key=lambda e: _encap_rank(e.encap)):
         rows.append(_summary_row(e, ndr.get(e.encap)))
     header = ["encap", "works", "DSR (replies via LB)", "RSS spread: fixed outer source",
-              "RSS spread: flow outer source",
-              "PMTU learnt (expected)", "churn: removed real's connections reset", "churn: collateral"]
+              "RSS spread: flow outer source", "PMTU learnt (expected)", "churn: removed real's connections reset",
+              "churn: collateral"]
     if ndr:
         header.append("NDR ÷ XDP_TX floor (64 B)")
     else:
@@ -242,21 +248,21 @@ def _spread_cell(e: DemoEncap, source: str) -> Cell:
     parts = []
     for s in mine:
         fields = s.name.rsplit("-", 1)[-1]
-        figure = f"{s.queues_used}/{s.nqueues} q" if s.queues_used < s.nqueues else f"max/mean {_fmt(s.max_over_mean)}"
-        parts.append(f"{fields}: {figure}")
+        figure = f"{s.queues_used}/{s.nqueues} q" if s.queues_used < s.nqueues else _fmt(s.max_over_mean)
+        parts.append(f"{fields} {figure}")
     # fixed-source sd is expected on one queue: a "collapse" that held is still shown for what it is
     collapsed = any(s.queues_used == 1 and s.nqueues > 1 for s in mine)
     css = "bad" if not all(s.held for s in mine) else ("warn" if collapsed else "ok")
     hint = "as expected" if all(s.held for s in mine) else "not as expected"
     if collapsed:
         hint += "; one queue takes every flow where the outer headers do not vary"
-    return Cell("; ".join(parts), css, hint)
+    return Cell(" · ".join(parts), css, hint)
 
 
 def _summary_row(e: DemoEncap, ratio: float | None) -> list[Cell]:
     works = e.ok == e.requests > 0
     row = [Cell(e.encap, "key"),
-           Cell(f"{e.ok}/{e.requests}, {len(e.reals_seen)} reals", "ok" if works else "bad",
+           Cell(f"{e.ok}/{e.requests} · {len(e.reals_seen)} reals", "ok" if works else "bad",
                 ", ".join(e.reals_seen))]
     replies = e.replies_via_lb
     dsr = e.lb_saw_only_client_to_vip and (replies in (None, 0))
@@ -279,7 +285,7 @@ def _summary_row(e: DemoEncap, ratio: float | None) -> list[Cell]:
         row.append(Cell(f"{c.reset}/{c.on_removed}", "ok" if c.on_removed and c.reset == c.on_removed else "bad",
                         f"{c.connections} connections; new flows after: {c.new_flows}, to the removed real "
                         f"{c.new_to_removed}, failed {c.new_failed}"))
-        row.append(Cell(f"{c.collateral} connections; {c.ring_collateral_slots} ring slots",
+        row.append(Cell(f"{c.collateral} conns, {c.ring_collateral_slots} slots",
                         "ok" if c.collateral == 0 else "bad",
                         f"ring slots moved between surviving reals, of {c.ring_size}"))
     row.append(Cell(_fmt(ratio) if ratio is not None else "–", "num" if ratio is not None else "missing"))
