@@ -356,8 +356,10 @@ def summary(runs: list[EncapRun], nreals: int) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(runs: list[EncapRun], nreals: int) -> Path | None:
-    """The demo result, plus rss, pmtu and churn results of the same figures; then the report."""
+def write_outputs(runs: list[EncapRun], nreals: int, results: Path | None = None,
+                  out: Path = REPO / "reports" / "out" / "index.html") -> Path | None:
+    """The demo result, plus rss and pmtu results of the same figures (into `results`, default the
+    results directory); then the report at `out`."""
     try:
         from reports import render, schema
     except ImportError:
@@ -371,14 +373,14 @@ def write_outputs(runs: list[EncapRun], nreals: int) -> Path | None:
                        "pmtu": r.pmtu, "churn": r.churn})
         if r.spread:
             schema.write_result("rss", schema.case_id("demo_spread", r.encap_id),
-                                {"scenarios": [s["rss"] for s in r.spread]})
+                                {"scenarios": [s["rss"] for s in r.spread]}, results)
         if r.pmtu is not None:
             p = r.pmtu
             schema.write_result("pmtu", schema.case_id("demo_pmtu", r.encap_id), {"encap": r.encap_id, "scenarios": [
                 {"name": "udp-df", "completed": p["learnt_mtu"] == p["expected_mtu"], "seconds": 0.0,
-                 "route_mtu": p["learnt_mtu"]}]})
-    schema.write_result("demo", "demo", {"encaps": encaps})
-    return render.render(out=REPO / "reports" / "out" / "index.html")
+                 "route_mtu": p["learnt_mtu"]}]}, results)
+    schema.write_result("demo", "demo", {"encaps": encaps}, results)
+    return render.render(results, out=out)
 
 
 def _step(what: str) -> Callable[[], None]:
