@@ -947,7 +947,7 @@ def compare_html(results: list[Result], a: str, b: str, now: datetime | None = N
     for name in sorted(set(fa) | set(fb)):
         va, vb = fa.get(name), fb.get(name)
         if isinstance(va, float | int) and isinstance(vb, float | int):
-            change = f"{(vb - va) / va * 100:+.1f} %" if va else ("0" if vb == va else "new")
+            change = "same" if va == vb else f"{(vb - va) / va * 100:+.1f} %" if va else "from 0"
             css = "num" if va == vb else "num changed"
         else:
             change = "same" if va == vb else "differs" if va is not None and vb is not None else "only in one"
