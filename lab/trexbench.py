@@ -115,7 +115,7 @@ def lb_host(target: Target) -> LbHost:
     # Netlink and ethtool, not /sys/class/net: they answer for the network namespace ssh lands in.
     quoted = shlex.quote(ifname)
     nic = (f"echo {_NIC_MARK}; ethtool -i {quoted} 2>/dev/null; bus=$(ethtool -i {quoted} 2>/dev/null | "
-           f"sed -n 's/^bus-info: //p'); [ -n \"$bus\" ] && {{ lspci -mm -nn -s \"$bus\" 2>/dev/null || true; }}")
+           f"sed -n 's/^bus-info: //p'); if [ -n \"$bus\" ]; then lspci -mm -nn -s \"$bus\" 2>/dev/null; fi; true")
     out = target.run(node, ["sh", "-c", f"ip -j link show dev {quoted} && {{ ethtool {quoted} 2>/dev/null || true; }}"
                                         f"; {nic}"]).stdout
     out, _, nic_text = out.partition(_NIC_MARK + "\n")
