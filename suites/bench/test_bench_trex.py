@@ -350,6 +350,8 @@ def test_bench_runs_every_phase_on_the_lb_and_writes_a_trex_result(
     payload = result.payload
     assert isinstance(payload, BenchPayload)
     assert (payload.generator, payload.egress_mtu) == ("trex", 1500)
+    # The LB's NIC as `ethtool -i` names it over ssh (a veth here: no PCI bus, so no lspci model).
+    assert payload.nic is not None and (payload.nic.driver, payload.nic.model) == ("veth", "unknown")
     assert [(p.encap, p.frame_size) for p in payload.points] == [("ip4-ipip", 64), ("ip6-gue1", 64)]
     for point in payload.points:
         assert point.ndr_mpps == pytest.approx(1.0) and point.trials[0].rate_mpps == pytest.approx(1.0)
