@@ -57,6 +57,7 @@ from lab.bench import (
 )
 from lab.errors import LabError, UsageError
 from lab.gen.base import Endpoints, Family, FrameSpec, Generator, TrialResult, mean_frame_size
+from lab.progress import BenchProgress
 from lab.target import Target, TrexPorts
 
 BENCH_INSTANCE = "l4lab-bench"
@@ -362,9 +363,12 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 
 def _measure(gen: Generator, name: str, family: Family, opts: Options, rates: dict[FrameSpec, float],
-             report: Report, say: Callable[[str], None]) -> None:
+             report: Report, say: Callable[[str], None], progress: BenchProgress) -> None:
     for size in opts.sizes:
-        measured: Measured = ndr_point(gen, name, size, opts.flows, family, opts.search_settings(rates[size]))
+        progress.start_point(name, str(size))
+        measured: Measured = ndr_point(gen, name, size, opts.flows, family, opts.search_settings(rates[size]),
+                                       on_trial=progress.trial)
+        progress.end_point()
         report.ndr[(name, str(size))] = measured
         outcome = measured.result
         say(f"  {name:<11} {size!s:>5}  NDR {outcome.ndr_pps / 1e6:7.3f} Mpps  "
@@ -375,6 +379,7 @@ def measure(lb: LbHost, trex: TrexPorts, opts: Options, report: Report, make: Ge
             say: Callable[[str], None]) -> None:
     """The floors, then every encap, each at every frame size; the LB is clean again afterwards."""
     rates = max_rates(opts, lb)
+    progress = BenchProgress((2 + len(opts.encaps)) * len(opts.sizes), opts.search_settings().max_trials)
     ep = Endpoints(src_mac=trex.tx_mac, dst_mac=lb.mac, dst4=VIP4, dst6=VIP6, dport=VIP_PORT)
     for name, program, rx_port in (("xdp_drop", "xdp_drop", trex.rx_port), ("xdp_tx", "xdp_tx_swap", trex.tx_port)):
         with ExitStack() as phase:
@@ -384,7 +389,7 @@ def measure(lb: LbHost, trex: TrexPorts, opts: Options, report: Report, make: Ge
             phase.callback(gen.close)
             if program == "xdp_drop":
                 gen = LbCounted(gen, hold.count)
-            _measure(gen, name, 4, opts, rates, report, say)
+            _measure(gen, name, 4, opts, rates, report, say, progress)
     if not opts.encaps:
         return
     with ExitStack() as phase:
@@ -396,7 +401,7 @@ def measure(lb: LbHost, trex: TrexPorts, opts: Options, report: Report, make: Ge
         phase.callback(gen.close)
         for case in opts.encaps:
             balancer.apply(bench_config(case, lb, trex))
-            _measure(gen, case, ENCAPS[case].family, opts, rates, report, say)
+            _measure(gen, case, ENCAPS[case].family, opts, rates, report, say, progress)
 
 
 def bench_trex(opts: Options, say: Callable[[str], None] = print, make: GeneratorFactory | None = None) -> Report:
