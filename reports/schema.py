@@ -407,12 +407,18 @@ class FailoverPayload:
 
 @dataclass(frozen=True)
 class ConformancePayload:
-    """The outcome of one conformance test in one encap."""
+    """The outcome of one conformance test in one encap, on one device under test (lab/dut.py).
+
+    `not-applicable` means the DUT lacks a capability the test needs (`detail` names it); a
+    `fail` of a foreign DUT is a finding about it, with its evidence in `detail`.
+    """
 
     test: str = field(metadata=_rule(_non_empty))
-    encap: EncapId
-    outcome: Literal["pass", "fail", "skip"]
+    encap: EncapId | None
+    outcome: Literal["pass", "fail", "skip", "not-applicable"]
     duration_s: float = field(metadata=_rule(_at_least(0)))
+    dut: str = "l4lab"
+    detail: str = ""
 
 
 # --- demo ---------------------------------------------------------------------------------------

@@ -42,6 +42,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--target", metavar="FILE", default=os.environ.get("L4LAB_TARGET") or None,
                      help="run the tests marked hardware against the lab this target file describes "
                           "(Vagrant or bare metal, over SSH; lab/target.py); default $L4LAB_TARGET")
+    parser.addoption("--dut", choices=("l4lab", "ipvs"), default=os.environ.get("L4LAB_DUT") or "l4lab",
+                     help="the load balancer the conformance tests that take `dut` grade (lab/dut.py): "
+                          "l4lab (default) or ipvs (Linux IPVS in a qemu VM); default $L4LAB_DUT")
 
 
 def pytest_configure(config: pytest.Config) -> None:
