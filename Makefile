@@ -53,6 +53,8 @@ demo: deps bpf
 
 test: deps-all bpf abi-check lint
 	$(PY) -m pytest suites/ $(PYTEST_ARGS)
+	# The core conformance checks against Linux IPVS in a VM (l4lab's column ran above).
+	$(VENV)/bin/l4lab conform --dut ipvs --no-report
 
 # Benchmarks (root): NDR/PDR per encap and size beside the floors, micro and controller figures.
 bench: deps bpf

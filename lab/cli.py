@@ -200,7 +200,7 @@ def _add_passthrough(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="options of the verb (see VERB --help)")
 
 
-PASSTHROUGH = ("demo", "report", "bench", "nic-queues")
+PASSTHROUGH = ("demo", "report", "bench", "nic-queues", "conform")
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -219,6 +219,12 @@ def _run_nic_queues(args: argparse.Namespace) -> int:
     from lab import nic
 
     return nic.main(args.args)
+
+
+def _run_conform(args: argparse.Namespace) -> int:
+    from lab import conform
+
+    return conform.main(args.args)
 
 
 def _run_report(args: argparse.Namespace) -> int:
@@ -240,6 +246,8 @@ VERBS: dict[str, Verb] = {
     "nic-queues": Verb("per-queue RX packets of a NIC over an interval and their spread (RSS on hardware)",
                        _add_passthrough, _run_nic_queues),
     "report": Verb("render results JSON into one HTML report", _add_passthrough, _run_report),
+    "conform": Verb("run the conformance checks against each device under test (l4lab, ipvs) and print "
+                    "the matrix", _add_passthrough, _run_conform),
     "trace": Verb("count XDP exceptions, XDP bulk-TX errors and drop reasons per node", _add_trace,
                   _run_trace),
     "target": Verb("write a target file (hardware mode: suites over SSH) for a Vagrant or a running netns lab",

@@ -276,6 +276,10 @@ class IpvsDut(Dut):
         super().__init__(lab, workdir)
         self.scheduler = scheduler
         self.flags = flags
+        # rr ignores weights; rr and wrr place flows by turn, so removing a real moves others too.
+        lacks = {"rr": {Capability.WEIGHTS, Capability.CONSISTENT_HASHING},
+                 "wrr": {Capability.CONSISTENT_HASHING}}.get(scheduler, set())
+        self.capabilities = frozenset(type(self).capabilities - lacks)
         self.vm: Any = None
         self._stack = contextlib.ExitStack()
         self._services: list[Any] = []
@@ -399,10 +403,11 @@ def _ip(ns: str, *args: str) -> None:
     subprocess.run(["ip", "-n", ns, *args], capture_output=True, text=True, check=True)
 
 
-def make_dut(name: str, lab: LabLike, workdir: Path) -> Dut:
-    """The DUT called `name` (one of DUT_NAMES) for `lab`."""
+def make_dut(name: str, lab: LabLike, workdir: Path, ipvs_scheduler: str = "mh:mh-port") -> Dut:
+    """The DUT called `name` (one of DUT_NAMES) for `lab`; `ipvs_scheduler` is SCHEDULER[:FLAG,...]."""
     if name == "l4lab":
         return L4labDut(lab, workdir)
     if name == "ipvs":
-        return IpvsDut(lab, workdir)
+        scheduler, _, flags = ipvs_scheduler.partition(":")
+        return IpvsDut(lab, workdir, scheduler, tuple(f for f in flags.split(",") if f))
     raise LabError(f"unknown DUT {name!r}: choose one of {', '.join(DUT_NAMES)}")

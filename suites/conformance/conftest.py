@@ -45,7 +45,8 @@ def dut(request: pytest.FixtureRequest, lab: Any, tmp_path_factory: pytest.TempP
             print(dut.forwarded())
     """
     name = request.config.getoption("--dut")
-    device = make_dut(name, lab, tmp_path_factory.mktemp(f"dut-{name}"))
+    device = make_dut(name, lab, tmp_path_factory.mktemp(f"dut-{name}"),
+                      ipvs_scheduler=request.config.getoption("--ipvs-scheduler"))
     with device:
         yield device
 
