@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -90,6 +91,7 @@ class Dut(abc.ABC):
         self.workdir = workdir
         self.encap_id: str | None = None
         self.weights: dict[str, int] = {}
+        self.extra_ports: tuple[tuple[int, str], ...] = ()
 
     def __enter__(self) -> Dut:
         self.start()
@@ -125,8 +127,10 @@ class Dut(abc.ABC):
         """Detach and remove everything start() made; safe to repeat."""
 
     @abc.abstractmethod
-    def configure(self, encap_id: str, weights: Mapping[str, int] | None = None) -> None:
-        """Serve the topology's VIPs of `encap_id`'s family with every real (weight 1 unless given)."""
+    def configure(self, encap_id: str, weights: Mapping[str, int] | None = None,
+                  extra_ports: Sequence[tuple[int, str]] = ()) -> None:
+        """Serve the topology's VIPs of `encap_id`'s family with every real (weight 1 unless given),
+        on their ports and on `extra_ports` ((port, proto) pairs) too."""
 
     @abc.abstractmethod
     def set_weight(self, real: str, weight: int) -> None:
@@ -196,15 +200,21 @@ class L4labDut(Dut):
         fam, mode = ENCAP_IDS[self.encap_id]
         config = balancer_config(self.lab.topology, self.lab.name, encaps={fam: mode}, lb=self.node,
                                  weights=self.weights, reals=set(self.weights))
+        first = {v.address: v for v in reversed(config.vips)}
+        extra = tuple(dataclasses.replace(v, port=port, proto=proto)  # type: ignore[arg-type]
+                      for v in first.values() for port, proto in self.extra_ports)
+        config = dataclasses.replace(config, vips=config.vips + extra)
         path = self.workdir / f"{self.instance}.toml"
         self.workdir.mkdir(parents=True, exist_ok=True)
         path.write_text(cfg.dump(config))
         self.lab.write(self.node, str(path), path.read_text())
         return str(path)
 
-    def configure(self, encap_id: str, weights: Mapping[str, int] | None = None) -> None:
+    def configure(self, encap_id: str, weights: Mapping[str, int] | None = None,
+                  extra_ports: Sequence[tuple[int, str]] = ()) -> None:
         self.encap_id = encap_id
         self.weights = {n: 1 for n in self.reals()} | dict(weights or {})
+        self.extra_ports = tuple(extra_ports)
         path = self._write()
         if not self._loaded:
             ifname = lb_link(self.lab.topology, self.node)[0]
@@ -333,20 +343,22 @@ class IpvsDut(Dut):
         for vip in self.lab.topology.vips:
             if vip.address.version != self.family:
                 continue
-            for p in vip.ports:
-                out.append(Service(str(vip.address), p.port, p.proto, self.scheduler, self.flags))
+            for port, proto in [(p.port, p.proto) for p in vip.ports] + list(self.extra_ports):
+                out.append(Service(str(vip.address), port, proto, self.scheduler, self.flags))
         return out
 
     def _tunnel(self) -> str:
         assert self.encap_id is not None
         return "gue" if ENCAP_IDS[self.encap_id][1].startswith("gue") else "ipip"
 
-    def configure(self, encap_id: str, weights: Mapping[str, int] | None = None) -> None:
+    def configure(self, encap_id: str, weights: Mapping[str, int] | None = None,
+                  extra_ports: Sequence[tuple[int, str]] = ()) -> None:
         missing = self.missing([encap_capability(encap_id)])
         if missing:
             raise LabError(f"DUT ipvs cannot encapsulate as {encap_id}: it lacks {missing[0]}")
         self.encap_id = encap_id
         self.weights = {n: 1 for n in self.reals()} | dict(weights or {})
+        self.extra_ports = tuple(extra_ports)
         self.vm.clear()
         # Short connection timeouts (TCP, TCP after FIN, UDP): tests send the same tuples again.
         self.vm.ipvsadm("--set", "5", "2", "2")

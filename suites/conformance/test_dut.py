@@ -10,9 +10,11 @@ a finding about it (suites/conformance/conftest.py); against l4lab it is a failu
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,16 @@ import pytest
 
 from lab.capture import classify_lb_link, decapsulate
 from lab.dut import Capability, Dut
-from lab.lbconf import ENCAP_IDS
+from lab.lbconf import ENCAP_IDS, real_addresses
+from suites.conformance._tcp_services import Services
 
 pytestmark = [pytest.mark.topology("default")]
 GUE_PORT = 6080
 REQUESTS = 12
 CHURN_FLOWS = 90
+SINK_PORT = 5001
+UPLOAD_BYTES = 300_000
+STALL_S = 4.0
 # Maglev's own disruption when one of three reals leaves is a few per cent of the others' flows.
 COLLATERAL_LIMIT = 0.05
 
@@ -221,3 +227,38 @@ def test_a_drained_real_gets_no_new_flow(lab: Any, dut: Dut, dut_encap: str) -> 
     assert sum(owners.values()) == len(answers), f"requests failed: {[a for a in answers if 'error' in a][:3]}"
     assert owners[drained] == 0, f"{drained} at weight 0 took {owners[drained]} new connections"
     assert len(owners) == len(dut.reals()) - 1, f"the others did not all serve: {dict(owners)}"
+
+
+def _overhead(encap_id: str) -> int:
+    """The bytes an encapsulation adds, from its RFCs (not from any DUT's code): the outer IPv4
+    (20) or IPv6 (40) header, GUE's UDP header (8) and variant 0's own 4-byte header."""
+    family, mode = ENCAP_IDS[encap_id]
+    return (20 if family == 4 else 40) + (8 if mode.startswith("gue") else 0) + (4 if mode == "gue0" else 0)
+
+
+@pytest.fixture(scope="module")
+def sinks(lab: Any) -> Iterator[Services]:
+    """The TCP sink (counts what it reads) on every real, on SINK_PORT of every VIP."""
+    binds = [f"[{v.address}]:{SINK_PORT}" if v.address.version == 6 else f"{v.address}:{SINK_PORT}"
+             for v in lab.topology.vips]
+    with Services(lab.name, sorted(real_addresses(lab.topology, 4)), "sink", binds) as services:
+        yield services
+
+
+@pytest.mark.needs(Capability.PMTU_GENERATION)
+def test_a_large_upload_completes_and_the_client_learns_the_mtu(lab: Any, dut: Dut, dut_encap: str,
+                                                                 sinks: Services) -> None:
+    """Full-size client packets no longer fit once encapsulated: the DUT must say so to the client."""
+    dut.configure(dut_encap, extra_ports=[(SINK_PORT, "tcp")])
+    vip = dut.vips()[0]
+    lab.run("client", ["ip", f"-{dut.family}", "route", "flush", "cache"])
+    run = json.loads(lab.python("client", "suites.conformance._upload", "--vip", vip, "--port", str(SINK_PORT),
+                                "--bytes", str(UPLOAD_BYTES), "--stall", str(STALL_S),
+                                timeout=STALL_S * 3 + 10).stdout)
+    route = lab.run("client", ["ip", "route", "get", vip]).stdout
+    found = re.search(r"\bmtu (\d+)", route)
+    learnt = int(found.group(1)) if found else None
+    sys.stdout.write(f"\n{dut.name} {dut_encap}: upload {run}; the client learnt MTU {learnt}\n")
+    assert run.get("completed"), f"the upload did not complete (a PMTU blackhole?): {run}"
+    assert learnt == 1500 - _overhead(dut_encap), \
+        f"the client learnt MTU {learnt}, expected 1500 - {_overhead(dut_encap)}: {route.strip()}"
