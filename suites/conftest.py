@@ -18,6 +18,7 @@ others need namespaces on this machine and are skipped saying so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -386,3 +387,44 @@ def balancer(request: pytest.FixtureRequest, lab: Lab, encap: str, tmp_path: Pat
             sys.stderr.write(f"\nkept balancer '{b.instance}' (--lab-keep={keep})\n")
         else:
             b.lbctl("unload", check=False)
+
+
+# --- nothing left behind in bpffs ------------------------------------------------------------------
+
+_BPFFS_ROOTS = ("/sys/fs/bpf/l4lab", "/sys/fs/bpf/lbctl", "/sys/fs/bpf/lbctl-test")
+_BPFFS_BEFORE = pytest.StashKey[set[str]]()
+_OUTER = "L4LAB_PYTEST_OUTER"
+
+
+def _bpffs_entries() -> set[str]:
+    found: set[str] = set()
+    for root in _BPFFS_ROOTS:
+        for here, dirs, files in os.walk(root):
+            found.add(here)
+            found.update(os.path.join(here, n) for n in dirs + files)
+    return found
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The outermost session remembers what bpffs held under l4lab's roots before any test ran."""
+    if os.environ.get(_OUTER):
+        return  # a pytest run by a test: the outer session's live labs are not this one's leftovers
+    os.environ[_OUTER] = str(os.getpid())
+    session.stash[_BPFFS_BEFORE] = _bpffs_entries()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the empty bpffs directories the tests made; fail the run for any pin they left."""
+    before = session.stash.get(_BPFFS_BEFORE, None)
+    if before is None:
+        return
+    for path in sorted(_bpffs_entries() - before, key=len, reverse=True):
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.isdir(path) and not os.listdir(path):
+                os.rmdir(path)
+    leaked = sorted(_bpffs_entries() - before)
+    if leaked:
+        sys.stderr.write("\nl4lab: the tests left BPF pins behind (a test did not clean up):\n"
+                         + "".join(f"  {p}\n" for p in leaked[:20]))
+        if session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
