@@ -69,8 +69,13 @@ def dut_encap(request: pytest.FixtureRequest, dut: Dut) -> str:
 
 @pytest.fixture(autouse=True)
 def _needs(request: pytest.FixtureRequest) -> None:
-    """Tests that take `dut` are not applicable where it lacks what their `needs` marker names."""
+    """Tests that take `dut` are not applicable where it lacks what their `needs` marker names;
+    tests that drive l4lab's controller directly (the `balancer` fixture) apply to l4lab only."""
     if "dut" not in request.fixturenames:
+        name = request.config.getoption("--dut")
+        if name != "l4lab":
+            pytest.skip(f"{NOT_APPLICABLE}{name}: this test drives l4lab's own controller (lbctl), "
+                        "not the DUT interface")
         return
     device: Dut = request.getfixturevalue("dut")
     request.node.stash[_DUT] = device
