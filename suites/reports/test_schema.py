@@ -66,6 +66,8 @@ def test_write_result_writes_one_versioned_file(tmp_path: Path) -> None:
         "encap": "ip4-gue1",
         "outcome": "pass",
         "duration_s": 1.5,
+        "dut": "l4lab",
+        "detail": "",
     }
     (result,) = load_results(tmp_path)
     assert result.test == "test_tcp_connect" and result.encap == "ip4-gue1"
