@@ -763,7 +763,7 @@ def _fuzz(results: list[Result]) -> Section:
                 Cell(str(p.frames), "num"),
                 Cell(str(p.runs), "num"),
                 Cell(_fmt(p.seconds, 1), "num"),
-                Cell(f"{p.runs_per_s:.0f}", "num"),
+                Cell(f"{p.frames_per_s:.0f}", "num"),
                 Cell(str(p.aborted), "num " + ("ok" if p.aborted == 0 else "bad")),
                 Cell(str(p.without_one_reason), "num " + ("ok" if p.without_one_reason == 0 else "bad")),
             ]
@@ -774,7 +774,7 @@ def _fuzz(results: list[Result]) -> Section:
     section.tables.append(
         Table(
             "Fuzz runs",
-            ["run", "seed", "frames", "test runs", "seconds", "runs/s", "aborted", "without one reason"],
+            ["run", "seed", "frames", "test runs", "seconds", "frames/s", "aborted", "without one reason"],
             runs,
         )
     )

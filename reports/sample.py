@@ -365,7 +365,8 @@ def fuzz_payload(rng: random.Random) -> FuzzPayload:
                for prog, shares in split.items() for reason, share in shares.items()]
     seconds = round(rng.uniform(8, 12), 2)
     return FuzzPayload(seed=rng.randrange(2**32), frames=frames, runs=3 * frames, seconds=seconds,
-                       runs_per_s=round(3 * frames / seconds, 1), aborted=0, without_one_reason=0,
+                       frames_per_s=round(frames / seconds, 1), runs_per_s=round(3 * frames / seconds, 1),
+                       refused=0, aborted=0, without_one_reason=0,
                        tx_checked=30_000, reasons=reasons)
 
 

@@ -492,9 +492,11 @@ class FuzzPayload:
 
     seed: int = field(metadata=_rule(_at_least(0)))
     frames: int = field(metadata=_rule(_at_least(1)))  # frames generated; each runs through every program
-    runs: int = field(metadata=_rule(_at_least(1)))  # test runs in all (frames × programs)
+    runs: int = field(metadata=_rule(_at_least(1)))  # test runs in all (frames × programs, less refused)
     seconds: float = field(metadata=_rule(_at_least(0)))
+    frames_per_s: float = field(metadata=_rule(_at_least(0)))
     runs_per_s: float = field(metadata=_rule(_at_least(0)))
+    refused: int = field(metadata=_rule(_at_least(0)))  # skb test runs the kernel refuses (IP header cut)
     aborted: int = field(metadata=_rule(_at_least(0)))  # XDP_ABORTED, or TC_ACT_SHOT without a reason
     without_one_reason: int = field(metadata=_rule(_at_least(0)))  # runs minus the reason counters' deltas
     tx_checked: int = field(metadata=_rule(_at_least(0)))  # XDP_TX outputs re-parsed
