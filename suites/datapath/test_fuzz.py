@@ -14,6 +14,7 @@ import os
 import struct
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -179,15 +180,20 @@ def verdict_of_reason(name: str, tc: bool = False) -> str:
     return "TC_ACT_OK" if tc else "XDP_PASS"
 
 
-def by_verdict(deltas: dict[str, int], tc: bool = False) -> Counter[str]:
+def by_verdict(moved: Counter[str], tc: bool = False) -> Counter[str]:
     out: Counter[str] = Counter()
-    for name, n in deltas.items():
+    for name, n in moved.items():
         out[verdict_of_reason(name, tc)] += n
     return out
 
 
-def deltas(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+def deltas(before: dict[str, int], after: dict[str, int]) -> Counter[str]:
+    return Counter({k: after[k] - before[k] for k in after if after[k] != before[k]})
+
+
+def mismatch(a: Counter[str], b: Counter[str]) -> int:
+    """How many counts two tallies differ by, in both directions."""
+    return sum((a - b).values()) + sum((b - a).values())
 
 
 def fuzz_world(b: Balancer, decap: Decap) -> list[bytes]:
@@ -211,97 +217,130 @@ def test_fuzz_volume(balancer_factory: BalancerFactory) -> None:
     decap = Decap.load(str(DECAP_OBJ), gue_port=P.GUE_PORT)
     try:
         templates = Templates.of(fuzz_world(b, decap))
-        runners = {"balancer_xdp": FastRun(b.dp.programs["balancer_xdp"]),
-                   "decap_xdp": FastRun(decap.programs["decap_xdp"]),
-                   "decap_tc": FastRun(decap.programs["decap_tc"])}
-        tallies = {name: ProgramTally(name) for name in runners}
-        reasons_before = {"balancer_xdp": b.dp.reasons(), "decap": decap.reasons()}
+        programs: dict[str, tuple[FastRun, Callable[[], dict[str, int]], Judge]] = {
+            "balancer_xdp": (FastRun(b.dp.programs["balancer_xdp"]), b.dp.reasons, judge_balancer),
+            "decap_xdp": (FastRun(decap.programs["decap_xdp"]), decap.reasons, judge_decap_xdp),
+            "decap_tc": (FastRun(decap.programs["decap_tc"]), decap.reasons, judge_decap_tc),
+        }
+        tallies = {name: ProgramTally(name) for name in programs}
+        moved: dict[str, Counter[str]] = {name: Counter() for name in programs}
         rng = np.random.default_rng(seed)
         started = time.perf_counter()
         done = 0
         while done < VOLUME_FRAMES:
             frames, lengths = mutate(templates, min(CHUNK, VOLUME_FRAMES - done), rng)
-            for row, length in zip(frames, lengths, strict=True):
-                frame = row[:length].tobytes()
-                fuzz_one(frame, runners, tallies)
-            done += len(lengths)
+            chunk = [row[:length].tobytes() for row, length in zip(frames, lengths, strict=True)]
+            # One program at a time over the chunk, its counters read around it: the two decap
+            # programs share one counter array, and each program's runs are accounted for alone.
+            for name, (run, reasons, judge) in programs.items():
+                before = reasons()
+                for frame in chunk:
+                    judge(frame, run, tallies[name])
+                moved[name] += deltas(before, reasons())
+            done += len(chunk)
         seconds = time.perf_counter() - started
-        moved = {"balancer_xdp": deltas(reasons_before["balancer_xdp"], b.dp.reasons())}
-        decap_moved = deltas(reasons_before["decap"], decap.reasons())
     finally:
         decap.close()
-    # decap_xdp and decap_tc share one counter array: their runs add up in it.
-    expected_decap = tallies["decap_xdp"].verdicts + Counter(
-        {"XDP_DROP" if v == "TC_ACT_SHOT" else "XDP_PASS": n for v, n in tallies["decap_tc"].verdicts.items()})
-    unaccounted = sum((by_verdict(moved["balancer_xdp"]) - tallies["balancer_xdp"].verdicts).values()) \
-        + sum((tallies["balancer_xdp"].verdicts - by_verdict(moved["balancer_xdp"])).values()) \
-        + sum((by_verdict(decap_moved) - expected_decap).values()) \
-        + sum((expected_decap - by_verdict(decap_moved)).values())
-    aborted = tallies["balancer_xdp"].verdicts["XDP_ABORTED"] + tallies["decap_xdp"].verdicts["XDP_ABORTED"] \
-        + sum(n for v, n in tallies["decap_tc"].verdicts.items() if v not in ("TC_ACT_OK", "TC_ACT_SHOT"))
+    tc = {"balancer_xdp": False, "decap_xdp": False, "decap_tc": True}
+    unaccounted = sum(mismatch(by_verdict(moved[n], tc[n]), tallies[n].verdicts) for n in programs)
+    aborted = sum(n for t in tallies.values() for v, n in t.verdicts.items() if v not in COUNTED_VERDICTS)
     refused = tallies["decap_tc"].kinds["refused by the kernel"]
-    runs = VOLUME_FRAMES * len(runners) - refused
+    runs = VOLUME_FRAMES * len(programs) - refused
     tx_checked = tallies["balancer_xdp"].verdicts["XDP_TX"]
     print(f"fuzz: {runs} test runs in {seconds:.1f} s ({VOLUME_FRAMES / seconds:.0f} frames/s, "
-          f"{runs / seconds:.0f} runs/s); decap_tc: {refused} short IP frames refused by the kernel's skb "
-          "test run (EINVAL before the program runs)")
+          f"{runs / seconds:.0f} runs/s); decap_tc: {refused} frames cut inside the IP header refused by "
+          "the kernel's skb test run (EINVAL before the program runs)")
     for name, tally in tallies.items():
-        print(f"  {name}: {dict(tally.verdicts)} outputs {dict(tally.kinds)}")
-    print(f"  balancer reasons: {moved['balancer_xdp']}")
-    print(f"  decap reasons (XDP + tc): {decap_moved}")
+        print(f"  {name}: verdicts {dict(tally.verdicts)}, outputs {dict(tally.kinds)}")
+        print(f"  {name}: reasons {dict(moved[name].most_common())}")
     print(f"FUZZ SUMMARY: {VOLUME_FRAMES} frames ({runs} test runs), seed {seed}, {aborted} aborted, "
           f"{unaccounted} frames without exactly one reason, {tx_checked} XDP_TX outputs re-parsed, "
           f"{seconds:.1f} s")
-    reasons = [FuzzReason(program="balancer_xdp", reason=k, frames=v) for k, v in sorted(moved["balancer_xdp"].items())]
-    reasons += [FuzzReason(program="decap", reason=k, frames=v) for k, v in sorted(decap_moved.items())]
     write_result("fuzz", case_id("test_fuzz_volume", None, f"frames={VOLUME_FRAMES}"),
                  FuzzPayload(seed=seed, frames=VOLUME_FRAMES, runs=runs, seconds=round(seconds, 3),
                              frames_per_s=round(VOLUME_FRAMES / seconds, 1), runs_per_s=round(runs / seconds, 1),
-                             refused=refused, aborted=aborted,
-                             without_one_reason=unaccounted, tx_checked=tx_checked, reasons=reasons))
+                             refused=refused, aborted=aborted, without_one_reason=unaccounted,
+                             tx_checked=tx_checked,
+                             reasons=[FuzzReason(program=name, reason=reason, frames=n)
+                                      for name in programs for reason, n in sorted(moved[name].items())]))
     examples = [e for t in tallies.values() for e in t.examples]
     assert not examples, f"seed {seed}:\n" + "\n".join(examples)
     assert aborted == 0
-    assert unaccounted == 0, (moved, decap_moved, {n: t.verdicts for n, t in tallies.items()})
-    bal = tallies["balancer_xdp"]
-    for kind, reason in (("encap", "TX_ENCAP"), ("echo", "TX_ICMP_ECHO"), ("too_big", "TX_ICMP_TOO_BIG")):
-        assert bal.kinds[kind] == moved["balancer_xdp"].get(_abi.Reason[reason].name, 0), (kind, bal.kinds)
-    decapsulated = tallies["decap_xdp"].kinds["decapsulated"] + tallies["decap_tc"].kinds["decapsulated"]
-    assert decapsulated == decap_moved.get(_abi.DecapReason.IPIP.name, 0) + decap_moved.get(
-        _abi.DecapReason.GUE.name, 0)
+    assert unaccounted == 0, (moved, {n: t.verdicts for n, t in tallies.items()})
+    assert sum(sum(m.values()) for m in moved.values()) == runs
+    balancer_kinds = tallies["balancer_xdp"].kinds
+    for kind, reason in (("encap", _abi.Reason.TX_ENCAP), ("echo", _abi.Reason.TX_ICMP_ECHO),
+                         ("too_big", _abi.Reason.TX_ICMP_TOO_BIG)):
+        assert balancer_kinds[kind] == moved["balancer_xdp"][reason.name], (kind, balancer_kinds)
+    for name in ("decap_xdp", "decap_tc"):
+        decapsulated = moved[name][_abi.DecapReason.IPIP.name] + moved[name][_abi.DecapReason.GUE.name]
+        assert tallies[name].kinds["decapsulated"] == decapsulated, (name, tallies[name].kinds)
 
 
-def fuzz_one(frame: bytes, runners: dict[str, FastRun], tallies: dict[str, ProgramTally]) -> None:
-    """Run one frame through the three programs and judge each output."""
-    bal, tally = runners["balancer_xdp"], tallies["balancer_xdp"]
-    verdict = XDP_VERDICTS.get(bal.run(frame) or 0, "other")
+COUNTED_VERDICTS = ("XDP_TX", "XDP_PASS", "XDP_DROP", "TC_ACT_OK", "TC_ACT_SHOT")
+Judge = Callable[[bytes, FastRun, ProgramTally], None]
+
+
+def judge_balancer(frame: bytes, run: FastRun, tally: ProgramTally) -> None:
+    """XDP_TX re-parses as an answer to the frame; PASS and DROP leave it untouched."""
+    verdict = XDP_VERDICTS.get(run.run(frame) or 0, "other")
     tally.verdicts[verdict] += 1
     if verdict == "XDP_TX":
-        kind, problem = judge_tx(frame, bal.out, P.GUE_PORT)
+        kind, problem = judge_tx(frame, run.out, P.GUE_PORT)
         tally.kinds[kind] += 1
         if problem:
             tally.problem(f"XDP_TX {kind}: {problem}", frame)
     elif verdict in ("XDP_PASS", "XDP_DROP"):
-        if bal.out != frame:
+        if run.out != frame:
             tally.problem(f"{verdict} changed the frame", frame)
     else:
         tally.problem(verdict, frame)
-    for name, verdicts in (("decap_xdp", XDP_VERDICTS), ("decap_tc", TC_VERDICTS)):
-        run, tally = runners[name], tallies[name]
-        retval = run.run(frame)
-        if retval is None:
-            tally.kinds["refused by the kernel"] += 1
-            continue
-        verdict = verdicts.get(retval, "other")
-        tally.verdicts[verdict] += 1
-        if verdict in ("XDP_PASS", "TC_ACT_OK"):
-            decapsulated, problem = judge_decap(frame, run.out)
-            if decapsulated:
-                tally.kinds["decapsulated"] += 1
-            if problem:
-                tally.problem(f"{verdict}: {problem}", frame)
-        elif verdict in ("XDP_DROP", "TC_ACT_SHOT"):
-            if run.out != frame and verdict == "XDP_DROP":
-                tally.problem(f"{verdict} changed the frame", frame)
-        else:
-            tally.problem(verdict, frame)
+
+
+def _judge_decap(frame: bytes, run: FastRun, tally: ProgramTally, verdicts: dict[int, str]) -> None:
+    retval = run.run(frame)
+    if retval is None:
+        tally.kinds["refused by the kernel"] += 1
+        return
+    verdict = verdicts.get(retval, "other")
+    tally.verdicts[verdict] += 1
+    if verdict in ("XDP_PASS", "TC_ACT_OK"):
+        decapsulated, problem = judge_decap(frame, run.out)
+        tally.kinds["decapsulated"] += decapsulated
+        if problem:
+            tally.problem(f"{verdict}: {problem}", frame)
+    elif verdict not in ("XDP_DROP", "TC_ACT_SHOT"):
+        tally.problem(verdict, frame)
+
+
+def judge_decap_xdp(frame: bytes, run: FastRun, tally: ProgramTally) -> None:
+    """XDP_PASS hands the stack the frame untouched or its inner packet; XDP_DROP has a reason."""
+    _judge_decap(frame, run, tally, XDP_VERDICTS)
+
+
+def judge_decap_tc(frame: bytes, run: FastRun, tally: ProgramTally) -> None:
+    """TC_ACT_OK hands the stack the frame untouched or its inner packet; TC_ACT_SHOT has a reason."""
+    _judge_decap(frame, run, tally, TC_VERDICTS)
+
+
+def test_the_judges_catch_wrong_outputs(balancer: Balancer, decap: Decap) -> None:
+    """The volume test's judges are not vacuous: each rejects a damaged copy of a right output."""
+    for frame in (bytes(P.TCP4_SYN), bytes(P.tcp_to(P.ENCAPS[1].vip)), bytes(P.tcp_to(P.ENCAPS[4].vip))):
+        out = balancer.run(frame).out
+        assert judge_tx(frame, out, P.GUE_PORT) == ("encap", "")
+        inner_byte, outer = bytearray(out), bytearray(out)
+        inner_byte[-1] ^= 1
+        outer[14 + (8 if out[12:14] == b"\x08\x00" else 8 + 15)] ^= 1  # IPv4 TTL, IPv6 source (pseudo-header)
+        assert judge_tx(frame, bytes(inner_byte), P.GUE_PORT)[1], "inner packet changed"
+        assert judge_tx(frame, bytes(outer), P.GUE_PORT)[1], "outer header checksum or UDP checksum"
+        assert judge_tx(frame, out[:-1], P.GUE_PORT)[1], "outer length"
+        encapsulated = out
+    reply = balancer.run(P.ICMP4_ECHO_TO_VIP).out
+    frame = bytes(P.ICMP4_ECHO_TO_VIP)
+    assert judge_tx(frame, reply, P.GUE_PORT) == ("echo", "")
+    wrong_dst = bytearray(reply)
+    wrong_dst[14 + 19] ^= 1
+    assert judge_tx(frame, bytes(wrong_dst), P.GUE_PORT)[1]
+    ok, problem = judge_decap(encapsulated, decap.run_xdp(encapsulated)[1])
+    assert (ok, problem) == (True, "")
+    assert judge_decap(encapsulated, decap.run_xdp(encapsulated)[1][:-1] + b"x")[1]
