@@ -186,10 +186,12 @@ class Templates:
         return cls(arr, np.array([len(f) for f in frames], dtype=np.int64))
 
 
-# How a chunk's frames are made, as shares: kept valid, truncated, bytes overwritten, bits flipped.
-# Overwritten and flipped frames are also truncated one time in five.
-MUTATIONS = {"valid": 0.15, "truncated": 0.2, "bytes": 0.4, "bits": 0.25}
+# How a chunk's frames are made, as shares: kept valid, truncated, bytes overwritten, bits flipped,
+# 16-bit fields set to boundary values (lengths, ports, checksums: 0, 1, the frame's own lengths ±1,
+# the MTU, the sign bit, all ones). Edited frames are also truncated one time in five.
+MUTATIONS = {"valid": 0.15, "truncated": 0.2, "bytes": 0.3, "bits": 0.2, "fields": 0.15}
 MAX_EDITS = 4
+BOUNDARY_VALUES = np.array([0, 1, 7, 8, 20, 40, 1280, 1500, 0x7FFF, 0x8000, 0xFFFE, 0xFFFF], dtype=np.int64)
 
 
 def mutate(t: Templates, count: int, rng: np.random.Generator) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
@@ -209,6 +211,14 @@ def mutate(t: Templates, count: int, rng: np.random.Generator) -> tuple[npt.NDAr
         flip = chosen & (kind == 3)
         bits = (np.uint8(1) << rng.integers(0, 8, int(flip.sum())).astype(np.uint8)).astype(np.uint8)
         frames[rows[flip], pos[flip]] ^= bits
+        field = chosen & (kind == 4) & (pos + 1 < lengths)
+        n = int(field.sum())
+        # Boundary values, or a length the frame itself makes true ± 1 (total, from its IP header on).
+        own = lengths[field] - rng.choice([14, 18, 34, 54], n) + rng.integers(-1, 2, n)
+        values = np.where(rng.random(n) < 0.5, BOUNDARY_VALUES[rng.integers(0, len(BOUNDARY_VALUES), n)], own)
+        values &= 0xFFFF
+        frames[rows[field], pos[field]] = (values >> 8).astype(np.uint8)
+        frames[rows[field], pos[field] + 1] = (values & 0xFF).astype(np.uint8)
     cut = (kind == 1) | ((kind >= 2) & (rng.random(count) < 0.2))
     lengths[cut] = ETH_MIN + rng.integers(0, 1 << 30, int(cut.sum())) % (lengths[cut] - ETH_MIN + 1)
     return frames, lengths

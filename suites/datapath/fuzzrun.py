@@ -103,8 +103,10 @@ def _pseudo6(ip6: bytes, proto: int, length: int) -> bytes:
     return ip6[8:40] + struct.pack("!IxxxB", length, proto)
 
 
-def judge_tx(frame: bytes, out: bytes, gue_port: int) -> tuple[str, str]:
-    """(kind, problem) of a balancer XDP_TX output: kind encap, echo or too_big; problem '' if valid."""
+def judge_tx(frame: bytes, out: bytes, gue_port: int, reals: frozenset[bytes] = frozenset(),
+             nexthop: bytes = b"") -> tuple[str, str]:
+    """(kind, problem) of a balancer XDP_TX output: kind encap, echo or too_big; problem '' if valid.
+    When given, an encapsulation must go to one of `reals` (packed addresses) by way of `nexthop`."""
     where = l3_offset(out)
     if where is None:
         return "?", "output shorter than an Ethernet header"
@@ -149,6 +151,10 @@ def judge_tx(frame: bytes, out: bytes, gue_port: int) -> tuple[str, str]:
             rest = rest[4:]
     elif proto not in (4, 41):
         return "?", f"outer protocol {proto}"
+    if reals and dst not in reals:
+        return "encap", "outer destination is not a configured real"
+    if nexthop and out[:6] != nexthop:
+        return "encap", f"destination MAC {out[:6].hex()} is not the next hop's"
     if rest != original:
         return "encap", "inner packet is not the input's IP packet"
     if proto in (4, 41) and rest[0] >> 4 != (4 if proto == 4 else 6):

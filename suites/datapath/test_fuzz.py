@@ -11,6 +11,7 @@ the balancer, decap_xdp and decap_tc, and writes the figures as a `fuzz` result.
 from __future__ import annotations
 
 import os
+import socket
 import struct
 import time
 from collections import Counter
@@ -278,6 +279,9 @@ def test_fuzz_volume(balancer_factory: BalancerFactory) -> None:
         assert tallies[name].kinds["decapsulated"] == decapsulated, (name, tallies[name].kinds)
 
 
+REALS = frozenset(socket.inet_pton(socket.AF_INET6 if ":" in a else socket.AF_INET, a)
+                  for a in P.REALS4 + P.REALS6)
+NEXTHOP = bytes.fromhex(P.ROUTER_MAC.replace(":", ""))
 COUNTED_VERDICTS = ("XDP_TX", "XDP_PASS", "XDP_DROP", "TC_ACT_OK", "TC_ACT_SHOT")
 Judge = Callable[[bytes, FastRun, ProgramTally], None]
 
@@ -287,7 +291,7 @@ def judge_balancer(frame: bytes, run: FastRun, tally: ProgramTally) -> None:
     verdict = XDP_VERDICTS.get(run.run(frame) or 0, "other")
     tally.verdicts[verdict] += 1
     if verdict == "XDP_TX":
-        kind, problem = judge_tx(frame, run.out, P.GUE_PORT)
+        kind, problem = judge_tx(frame, run.out, P.GUE_PORT, REALS, NEXTHOP)
         tally.kinds[kind] += 1
         if problem:
             tally.problem(f"XDP_TX {kind}: {problem}", frame)
@@ -328,7 +332,9 @@ def test_the_judges_catch_wrong_outputs(balancer: Balancer, decap: Decap) -> Non
     """The volume test's judges are not vacuous: each rejects a damaged copy of a right output."""
     for frame in (bytes(P.TCP4_SYN), bytes(P.tcp_to(P.ENCAPS[1].vip)), bytes(P.tcp_to(P.ENCAPS[4].vip))):
         out = balancer.run(frame).out
-        assert judge_tx(frame, out, P.GUE_PORT) == ("encap", "")
+        assert judge_tx(frame, out, P.GUE_PORT, REALS, NEXTHOP) == ("encap", "")
+        assert judge_tx(frame, out, P.GUE_PORT, frozenset({b"\0" * 4}))[1], "not a configured real"
+        assert judge_tx(frame, out, P.GUE_PORT, REALS, b"\0" * 6)[1], "not the next hop"
         inner_byte, outer = bytearray(out), bytearray(out)
         inner_byte[-1] ^= 1
         outer[14 + (8 if out[12:14] == b"\x08\x00" else 8 + 15)] ^= 1  # IPv4 TTL, IPv6 source (pseudo-header)
