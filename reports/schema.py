@@ -497,8 +497,10 @@ class FuzzPayload:
     frames_per_s: float = field(metadata=_rule(_at_least(0)))
     runs_per_s: float = field(metadata=_rule(_at_least(0)))
     refused: int = field(metadata=_rule(_at_least(0)))  # skb test runs the kernel refuses (IP header cut)
-    aborted: int = field(metadata=_rule(_at_least(0)))  # XDP_ABORTED, or TC_ACT_SHOT without a reason
-    without_one_reason: int = field(metadata=_rule(_at_least(0)))  # runs minus the reason counters' deltas
+    aborted: int = field(metadata=_rule(_at_least(0)))  # XDP_ABORTED or any verdict a program must not return
+    # Per program and verdict, runs minus the deltas of that verdict's reasons, in both directions
+    # (a TC_ACT_SHOT without a DROP_ reason counts here).
+    without_one_reason: int = field(metadata=_rule(_at_least(0)))
     tx_checked: int = field(metadata=_rule(_at_least(0)))  # XDP_TX outputs re-parsed
     reasons: list[FuzzReason] = field(metadata=_rule(_non_empty))
 
