@@ -91,5 +91,5 @@ def test_empty_sections_show_their_notice_in_the_browser(tmp_path: Path) -> None
             "Array.from(document.querySelectorAll('section.no-results p.empty'))"
             ".filter(p => p.getBoundingClientRect().height > 0).map(p => p.closest('section').id)"
         )
-        assert visible == ["demo", "bench", "rss", "pmtu", "churn", "failover"]
+        assert visible == ["demo", "bench", "rss", "pmtu", "churn", "failover", "corpus", "fuzz"]
         assert page.errors == []

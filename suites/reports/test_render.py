@@ -23,7 +23,7 @@ from reports.schema import (
 )
 from suites.reports._page import Page
 
-SECTIONS = ["demo", "bench", "rss", "pmtu", "churn", "failover", "conformance"]
+SECTIONS = ["demo", "bench", "rss", "pmtu", "churn", "failover", "conformance", "corpus", "fuzz"]
 # Charts per kind for the sample: bench ratio + absolute, one RSS grid, churn disruption + collateral,
 # one timeline per failover test.
 SAMPLE_CHARTS = {"bench": 2, "rss": 1, "churn": 2, "failover": 2}
