@@ -255,6 +255,8 @@ RODATA = {
         "cfg_redirect": (12, 4),
         "cfg_template": (24, 64),
     },
+    "xdp_exception": {
+    },
 }
 
 # The loader refuses an object whose contract digest is not this one.
@@ -265,4 +267,5 @@ DIGESTS = {
     "healthcheck": "c5be6e8d621c7abc0a779036a32a08f3",
     "pass": "b83480fea9390bb1bc108ed748e95d52",
     "trafficgen": "100a1822ecfbcb7052857bff0c3da047",
+    "xdp_exception": "b83480fea9390bb1bc108ed748e95d52",
 }
