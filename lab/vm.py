@@ -6,6 +6,12 @@ gateway address, so the namespace is the VM's router. Settings reach the VM's /i
 command line; the VM writes one readiness line to its serial console, which is a file here, and
 `start()` polls that file with a deadline.
 
+A second serial port is the VM's control channel: a shell loop in the guest runs one command line
+per request and answers with its output and exit status (`run()`), so the guest's ethtool can be
+asked without a packet on the VM's NIC. With `queues` > 1 the NIC is a multiqueue virtio-net (one
+vCPU per queue); with `rss` qemu spreads received packets over the queues by Toeplitz RSS, which
+the guest switches on at boot with the key given here (lab.rss.MICROSOFT_KEY by default).
+
 Example::
 
     with VmReal("r1", netns="lab-r1", addr="192.0.2.10", prefix=24, gateway="192.0.2.1",
@@ -19,7 +25,9 @@ import contextlib
 import errno
 import hashlib
 import ipaddress
+import shlex
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -31,10 +39,14 @@ from pyroute2 import IPRoute
 
 from lab.errors import LabError
 from lab.nsexec import entered, netns_path, nsenter_argv
+from lab.rss import MICROSOFT_KEY
 from lab.vm_init.image import DEFAULT_CACHE_DIR, BootImage, build_image
 
 READY_MARK = "L4LAB-READY"
 FAILED_MARK = "L4LAB-FAILED"
+BEGIN_MARK = "L4LAB-BEGIN"  # the control loop took a request: "L4LAB-BEGIN <request id>"
+DONE_MARK = "L4LAB-DONE"  # and ran it: "L4LAB-DONE <request id> <exit status>"
+MAX_QUEUES = 8
 DEFAULT_GUE_PORTS = (6080,)
 DEFAULT_FOU_PORTS = (6081,)
 DEFAULT_UDP_ECHO_PORT = 9000
@@ -105,6 +117,9 @@ class VmReal:
         image: BootImage | None = None,
         cache_dir: Path = DEFAULT_CACHE_DIR,
         keep_logs: bool = False,
+        queues: int = 1,
+        rss: bool = False,
+        rss_key: bytes = MICROSOFT_KEY,
     ) -> None:
         if not name or any(c.isspace() or c in ",=" for c in name):
             raise ValueError(f"VmReal name must be non-empty without spaces, ',' or '=' but got {name!r}")
@@ -116,6 +131,13 @@ class VmReal:
             _check_address(f"{addr6}/{prefix6}", "addr6/prefix6", 6, interface=True)
         for vip in vips:
             _check_address(vip, "vips[]", None)
+        if not 1 <= queues <= MAX_QUEUES:
+            raise ValueError(f"VmReal queues must be 1..{MAX_QUEUES} but got {queues}")
+        if rss and queues < 2:
+            raise ValueError(f"VmReal rss needs at least 2 queues to spread over but got queues={queues}")
+        if len(rss_key) != len(MICROSOFT_KEY):
+            raise ValueError(f"VmReal rss_key must be {len(MICROSOFT_KEY)} bytes (virtio-net's key size) "
+                             f"but got {len(rss_key)}")
         self.name = name
         self.netns = netns
         self.addr = addr
@@ -137,6 +159,9 @@ class VmReal:
         self.image = image
         self.cache_dir = cache_dir
         self.keep_logs = keep_logs
+        self.queues = queues
+        self.rss = rss
+        self.rss_key = bytes(rss_key)
         self.boot_seconds: float | None = None
         self.guest_uptime: float | None = None
         self.run_dir: Path | None = None
@@ -192,6 +217,17 @@ class VmReal:
             raise VmError(f"VM '{self.name}' has no run directory: start() it first", step="serial")
         return self.run_dir / "serial.log"
 
+    @property
+    def control_socket(self) -> Path:
+        """The Unix socket of the VM's control serial port (see `run`)."""
+        if self.run_dir is None:
+            raise VmError(f"VM '{self.name}' has no run directory: start() it first", step="control")
+        return self.run_dir / "control.sock"
+
+    def run(self, argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """Run argv in the guest over the control channel; stdout holds its output and stderr."""
+        return guest_run(self.control_socket, argv, timeout=timeout)
+
     def console(self) -> str:
         """Everything the VM wrote to its serial console so far."""
         return self.serial_log.read_text(errors="replace") if self.serial_log.exists() else ""
@@ -214,22 +250,38 @@ class VmReal:
             words.append(f"l4lab.addr6={self.addr6}/{self.prefix6}")
         if self.gateway6:
             words.append(f"l4lab.gw6={self.gateway6}")
+        if self.queues > 1:
+            words.append(f"l4lab.queues={self.queues}")
+        if self.rss:
+            words.append("l4lab.rsskey=" + ":".join(f"{b:02x}" for b in self.rss_key))
         return " ".join(words)
 
     def qemu_command(self, image: BootImage) -> list[str]:
         """The qemu command line (run inside the netns, where the tap lives)."""
+        netdev = f"tap,id=net0,ifname={self.tap},script=no,downscript=no"
+        # romfile= skips the iPXE option ROM: the VM boots from -kernel, never from the network.
+        nic = f"virtio-net-pci,netdev=net0,mac={self.mac},romfile="
+        if self.queues > 1:
+            # One RX/TX virtqueue pair per queue, their interrupts and one for config and control.
+            netdev += f",queues={self.queues}"
+            nic += f",mq=on,vectors={2 * self.queues + 2}"
+        if self.rss:
+            # qemu computes Toeplitz itself when its eBPF steering object cannot load (as here).
+            nic += ",rss=on,hash=on"
         return [
             "qemu-system-x86_64",
-            "-machine", "pc", "-accel", "tcg", "-cpu", "max", "-smp", "1",
+            "-machine", "pc", "-accel", "tcg", "-cpu", "max", "-smp", str(self.queues),
             "-m", str(self.memory_mb),
             "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
             "-serial", f"file:{self.serial_log}",
+            # ttyS1: the control channel, a Unix socket here that one client at a time connects to.
+            "-chardev", f"socket,id=control,path={self.control_socket},server=on,wait=off",
+            "-device", "isa-serial,chardev=control",
             "-kernel", str(image.kernel), "-initrd", str(image.initrd),
             "-append", self.kernel_cmdline(),
-            "-netdev", f"tap,id=net0,ifname={self.tap},script=no,downscript=no",
-            # romfile= skips the iPXE option ROM: the VM boots from -kernel, never from the network.
-            "-device", f"virtio-net-pci,netdev=net0,mac={self.mac},romfile=",
-        ]
+            "-netdev", netdev,
+            "-device", nic,
+        ]  # fmt: skip
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -243,7 +295,8 @@ class VmReal:
     def _make_tap(self) -> None:
         with entered(self.netns), IPRoute() as ipr:
             try:
-                ipr.link("add", ifname=self.tap, kind="tuntap", mode="tap")
+                ipr.link("add", ifname=self.tap, kind="tuntap", mode="tap",
+                         ifr={"no_pi": 0, "one_queue": 0, "vnet_hdr": 0, "multi_queue": int(self.queues > 1)})
             except OSError as exc:
                 raise VmError(
                     f"cannot create tap '{self.tap}' in netns '{self.netns}': {exc}; "
@@ -300,7 +353,7 @@ class VmReal:
         deadline = self._started + self.boot_timeout
         while True:
             text = self.console()
-            for line in text.splitlines():
+            for line in text.splitlines()[: text.count("\n")]:  # whole lines only
                 if line.startswith(READY_MARK):
                     self.boot_seconds = time.monotonic() - self._started
                     fields = dict(w.split("=", 1) for w in line.split()[1:] if "=" in w)
@@ -326,3 +379,40 @@ class VmReal:
                     step="boot", command=" ".join(self._command), stderr=text,
                 )
             time.sleep(_POLL_S)  # polling the console file, bounded by the deadline above
+
+
+def guest_run(control: Path, argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """Run argv in a VM through its control socket: one request line, output until the DONE line.
+
+    The guest's shell runs the words as given (quoted here); stderr is folded into stdout. A
+    request that finds the channel busy or the VM gone fails with a VmError naming the socket.
+    """
+    request = hashlib.sha256(f"{time.monotonic_ns()} {argv}".encode()).hexdigest()[:12]
+    line = f"{request} {shlex.join(argv)}\n".encode()
+    deadline = time.monotonic() + timeout
+    output = b""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(str(control))
+            sock.sendall(line)
+            marker = f"{DONE_MARK} {request} ".encode()
+            while marker not in output or not output.split(marker, 1)[1].count(b"\n"):
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise VmError(f"the VM closed its control channel {control} during {shlex.join(argv)!r}",
+                                  step="control", command=shlex.join(argv), stderr=output.decode(errors="replace"))
+                output += chunk
+    except TimeoutError as exc:
+        raise VmError(f"no answer from the VM's control channel {control} within {timeout:g} s for "
+                      f"{shlex.join(argv)!r}; got so far: {output[-500:]!r}",
+                      step="control", command=shlex.join(argv)) from exc
+    except OSError as exc:
+        raise VmError(f"cannot reach the VM's control channel {control}: {exc}; is the VM running?",
+                      step="control", command=shlex.join(argv)) from exc
+    text = output.decode(errors="replace")
+    # Output of an earlier request abandoned mid-way may precede this one's: keep only ours.
+    before, _, status = text.rpartition(f"{DONE_MARK} {request} ")
+    body = before.rsplit(f"{BEGIN_MARK} {request}\n", 1)[-1]
+    return subprocess.CompletedProcess(list(argv), int(status.split()[0]), stdout=body, stderr="")
