@@ -38,8 +38,9 @@ from types import TracebackType
 from pyroute2 import IPRoute
 
 from lab.errors import LabError
+from lab.nic import RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
 from lab.nsexec import entered, netns_path, nsenter_argv
-from lab.rss import MICROSOFT_KEY
+from lab.rss import MICROSOFT_KEY, Flow, Toeplitz, flow_input, queues_of
 from lab.vm_init.image import DEFAULT_CACHE_DIR, BootImage, build_image
 
 READY_MARK = "L4LAB-READY"
@@ -47,6 +48,8 @@ FAILED_MARK = "L4LAB-FAILED"
 BEGIN_MARK = "L4LAB-BEGIN"  # the control loop took a request: "L4LAB-BEGIN <request id>"
 DONE_MARK = "L4LAB-DONE"  # and ran it: "L4LAB-DONE <request id> <exit status>"
 MAX_QUEUES = 8
+PROOF_PORT = 9  # the boot-time RSS proof's destination port: nothing listens, nothing comes back
+PROOF_REPEAT = 8  # packets of the proof's fixed flow
 DEFAULT_GUE_PORTS = (6080,)
 DEFAULT_FOU_PORTS = (6081,)
 DEFAULT_UDP_ECHO_PORT = 9000
@@ -227,6 +230,88 @@ class VmReal:
     def run(self, argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         """Run argv in the guest over the control channel; stdout holds its output and stderr."""
         return guest_run(self.control_socket, argv, timeout=timeout)
+
+    def rss_settings(self) -> tuple[RssSettings, str]:
+        """The guest NIC's RSS key and table (`ethtool -x`) and its udp4 hashed fields (`ethtool -n`)."""
+        shown = self.run(["ethtool", "-x", "eth0"])
+        fields = self.run(["ethtool", "-n", "eth0", "rx-flow-hash", "udp4"])
+        for done in (shown, fields):
+            if done.returncode != 0:
+                raise VmError(f"{shlex.join(done.args)} in VM '{self.name}' failed: {done.stdout.strip()}",
+                              step="rss", command=shlex.join(done.args), stderr=done.stdout)
+        return parse_rss(shown.stdout), flow_hash_fields(fields.stdout)
+
+    def queue_counters(self) -> dict[int, int]:
+        """{queue: packets received} of the guest's eth0 (`ethtool -S`)."""
+        done = self.run(["ethtool", "-S", "eth0"])
+        counters = queue_counters(done.stdout)
+        if done.returncode != 0 or not counters:
+            raise VmError(f"ethtool -S eth0 in VM '{self.name}' shows no per-queue counters: {done.stdout[-300:]}",
+                          step="rss", command="ethtool -S eth0", stderr=done.stdout)
+        return counters
+
+    def prove_rss(self) -> dict[str, object]:
+        """Show that qemu spreads by Toeplitz RSS before any figure is trusted; raise VmError if not.
+
+        From the tap's namespace, one fixed UDP flow sent PROOF_REPEAT times must move exactly the
+        one queue counter Toeplitz predicts (key and table read back from the guest), and one flow
+        predicted on each queue must land there. Without RSS a queue is the tap's own flow hash
+        (no Toeplitz), which matches that by chance with probability 1 / queues ** (queues + 1).
+        """
+        if not self.rss:
+            raise VmError(f"VM '{self.name}' was started without rss: nothing to prove", step="rss")
+        settings, fields = self.rss_settings()
+        if settings.key != self.rss_key or settings.function != "toeplitz" or settings.queues != self.queues:
+            raise VmError(f"VM '{self.name}' NIC shows key {settings.key.hex()}, function {settings.function!r} "
+                          f"and {settings.queues} queues; its boot set {self.rss_key.hex()}, toeplitz, {self.queues}",
+                          step="rss")
+        assert self.gateway is not None
+        hasher = Toeplitz(settings.key)
+
+        def queue_of(sport: int) -> int:
+            data = Flow(self.gateway or "", self.addr, sport, PROOF_PORT)
+            return int(queues_of([hasher.hash_bytes(flow_input(data, fields))], settings.table)[0])  # type: ignore[arg-type]
+
+        fixed = 40000
+        by_queue: dict[int, int] = {}
+        for sport in range(fixed + 1, fixed + 1 + 64 * self.queues):
+            by_queue.setdefault(queue_of(sport), sport)
+        spread = [by_queue[q] for q in sorted(by_queue)]
+        if len(spread) != self.queues:
+            raise VmError(f"no source port of 64 per queue is predicted on every queue: {by_queue}", step="rss")
+        sockets: dict[int, socket.socket] = {}
+
+        def send(batch: Sequence[tuple[int, int]]) -> None:
+            for sport, count in batch:
+                if sport not in sockets:
+                    with entered(self.netns):
+                        sockets[sport] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                    sockets[sport].bind((self.gateway or "", sport))
+                for _ in range(count):
+                    sockets[sport].sendto(b"l4lab-rss-proof", (self.addr, PROOF_PORT))
+
+        try:
+            # A first batch that also carries the neighbour resolution does not add up and is resent.
+            (fixed_queue,) = observe_queues([fixed], send, self.queue_counters, repeat=PROOF_REPEAT)
+            landed = observe_queues(spread, send, self.queue_counters, batch=len(spread))
+        except (LabError, ValueError) as exc:
+            raise VmError(f"RSS proof in VM '{self.name}' failed: {exc}", step="rss") from exc
+        finally:
+            for s in sockets.values():
+                s.close()
+        predicted = [queue_of(p) for p in spread]
+        proof: dict[str, object] = {
+            "fields": fields,
+            "fixed_flow": {"sport": fixed, "packets": PROOF_REPEAT, "queue": fixed_queue, "predicted": queue_of(fixed)},
+            "flows": [{"sport": p, "queue": q, "predicted": e}
+                      for p, q, e in zip(spread, landed, predicted, strict=True)],
+        }
+        if fixed_queue != queue_of(fixed) or landed != predicted:
+            raise VmError(f"RSS is not on in VM '{self.name}' (qemu did not take the guest's settings?): "
+                          f"a fixed flow's {PROOF_REPEAT} packets all landed on queue {fixed_queue}, Toeplitz "
+                          f"predicts {queue_of(fixed)}; one flow per queue landed on {landed}, predicted "
+                          f"{predicted}", step="rss")
+        return proof
 
     def console(self) -> str:
         """Everything the VM wrote to its serial console so far."""

@@ -147,12 +147,18 @@ class Lab:
 
     def run(self, node: str, argv: Sequence[str], *, check: bool = True, timeout: float = 60.0,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Run argv in node (nsenter keeps /sys/fs/bpf visible; ssh on a target), from the repository's top."""
-        done = subprocess.run(self._argv(node, argv), capture_output=True, text=True,
-                              timeout=timeout, cwd=REPO, check=False, input=input)
+        """Run argv in node (nsenter keeps /sys/fs/bpf visible; ssh on a target; a VM's control channel),
+        from the repository's top. A VM node's stderr comes back in stdout."""
+        if self.target is None and self.topology.node(node).kind == "vm" and input is None:
+            from lab import vmnodes
+
+            done = vmnodes.run(self.name, node, argv, timeout=timeout)
+        else:
+            done = subprocess.run(self._argv(node, argv), capture_output=True, text=True,
+                                  timeout=timeout, cwd=REPO, check=False, input=input)
         if check and done.returncode != 0:
             raise AssertionError(f"{' '.join(argv)} in {self.where(node)} exited {done.returncode}: "
-                                 f"{done.stderr.strip()[-2000:]}")
+                                 f"{(done.stderr or done.stdout).strip()[-2000:]}")
         return done
 
     def python(self, node: str, module: str, *args: str, check: bool = True,
