@@ -1,0 +1,212 @@
+"""RSS on an actual NIC: every encap's flows through the balancer, counted by a real's receive queues.
+
+The nic-rss topology's real is a qemu VM whose NIC is a 4-queue virtio-net with qemu's Toeplitz
+RSS on (proven at boot by one-flow sends, lab.vm.VmReal.prove_rss). For each encap the LB emits,
+each outer source (fixed, or derived from the flow) and each `ethtool -N eth0 rx-flow-hash
+udp4|udp6 sd|sdfn` setting (restored afterwards), FLOWS UDP flows go from the client through the
+l4lab XDP balancer to the real. Each flow's receive queue is read from the NIC's own per-queue
+counters (`ethtool -S`, the same reading as on hardware): flows go in batches of BATCH, flow i of
+a batch sending 2**i packets, so each queue's delta names exactly the flows it received
+(lab.nic.observe_queues). A capture of the frames the router hands to the real gives each flow's
+outer headers; the Toeplitz model hashes them with the key and indirection table read from the NIC
+(`ethtool -x`) under the same setting. Asserted: every flow on the queue the model predicts
+(100 %), and the spread verdict, for the NIC and the model alike:
+
+* outer headers that do not vary (IPIP or 6in6 from a fixed source; GUE from a fixed source hashed
+  "sd") → every flow on one queue;
+* anything else → spread: every queue used, chi-square p ≥ MIN_P against an even spread.
+
+Results are rss results with one scenario per setting from each source: "model" and "nic:virtio"
+("nic:<driver>" on hardware). Also runs against a --target lab (marked hardware): there real1's
+NIC is whatever the host has.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from lab.lbconf import ENCAP_IDS, real_addresses
+from lab.nic import RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
+from lab.rss import Toeplitz, nic_input, queues_of, spread
+from reports.schema import Kind, RssPayload, RssScenario, case_id, write_result
+from suites.conftest import REPO, Balancer, Lab
+
+from ._sender import PAYLOAD
+
+pytestmark = [pytest.mark.topology("nic-rss"), pytest.mark.hardware]
+
+REAL = "real1"
+FLOWS = 24  # per scenario: a spread verdict over 4 queues and the per-flow check
+BATCH = 6  # flows per counter reading: 63 packets
+MIN_P = 0.001
+FIRST_PORT = 21000
+SETTINGS = [(outer_src, fields) for outer_src in ("fixed", "flow") for fields in ("sd", "sdfn")]
+
+
+def expect_one_queue(mode: str, outer_src: str, fields: str) -> bool:
+    """Whether a NIC must put every flow on one queue: nothing in the hashed outer headers varies."""
+    return outer_src == "fixed" and (mode == "ipip" or fields == "sd")
+
+
+def verdict(counts: Sequence[int]) -> str:
+    """'one queue', 'spread' (every queue used, p ≥ MIN_P) or 'uneven'."""
+    used = sum(1 for c in counts if c)
+    if used == 1:
+        return "one queue"
+    s = spread([q for q, c in enumerate(counts) for _ in range(c)], len(counts))
+    return "spread" if used == len(counts) and s.p_value >= MIN_P else "uneven"
+
+
+def _nic(lab: Lab) -> str:
+    vm_end = next(ep for ep in lab.topology.endpoints_of(REAL))
+    return lab.ifname(REAL, vm_end.ifname)
+
+
+def _router_end(lab: Lab) -> str:
+    """The router's interface towards the real (a VM's tap here), where the capture sees its frames."""
+    for link in lab.topology.links:
+        ends = {ep.node: ep for ep in link.endpoints}
+        if REAL in ends and "router" in ends:
+            return lab.ifname("router", ends["router"].ifname)
+    raise AssertionError(f"topology {lab.topology.name} has no router link to {REAL}")
+
+
+def _source(lab: Lab, nic: str) -> str:
+    driver = next((line.split(":", 1)[1].strip() for line in lab.run(REAL, ["ethtool", "-i", nic]).stdout.splitlines()
+                   if line.startswith("driver:")), "unknown")
+    return "nic:virtio" if driver == "virtio_net" else f"nic:{driver}"
+
+
+class Sender:
+    """The client's flow sender (suites.rss._sender) as a long-lived process: one batch per call."""
+
+    def __init__(self, lab: Lab, vip: str, port: int) -> None:
+        self.proc = subprocess.Popen(lab.python_argv("client", "suites.rss._sender", "--vip", vip, "--port", str(port)),
+                                     cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+
+    def __call__(self, batch: Sequence[tuple[int, int]]) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(" ".join(f"{sport}:{count}" for sport, count in batch) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer.startswith("sent"):
+            why = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"the flow sender stopped: {answer!r} {why}")
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def flow_hash(lab: Lab) -> Iterator[dict[str, str]]:
+    """Name: flow_hash. Scope: function. Depends: lab.
+
+    real1's NIC rx-flow-hash settings for udp4 and udp6 as found; restored when the test ends::
+
+        def test_x(lab, flow_hash): lab.run("real1", ["ethtool", "-N", "eth0", "rx-flow-hash", "udp4", "sd"])
+    """
+    nic = _nic(lab)
+    saved = {proto: flow_hash_fields(lab.run(REAL, ["ethtool", "-n", nic, "rx-flow-hash", proto]).stdout)
+             for proto in ("udp4", "udp6")}
+    try:
+        yield saved
+    finally:
+        for proto, fields in saved.items():
+            lab.run(REAL, ["ethtool", "-N", nic, "rx-flow-hash", proto, fields], check=False)
+
+
+def _outer_inputs(pcap: Path, real: str, fields: str) -> dict[int, set[bytes]]:
+    """{client source port: the NIC hash inputs of its frames} from the encapsulated frames to `real` in
+    a capture of the real's link (the real's direct replies to the client are on it too)."""
+    from scapy.utils import rdpcap
+
+    dst = ipaddress.ip_address(real).packed
+    found: dict[int, set[bytes]] = {}
+    for pkt in rdpcap(str(pcap)):
+        frame = bytes(pkt)
+        at = frame.find(PAYLOAD)
+        if at < 0 or nic_input(frame, "sd")[len(dst):] != dst:
+            continue
+        sport = int(frame[at + len(PAYLOAD):].split(b"\0")[0].decode())
+        found.setdefault(sport, set()).add(nic_input(frame, fields))  # type: ignore[arg-type]
+    return found
+
+
+def _scenario(name: str, queues: Sequence[int], nqueues: int, source: str) -> RssScenario:
+    s = spread(list(queues), nqueues)
+    return RssScenario(name=name, queue_counts=list(s.counts), nqueues=nqueues, flows=len(queues),
+                       max_over_mean=round(s.max_over_mean, 4), chi2=round(s.chi2, 3), p_value=s.p_value,
+                       counted="flows", source=source)
+
+
+def test_nic_queues(lab: Lab, balancer: Balancer, flow_hash: dict[str, str], tmp_path: Path) -> None:
+    fam, mode = ENCAP_IDS[balancer.encap_id]
+    encap = balancer.encap_id
+    nic = _nic(lab)
+    proto = "udp4" if fam == 4 else "udp6"
+    vip = next(str(v.address) for v in lab.topology.vips if v.address.version == fam)
+    port = next(p.port for v in lab.topology.vips for p in v.ports if p.service == "udp-echo")
+    source = _source(lab, nic)
+    scenarios: list[RssScenario] = []
+    failures: list[str] = []
+    lines: list[str] = []
+    started = time.monotonic()
+
+    def counters() -> dict[int, int]:
+        return queue_counters(lab.run(REAL, ["ethtool", "-S", nic]).stdout)
+
+    for index, (outer_src, fields) in enumerate(SETTINGS):
+        name = f"{mode}-{outer_src}-src-{fields}"
+        balancer.apply(balancer.config_for(outer_src=outer_src))
+        lab.run(REAL, ["ethtool", "-N", nic, "rx-flow-hash", proto, fields])
+        rss: RssSettings = parse_rss(lab.run(REAL, ["ethtool", "-x", nic]).stdout)
+        assert flow_hash_fields(lab.run(REAL, ["ethtool", "-n", nic, "rx-flow-hash", proto]).stdout) == fields
+        ports = list(range(FIRST_PORT + 100 * index, FIRST_PORT + 100 * index + FLOWS))
+        pcap = tmp_path / f"{name}.pcap"
+        sender = Sender(lab, vip, port)
+        try:
+            with lab.capture("router", _router_end(lab), pcap):
+                landed = observe_queues(ports, sender, counters, batch=BATCH)
+        finally:
+            sender.close()
+        inputs = _outer_inputs(pcap, real_addresses(lab.topology, fam)[REAL], fields)
+        missing = [p for p in ports if p not in inputs]
+        assert not missing, f"{name}: the capture towards {REAL} has no frame of flows {missing}"
+        varied = {p: len(inputs[p]) for p in ports if len(inputs[p]) != 1}
+        assert not varied, f"{name}: flows whose frames the LB encapsulated differently: {varied}"
+        hasher = Toeplitz(rss.key)
+        predicted = [int(q) for q in queues_of([hasher.hash_bytes(next(iter(inputs[p]))) for p in ports], rss.table)]
+        nqueues = rss.queues
+        model = _scenario(name, predicted, nqueues, "model")
+        measured = _scenario(name, landed, nqueues, source)
+        scenarios += [model, measured]
+        matched = sum(1 for a, b in zip(landed, predicted, strict=True) if a == b)
+        want = "one queue" if expect_one_queue(mode, outer_src, fields) else "spread"
+        lines.append(f"  {name:<22} nic {measured.queue_counts} model {model.queue_counts} "
+                     f"per-flow match {matched}/{len(ports)} verdict nic {verdict(measured.queue_counts)!r} "
+                     f"model {verdict(model.queue_counts)!r} (expected {want!r})")
+        if matched != len(ports):
+            wrong = [(p, a, b) for p, a, b in zip(ports, landed, predicted, strict=True) if a != b]
+            failures.append(f"{name}: {len(wrong)} flows not on the predicted queue (port, nic, model): {wrong[:8]}")
+        for who, counts in (("nic", measured.queue_counts), ("model", model.queue_counts)):
+            if verdict(counts) != want:
+                failures.append(f"{name}: {who} verdict {verdict(counts)!r} for {counts}, expected {want!r}")
+    write_result(Kind.RSS, case_id("test_nic_queues", encap), RssPayload(scenarios=scenarios))
+    table = "\n".join(lines)
+    sys.stdout.write(f"\n{encap} on {nic} of {REAL} ({source}), {FLOWS} flows per setting, "
+                     f"{time.monotonic() - started:.1f} s:\n{table}\n")
+    assert not failures, "NIC queues not as the Toeplitz model predicts:\n" + "\n".join(failures) + f"\n{table}"
