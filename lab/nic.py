@@ -130,56 +130,58 @@ def observe_queues(
     batch: int = 4,
     repeat: int = 1,
     attempts: int = 4,
-    timeout: float = 15.0,
+    timeout: float = 5.0,
+    record: list[list[int]] | None = None,
 ) -> list[int]:
     """The receive queue each flow reached, read from per-queue counters (see the module's docstring).
 
     `send([(flow, n), ...])` sends n packets of each flow; `counters()` reads {queue: packets}.
-    Flow i of a batch sends repeat * 2**i packets. A batch is resent (up to `attempts` times)
-    when its deltas do not add up to what it sent; a flow split over queues raises ValueError.
+    Flow i of a batch sends repeat * 2**i packets; a batch is decoded once its deltas add up to
+    exactly that. A batch that counts more (a stray packet, or a late one of the batch before) is
+    resent together with the batch before it, and the counters must stay still after the last
+    batch, so that every decoded batch was counted alone. A flow split over queues raises ValueError.
+    Every batch's deltas, resent ones included, are appended to `record` when given.
     """
     if batch < 1:
         raise ValueError(f"batch must be at least 1 but got {batch}")
-    found: list[int] = []
+    chunks = [list(flows[i: i + batch]) for i in range(0, len(flows), batch)]
+    found: list[list[int]] = [[] for _ in chunks]
+    seen: list[list[int]] = [] if record is None else record
+    start = len(seen)
     before = counters()
-    for start in range(0, len(flows), batch):
-        chunk = list(flows[start: start + batch])
-        weights = [repeat << i for i in range(len(chunk))]
-        seen: list[list[int]] = []
-        for _ in range(attempts):
-            send(list(zip(chunk, weights, strict=True)))
-            got, before = _wait_for_total(counters, before, sum(weights), timeout)
-            seen.append(got)
-            if sum(got) == sum(weights):
-                found += decode_batch(got, len(chunk), repeat)
-                break
-        else:
-            raise LabError(f"per-queue counters never added up to the {sum(weights)} packets of a batch "
-                           f"of {len(chunk)} flows in {attempts} attempts (deltas {seen}): packets lost or "
-                           "other traffic on the NIC")
-    return found
+    index = 0
+    while index < len(chunks):
+        if len(seen) - start >= attempts * len(chunks):
+            raise LabError(f"per-queue counters did not add up to what was sent in {len(seen) - start} batches "
+                           f"(last deltas {seen[-3:]}): packets lost or other traffic on the NIC")
+        chunk = chunks[index]
+        total = repeat * ((1 << len(chunk)) - 1)
+        send([(flow, repeat << i) for i, flow in enumerate(chunk)])
+        got, before = _wait_for_total(counters, before, total, timeout)
+        seen.append(got)
+        if sum(got) == total:
+            found[index] = decode_batch(got, len(chunk), repeat)
+            index += 1
+            if index == len(chunks):
+                late, before = _wait_for_total(counters, before, 1, 0.0)
+                if sum(late):
+                    seen.append(late)
+                    index -= 1
+        elif sum(got) > total and index > 0:
+            index -= 1
+    return [queue for queues in found for queue in queues]
 
 
 def _wait_for_total(counters: Callable[[], dict[int, int]], before: dict[int, int], total: int,
                     timeout: float) -> tuple[list[int], dict[int, int]]:
-    """(per-queue deltas since `before`, the counters read) once they reach `total` packets or time is up.
-
-    Reached, the counters are read once more and must not have moved: a late packet of the batch
-    (or a stray one) is then counted here, where it makes the batch add up wrong and be resent.
-    """
+    """(per-queue deltas since `before`, the counters read) once they reach `total` packets or time is up."""
     deadline = time.monotonic() + timeout
-    now = counters()
     while True:
-        if sum(deltas(before, now)) >= total:
-            again = counters()
-            if again == now:
-                return deltas(before, now), now
-            now = again
-        elif time.monotonic() > deadline:
-            return deltas(before, now), now
-        else:
-            time.sleep(_POLL_S)  # between counter reads; the loop waits for the count, bounded above
-            now = counters()
+        now = counters()
+        got = deltas(before, now)
+        if sum(got) >= total or time.monotonic() >= deadline:
+            return got, now
+        time.sleep(_POLL_S)  # between counter reads; the loop waits for the count, bounded above
 
 
 def queue_counters(ethtool_s: str) -> dict[int, int]:

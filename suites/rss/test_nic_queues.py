@@ -7,10 +7,11 @@ udp4|udp6 sd|sdfn` setting (restored afterwards), FLOWS UDP flows go from the cl
 l4lab XDP balancer to the real. Each flow's receive queue is read from the NIC's own per-queue
 counters (`ethtool -S`, the same reading as on hardware): flows go in batches of BATCH, flow i of
 a batch sending 2**i packets, so each queue's delta names exactly the flows it received
-(lab.nic.observe_queues). A capture of the frames the router hands to the real gives each flow's
-outer headers; the Toeplitz model hashes them with the key and indirection table read from the NIC
-(`ethtool -x`) under the same setting. Asserted: every flow on the queue the model predicts
-(100 %), and the spread verdict, for the NIC and the model alike:
+(lab.nic.observe_queues; a batch that does not add up exactly is sent again). A capture of the
+frames the router hands to the real gives each flow's outer headers; the Toeplitz model hashes
+them with the key and indirection table read from the NIC (`ethtool -x`) under the same setting.
+Asserted: every flow on the queue the model predicts (100 %), and the spread verdict, for the NIC
+and the model alike:
 
 * outer headers that do not vary (IPIP or 6in6 from a fixed source; GUE from a fixed source hashed
   "sd") → every flow on one queue;
@@ -24,6 +25,7 @@ NIC is whatever the host has.
 from __future__ import annotations
 
 import ipaddress
+import struct
 import subprocess
 import sys
 import time
@@ -44,7 +46,7 @@ pytestmark = [pytest.mark.topology("nic-rss"), pytest.mark.hardware]
 
 REAL = "real1"
 FLOWS = 24  # per scenario: a spread verdict over 4 queues and the per-flow check
-BATCH = 6  # flows per counter reading: 63 packets
+BATCH = 6  # flows per counter reading: 63 packets (a flow of 128 packets overflowed the VM's queue)
 MIN_P = 0.001
 FIRST_PORT = 21000
 SETTINGS = [(outer_src, fields) for outer_src in ("fixed", "flow") for fields in ("sd", "sdfn")]
@@ -111,6 +113,30 @@ class Sender:
             self.proc.wait()
 
 
+@pytest.fixture(scope="module")
+def one_balancer(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Balancer]:
+    """Name: one_balancer. Scope: module. Depends: lab.
+
+    lbctl loaded once for the module in the lab's `lb` node; each test applies its encap's config
+    (a load per encap would cost seconds each on a busy machine)::
+
+        def test_x(one_balancer, encap): one_balancer.encap_id = encap; one_balancer.apply(...)
+    """
+    from balancer import config as cfg
+    from lab.lbconf import lb_link
+
+    b = Balancer(lab, "lb", next(iter(ENCAP_IDS)), tmp_path_factory.mktemp("lb") / "lb.toml")
+    text = cfg.dump(b.config_for())
+    b.config_path.write_text(text)
+    lab.write(b.node, b.config_file, text)
+    b.lbctl("load", "--interface", lab.ifname("lb", lb_link(lab.topology, "lb")[0]), "--mode", "native",
+            "--config", b.config_file)
+    try:
+        yield b
+    finally:
+        b.lbctl("unload", check=False)
+
+
 @pytest.fixture
 def flow_hash(lab: Lab) -> Iterator[dict[str, str]]:
     """Name: flow_hash. Scope: function. Depends: lab.
@@ -129,20 +155,32 @@ def flow_hash(lab: Lab) -> Iterator[dict[str, str]]:
             lab.run(REAL, ["ethtool", "-N", nic, "rx-flow-hash", proto, fields], check=False)
 
 
-def _outer_inputs(pcap: Path, real: str, fields: str) -> dict[int, set[bytes]]:
-    """{client source port: the NIC hash inputs of its frames} from the encapsulated frames to `real` in
-    a capture of the real's link (the real's direct replies to the client are on it too)."""
-    from scapy.utils import rdpcap
+def _frames(pcap: Path) -> Iterator[bytes]:
+    """The frames of a classic pcap file (tcpdump -w, Ethernet)."""
+    data = pcap.read_bytes()
+    order = {b"\xd4\xc3\xb2\xa1": "<", b"\xa1\xb2\xc3\xd4": ">",
+             b"\x4d\x3c\xb2\xa1": "<", b"\xa1\xb2\x3c\x4d": ">"}.get(data[:4])
+    assert order is not None, f"{pcap} is not a pcap file (magic {data[:4].hex()})"
+    at = 24
+    while at + 16 <= len(data):
+        caplen = struct.unpack(order + "I", data[at + 8: at + 12])[0]
+        yield data[at + 16: at + 16 + caplen]
+        at += 16 + caplen
 
+
+def _flow_frames(pcap: Path, real: str) -> dict[int, set[bytes]]:
+    """{client source port: its encapsulated frames' outer headers} from a capture of the real's link.
+
+    Only frames to `real` count (the real's direct replies to the client are on the link too); the
+    frames are cut at the payload, which names the flow (suites.rss._sender)."""
     dst = ipaddress.ip_address(real).packed
     found: dict[int, set[bytes]] = {}
-    for pkt in rdpcap(str(pcap)):
-        frame = bytes(pkt)
+    for frame in _frames(pcap):
         at = frame.find(PAYLOAD)
         if at < 0 or nic_input(frame, "sd")[len(dst):] != dst:
             continue
         sport = int(frame[at + len(PAYLOAD):].split(b"\0")[0].decode())
-        found.setdefault(sport, set()).add(nic_input(frame, fields))  # type: ignore[arg-type]
+        found.setdefault(sport, set()).add(frame[:at])
     return found
 
 
@@ -153,9 +191,10 @@ def _scenario(name: str, queues: Sequence[int], nqueues: int, source: str) -> Rs
                        counted="flows", source=source)
 
 
-def test_nic_queues(lab: Lab, balancer: Balancer, flow_hash: dict[str, str], tmp_path: Path) -> None:
-    fam, mode = ENCAP_IDS[balancer.encap_id]
-    encap = balancer.encap_id
+def test_nic_queues(lab: Lab, one_balancer: Balancer, encap: str, flow_hash: dict[str, str], tmp_path: Path) -> None:
+    fam, mode = ENCAP_IDS[encap]
+    balancer = one_balancer
+    balancer.encap_id = encap
     nic = _nic(lab)
     proto = "udp4" if fam == 4 else "udp6"
     vip = next(str(v.address) for v in lab.topology.vips if v.address.version == fam)
@@ -169,44 +208,53 @@ def test_nic_queues(lab: Lab, balancer: Balancer, flow_hash: dict[str, str], tmp
     def counters() -> dict[int, int]:
         return queue_counters(lab.run(REAL, ["ethtool", "-S", nic]).stdout)
 
-    for index, (outer_src, fields) in enumerate(SETTINGS):
-        name = f"{mode}-{outer_src}-src-{fields}"
-        balancer.apply(balancer.config_for(outer_src=outer_src))
-        lab.run(REAL, ["ethtool", "-N", nic, "rx-flow-hash", proto, fields])
-        rss: RssSettings = parse_rss(lab.run(REAL, ["ethtool", "-x", nic]).stdout)
-        assert flow_hash_fields(lab.run(REAL, ["ethtool", "-n", nic, "rx-flow-hash", proto]).stdout) == fields
-        ports = list(range(FIRST_PORT + 100 * index, FIRST_PORT + 100 * index + FLOWS))
-        pcap = tmp_path / f"{name}.pcap"
-        sender = Sender(lab, vip, port)
-        try:
-            with lab.capture("router", _router_end(lab), pcap):
-                landed = observe_queues(ports, sender, counters, batch=BATCH)
-        finally:
-            sender.close()
-        inputs = _outer_inputs(pcap, real_addresses(lab.topology, fam)[REAL], fields)
-        missing = [p for p in ports if p not in inputs]
+    rss: RssSettings = parse_rss(lab.run(REAL, ["ethtool", "-x", nic]).stdout)
+    hasher = Toeplitz(rss.key)
+    pcap = tmp_path / "to-real.pcap"
+    landed: dict[str, list[int]] = {}
+    ports = {name: list(range(FIRST_PORT + 100 * i, FIRST_PORT + 100 * i + FLOWS))
+             for i, name in enumerate(f"{mode}-{o}-src-{f}" for o, f in SETTINGS)}
+    applied = None
+    batches: list[list[int]] = []
+    sender = Sender(lab, vip, port)
+    try:
+        with lab.capture("router", _router_end(lab), pcap):
+            for (outer_src, fields), name in zip(SETTINGS, ports, strict=True):
+                if applied != outer_src:
+                    balancer.apply(balancer.config_for(outer_src=outer_src))
+                    applied = outer_src
+                lab.run(REAL, ["ethtool", "-N", nic, "rx-flow-hash", proto, fields])
+                shown = flow_hash_fields(lab.run(REAL, ["ethtool", "-n", nic, "rx-flow-hash", proto]).stdout)
+                assert shown == fields, f"ethtool -N {nic} rx-flow-hash {proto} {fields} left it at {shown}"
+                landed[name] = observe_queues(ports[name], sender, counters, batch=BATCH, record=batches)
+    finally:
+        sender.close()
+    frames = _flow_frames(pcap, real_addresses(lab.topology, fam)[REAL])
+    for (outer_src, fields), name in zip(SETTINGS, ports, strict=True):
+        flows = ports[name]
+        missing = [p for p in flows if p not in frames]
         assert not missing, f"{name}: the capture towards {REAL} has no frame of flows {missing}"
-        varied = {p: len(inputs[p]) for p in ports if len(inputs[p]) != 1}
+        inputs = {p: {nic_input(f, fields) for f in frames[p]} for p in flows}  # type: ignore[arg-type]
+        varied = {p: len(inputs[p]) for p in flows if len(inputs[p]) != 1}
         assert not varied, f"{name}: flows whose frames the LB encapsulated differently: {varied}"
-        hasher = Toeplitz(rss.key)
-        predicted = [int(q) for q in queues_of([hasher.hash_bytes(next(iter(inputs[p]))) for p in ports], rss.table)]
-        nqueues = rss.queues
-        model = _scenario(name, predicted, nqueues, "model")
-        measured = _scenario(name, landed, nqueues, source)
+        predicted = [int(q) for q in queues_of([hasher.hash_bytes(next(iter(inputs[p]))) for p in flows], rss.table)]
+        model = _scenario(name, predicted, rss.queues, "model")
+        measured = _scenario(name, landed[name], rss.queues, source)
         scenarios += [model, measured]
-        matched = sum(1 for a, b in zip(landed, predicted, strict=True) if a == b)
+        matched = sum(1 for a, b in zip(landed[name], predicted, strict=True) if a == b)
         want = "one queue" if expect_one_queue(mode, outer_src, fields) else "spread"
         lines.append(f"  {name:<22} nic {measured.queue_counts} model {model.queue_counts} "
-                     f"per-flow match {matched}/{len(ports)} verdict nic {verdict(measured.queue_counts)!r} "
+                     f"per-flow match {matched}/{len(flows)} verdict nic {verdict(measured.queue_counts)!r} "
                      f"model {verdict(model.queue_counts)!r} (expected {want!r})")
-        if matched != len(ports):
-            wrong = [(p, a, b) for p, a, b in zip(ports, landed, predicted, strict=True) if a != b]
+        if matched != len(flows):
+            wrong = [(p, a, b) for p, a, b in zip(flows, landed[name], predicted, strict=True) if a != b]
             failures.append(f"{name}: {len(wrong)} flows not on the predicted queue (port, nic, model): {wrong[:8]}")
         for who, counts in (("nic", measured.queue_counts), ("model", model.queue_counts)):
             if verdict(counts) != want:
                 failures.append(f"{name}: {who} verdict {verdict(counts)!r} for {counts}, expected {want!r}")
     write_result(Kind.RSS, case_id("test_nic_queues", encap), RssPayload(scenarios=scenarios))
     table = "\n".join(lines)
-    sys.stdout.write(f"\n{encap} on {nic} of {REAL} ({source}), {FLOWS} flows per setting, "
-                     f"{time.monotonic() - started:.1f} s:\n{table}\n")
+    sys.stdout.write(f"\n{encap} on {nic} of {REAL} ({source}), {FLOWS} flows per setting, {len(batches)} "
+                     f"batches counted for {len(SETTINGS) * -(-FLOWS // BATCH)}, {time.monotonic() - started:.1f} s:"
+                     f"\n{table}\n")
     assert not failures, "NIC queues not as the Toeplitz model predicts:\n" + "\n".join(failures) + f"\n{table}"
