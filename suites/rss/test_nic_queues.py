@@ -18,8 +18,9 @@ and the model alike:
 * anything else → spread: every queue used, chi-square p ≥ MIN_P against an even spread.
 
 Results are rss results with one scenario per setting from each source: "model" and "nic:virtio"
-("nic:<driver>" on hardware). Also runs against a --target lab (marked hardware): there real1's
-NIC is whatever the host has.
+("nic:<driver>" on hardware). Also runs against a --target lab (marked hardware) built as nic-rss
+or default: there real1's NIC is whatever the host has, the other reals get weight 0, and other
+traffic on the NIC makes batches be resent (or the test fail, naming the deltas it saw).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from suites.conftest import REPO, Balancer, Lab
 
 from ._sender import PAYLOAD
 
-pytestmark = [pytest.mark.topology("nic-rss"), pytest.mark.hardware]
+# Here the nic-rss lab; on hardware, a target built as nic-rss or default (flows then go to real1 alone).
+pytestmark = [pytest.mark.topology("nic-rss", "default"), pytest.mark.hardware]
 
 REAL = "real1"
 FLOWS = 24  # per scenario: a spread verdict over 4 queues and the per-flow check
@@ -215,13 +217,14 @@ def test_nic_queues(lab: Lab, one_balancer: Balancer, encap: str, flow_hash: dic
     ports = {name: list(range(FIRST_PORT + 100 * i, FIRST_PORT + 100 * i + FLOWS))
              for i, name in enumerate(f"{mode}-{o}-src-{f}" for o, f in SETTINGS)}
     applied = None
+    weights = {n: int(n == REAL) for n in real_addresses(lab.topology, fam)}
     batches: list[list[int]] = []
     sender = Sender(lab, vip, port)
     try:
         with lab.capture("router", _router_end(lab), pcap):
             for (outer_src, fields), name in zip(SETTINGS, ports, strict=True):
                 if applied != outer_src:
-                    balancer.apply(balancer.config_for(outer_src=outer_src))
+                    balancer.apply(balancer.config_for(outer_src=outer_src, weights=weights))
                     applied = outer_src
                 lab.run(REAL, ["ethtool", "-N", nic, "rx-flow-hash", proto, fields])
                 shown = flow_hash_fields(lab.run(REAL, ["ethtool", "-n", nic, "rx-flow-hash", proto]).stdout)
