@@ -228,6 +228,18 @@ def counts_spread(counts: Sequence[int]) -> dict[str, float]:
             "p_value": chi2_sf(chi2, len(counts) - 1) if len(counts) > 1 else 1.0}
 
 
+ONE_QUEUE, SPREAD, UNEVEN = "one queue", "spread", "uneven"
+
+
+def spread_verdict(counts: Sequence[int], min_p: float = 0.001) -> str:
+    """ONE_QUEUE (one queue got everything), SPREAD (every queue used and the chi-square p-value
+    against an even spread at least `min_p`) or UNEVEN."""
+    used = sum(1 for c in counts if c)
+    if used == 1:
+        return ONE_QUEUE
+    return SPREAD if used == len(counts) and counts_spread(counts)["p_value"] >= min_p else UNEVEN
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="l4lab nic-queues",
                                  description="Per-queue RX packets of an interface over an interval, and their spread.")

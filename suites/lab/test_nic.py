@@ -14,6 +14,9 @@ import pytest
 from balancer.libbpf import BpfObject
 from lab.errors import LabError
 from lab.nic import (
+    ONE_QUEUE,
+    SPREAD,
+    UNEVEN,
     counts_spread,
     decode_batch,
     deltas,
@@ -22,6 +25,7 @@ from lab.nic import (
     parse_rss,
     queue_counters,
     read_queue_counters,
+    spread_verdict,
 )
 from lab.nsexec import entered
 from lab.rss import MICROSOFT_KEY
@@ -78,6 +82,13 @@ def test_flow_hash_fields_from_ethtool_n() -> None:
     assert flow_hash_fields(ETHTOOL_N_SDFN.split("L4")[0]) == "sd"
     with pytest.raises(LabError, match="names no hashed field"):
         flow_hash_fields("rxclass: Cannot get RX class rule count\n")
+
+
+def test_spread_verdict() -> None:
+    assert spread_verdict([0, 0, 24, 0]) == ONE_QUEUE
+    assert spread_verdict([6, 5, 7, 6]) == SPREAD
+    assert spread_verdict([20, 1, 1, 2]) == UNEVEN  # every queue used, but p < 0.001
+    assert spread_verdict([12, 12, 0, 0]) == UNEVEN
 
 
 def test_decode_batch_names_each_flows_queue() -> None:

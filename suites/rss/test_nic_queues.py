@@ -15,7 +15,8 @@ and the model alike:
 
 * outer headers that do not vary (IPIP or 6in6 from a fixed source; GUE from a fixed source hashed
   "sd") → every flow on one queue;
-* anything else → spread: every queue used, chi-square p ≥ MIN_P against an even spread.
+* anything else → spread: every queue used, chi-square p ≥ 0.001 against an even spread
+  (lab.nic.spread_verdict).
 
 Results are rss results with one scenario per setting from each source: "model" and "nic:virtio"
 ("nic:<driver>" on hardware). Also runs against a --target lab (marked hardware) built as nic-rss
@@ -36,7 +37,8 @@ from pathlib import Path
 import pytest
 
 from lab.lbconf import ENCAP_IDS, real_addresses
-from lab.nic import RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
+from lab.nic import ONE_QUEUE, SPREAD, RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
+from lab.nic import spread_verdict as verdict
 from lab.rss import Toeplitz, nic_input, queues_of, spread
 from reports.schema import Kind, RssPayload, RssScenario, case_id, write_result
 from suites.conftest import REPO, Balancer, Lab
@@ -49,7 +51,6 @@ pytestmark = [pytest.mark.topology("nic-rss", "default"), pytest.mark.hardware]
 REAL = "real1"
 FLOWS = 24  # per scenario: a spread verdict over 4 queues and the per-flow check
 BATCH = 6  # flows per counter reading: 63 packets (a flow of 128 packets overflowed the VM's queue)
-MIN_P = 0.001
 FIRST_PORT = 21000
 SETTINGS = [(outer_src, fields) for outer_src in ("fixed", "flow") for fields in ("sd", "sdfn")]
 
@@ -57,15 +58,6 @@ SETTINGS = [(outer_src, fields) for outer_src in ("fixed", "flow") for fields in
 def expect_one_queue(mode: str, outer_src: str, fields: str) -> bool:
     """Whether a NIC must put every flow on one queue: nothing in the hashed outer headers varies."""
     return outer_src == "fixed" and (mode == "ipip" or fields == "sd")
-
-
-def verdict(counts: Sequence[int]) -> str:
-    """'one queue', 'spread' (every queue used, p ≥ MIN_P) or 'uneven'."""
-    used = sum(1 for c in counts if c)
-    if used == 1:
-        return "one queue"
-    s = spread([q for q, c in enumerate(counts) for _ in range(c)], len(counts))
-    return "spread" if used == len(counts) and s.p_value >= MIN_P else "uneven"
 
 
 def _nic(lab: Lab) -> str:
@@ -245,7 +237,7 @@ def test_nic_queues(lab: Lab, one_balancer: Balancer, encap: str, flow_hash: dic
         measured = _scenario(name, landed[name], rss.queues, source)
         scenarios += [model, measured]
         matched = sum(1 for a, b in zip(landed[name], predicted, strict=True) if a == b)
-        want = "one queue" if expect_one_queue(mode, outer_src, fields) else "spread"
+        want = ONE_QUEUE if expect_one_queue(mode, outer_src, fields) else SPREAD
         lines.append(f"  {name:<22} nic {measured.queue_counts} model {model.queue_counts} "
                      f"per-flow match {matched}/{len(flows)} verdict nic {verdict(measured.queue_counts)!r} "
                      f"model {verdict(model.queue_counts)!r} (expected {want!r})")
