@@ -81,7 +81,8 @@ def _source(lab: Lab, nic: str) -> str:
 
 
 class Sender:
-    """The client's flow sender (suites.rss._sender) as a long-lived process: one batch per call."""
+    """The client's flow sender (suites.rss._sender) as a long-lived process: one batch per call,
+    returning once the real echoed the batch (or after the sender's wait): its NIC counted it."""
 
     def __init__(self, lab: Lab, vip: str, port: int) -> None:
         self.proc = subprocess.Popen(lab.python_argv("client", "suites.rss._sender", "--vip", vip, "--port", str(port)),
