@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import select
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,21 +85,36 @@ def _settle(read: Callable[[], dict[int, int]], timeout: float = 5.0) -> None:
         last, now = now, read()
 
 
-def _send(lab: str, fam: int, sockets: contextlib.ExitStack, sport: int, vip: str, port: int) -> None:
+def _send(lab: str, fam: int, sockets: contextlib.ExitStack, sport: int, vip: str, port: int) -> socket.socket:
     """One datagram from the client's port `sport` to the VIP, its socket kept open in `sockets`."""
     with entered(netns_name(lab, "client")):
         sock = sockets.enter_context(socket.socket(socket.AF_INET6 if fam == 6 else socket.AF_INET,
                                                    socket.SOCK_DGRAM))
     sock.bind(("::" if fam == 6 else "0.0.0.0", sport))
     sock.sendto(b"l4lab-nic-spread", (vip, port))
+    return sock
 
 
-def measure(lab: str, topo: topology.Topology, flows: int, work: Path) -> list[NicSpread]:
-    """Every encap x setting on a running nic-rss lab with the balancer loaded (see the module)."""
+def _await_echoes(socks: list[socket.socket], timeout: float = 3.0) -> None:
+    """Return once every socket got the real's echo (its NIC has counted the datagram) or at the deadline."""
+    waiting = list(socks)
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        ready, _, _ = select.select(waiting, [], [], max(0.0, deadline - time.monotonic()))
+        for sock in ready:
+            sock.recv(2048)
+            waiting.remove(sock)
+
+
+def measure(lab: str, topo: topology.Topology, flows: int, work: Path,
+            encaps: Sequence[str] = tuple(ENCAP_IDS)) -> list[NicSpread]:
+    """Every encap (of `encaps`) x setting on a running nic-rss lab with the balancer loaded as
+    instance `<lab>-lb` (see the module)."""
     nic = topo.vm_link(REAL)[0].ifname
     results: list[NicSpread] = []
     index = 0
-    for encap_id, (fam, mode) in ENCAP_IDS.items():
+    for encap_id in encaps:
+        fam, mode = ENCAP_IDS[encap_id]
         vip = next(str(v.address) for v in topo.vips if v.address.version == fam)
         port = next(p.port for v in topo.vips for p in v.ports if p.service == "udp-echo")
         proto = "udp4" if fam == 4 else "udp6"
@@ -127,8 +143,8 @@ def measure(lab: str, topo: topology.Topology, flows: int, work: Path) -> list[N
                 before = counters()
                 with contextlib.ExitStack() as sockets:
                     # Each flow's socket stays open until counted: the real's reply must find it.
-                    for sport in range(FIRST_PORT + index * flows, FIRST_PORT + (index + 1) * flows):
-                        _send(lab, fam, sockets, sport, vip, port)
+                    _await_echoes([_send(lab, fam, sockets, sport, vip, port)
+                                   for sport in range(FIRST_PORT + index * flows, FIRST_PORT + (index + 1) * flows)])
                     got = _wait_for(flows, before, counters)
                 index += 1
                 counts = tuple(got)

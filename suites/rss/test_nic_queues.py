@@ -254,3 +254,15 @@ def test_nic_queues(lab: Lab, one_balancer: Balancer, encap: str, flow_hash: dic
                      f"batches counted for {len(SETTINGS) * -(-FLOWS // BATCH)}, {time.monotonic() - started:.1f} s:"
                      f"\n{table}\n")
     assert not failures, "NIC queues not as the Toeplitz model predicts:\n" + "\n".join(failures) + f"\n{table}"
+
+
+def test_demo_spread_is_what_the_test_asserts(lab: Lab, one_balancer: Balancer, tmp_path: Path) -> None:
+    """lab.nicdemo (what `make demo` shows): one encap's four settings on this lab, same verdicts."""
+    from lab import nicdemo
+
+    if lab.target is not None:
+        pytest.skip("lab.nicdemo drives the netns lab on this machine, not a --target")
+    results = nicdemo.measure(lab.name, lab.topology, FLOWS, tmp_path, encaps=["ip4-gue1"])
+    got = {(r.outer_src, r.fields): (r.verdict, sum(r.queue_counts)) for r in results}
+    want = {(o, f): (ONE_QUEUE if expect_one_queue("gue1", o, f) else SPREAD, FLOWS) for o, f in SETTINGS}
+    assert got == want, nicdemo.table(results)
