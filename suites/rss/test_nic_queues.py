@@ -186,6 +186,23 @@ def _scenario(name: str, queues: Sequence[int], nqueues: int, source: str) -> Rs
                        counted="flows", source=source)
 
 
+def test_rss_was_proven_on_at_boot(lab: Lab) -> None:
+    """The VM's supervisor reported ready only after one-flow sends showed qemu's Toeplitz RSS at work."""
+    from lab import vmnodes
+
+    if lab.target is not None:
+        pytest.skip("the boot-time proof is the nic-rss VM's; a target's NIC does RSS by itself")
+    ready = vmnodes.ready_of(lab.name, REAL)
+    proof = ready.rss_proof
+    assert proof is not None, f"{REAL} reported ready without an RSS proof: {ready}"
+    fixed, flows = proof["fixed_flow"], proof["flows"]
+    assert isinstance(fixed, dict) and isinstance(flows, list)
+    assert fixed["queue"] == fixed["predicted"], proof
+    assert [f["queue"] for f in flows] == [f["predicted"] for f in flows] == list(range(len(flows))), proof
+    sys.stdout.write(f"\n{REAL}: booted in {ready.boot_seconds:.1f} s (guest uptime {ready.guest_uptime:.1f} s); "
+                     f"RSS proof {proof}\n")
+
+
 def test_nic_queues(lab: Lab, one_balancer: Balancer, encap: str, flow_hash: dict[str, str], tmp_path: Path) -> None:
     fam, mode = ENCAP_IDS[encap]
     balancer = one_balancer
