@@ -166,6 +166,12 @@ def _non_empty(value: Any) -> str | None:
     return None if len(value) > 0 else "must not be empty"
 
 
+def _rss_source(value: Any) -> str | None:
+    if value in ("measured", "model") or re.fullmatch(r"nic:[A-Za-z0-9_.-]+", str(value)):
+        return None
+    return f'must be "model", "measured" or "nic:<driver>" but got {value!r}'
+
+
 def _frame_size(value: Any) -> str | None:
     if value == "imix" or 64 <= value <= 9018:
         return None
@@ -303,7 +309,9 @@ class RssScenario:
     chi2: float = field(metadata=_rule(_at_least(0)))  # against a uniform spread over nqueues
     p_value: float = field(metadata=_rule(_between(0, 1)))
     counted: Literal["packets", "flows"] = "packets"
-    source: Literal["measured", "model"] = "measured"  # model: the Toeplitz prediction for the flows
+    # model: the Toeplitz prediction for the flows; nic:<driver>: a NIC's own per-queue counters
+    # (nic:virtio for qemu's virtio-net in a VM real); measured: any other measurement (RPS CPUs)
+    source: str = field(default="measured", metadata=_rule(_rss_source))
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if len(self.queue_counts) != self.nqueues:
