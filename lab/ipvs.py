@@ -4,7 +4,7 @@ The VM boots Debian's cloud kernel (the one the VM reals boot) with an initramfs
 `ipvsadm` and the IPVS modules; its link is a tap in a namespace of the lab (the router's, so
 the router reaches it directly) and its VIPs sit on its lo. IPVS forwards VIP traffic to the
 reals encapsulated as IPIP (`-i`) or GUE variant 0 (`-i --tun-type gue`), and the reals answer
-the client directly, as with l4lab. Commands reach the VM's /init on its second serial port.
+the client directly, as with l4lab. Commands reach the VM on its control channel (lab/vm.py).
 
 Example::
 
@@ -22,10 +22,8 @@ import ipaddress
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +37,6 @@ SETUP_HINT = "bash scripts/setup.sh --extra vm"
 IPVS_MODULES = ("virtio_pci", "virtio_net", "ip_vs", "ip_vs_mh", "ip_vs_sh", "ip_vs_rr", "ip_vs_wrr")
 SCHEDULERS = ("mh", "sh", "rr", "wrr")
 TUNNELS = ("ipip", "gue")
-DONE_MARK = "L4LAB-DONE"
 LAYOUT_VERSION = "1"
 
 
@@ -101,7 +98,7 @@ def _cache_key(kernel: vmimage.KernelInfo) -> str:
     for part in (LAYOUT_VERSION, kernel.version, str(kernel.vmlinuz.stat().st_mtime_ns),
                  vmimage._package_version("busybox-static"), vmimage._package_version("iproute2"),
                  vmimage._package_version("ipvsadm"), ",".join(IPVS_MODULES),
-                 (vmimage.HERE / "ipvs_init.sh").read_text()):
+                 (vmimage.HERE / "ipvs_init.sh").read_text(), (vmimage.HERE / "control.sh").read_text()):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()[:16]
 
@@ -146,6 +143,7 @@ def _assemble(root: Path, kernel: vmimage.KernelInfo) -> None:
     (root / "etc/l4lab/modules").write_text("".join(f"{rel}\n" for rel in order))
     init = root / "init"
     shutil.copy2(vmimage.HERE / "ipvs_init.sh", init)
+    shutil.copy2(vmimage.HERE / "control.sh", root / "etc/l4lab/control.sh")
     init.chmod(0o755)
 
 
@@ -171,38 +169,18 @@ class IpvsLb(VmReal):
     """The IPVS load-balancer VM: start() boots it, then `ipvsadm()` and the helpers configure it.
 
     Parameters as `VmReal` (`netns` holds the tap, `gateway` goes on it, `vips` on the VM's lo);
-    the VM's second serial port is a unix socket in its run directory that carries commands.
+    commands travel on the VM's control channel (`VmReal.run`).
     """
 
     def __init__(self, name: str, netns: str, addr: str, prefix: int, gateway: str | None,
                  vips: Sequence[str], **kwargs: object) -> None:
         kwargs.setdefault("memory_mb", 128)
         super().__init__(name, netns, addr, prefix, gateway, vips, **kwargs)  # type: ignore[arg-type]
-        self._control: socket.socket | None = None
-        self._buffer = b""
-        self._serial = 0
 
     def start(self) -> None:
         if self.image is None:
             self.image = build_ipvs_image(self.cache_dir)
         super().start()
-        try:
-            self._connect()
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        if self._control is not None:
-            self._control.close()
-            self._control = None
-        super().stop()
-
-    @property
-    def control_path(self) -> Path:
-        if self.run_dir is None:
-            raise VmError(f"VM '{self.name}' has no run directory: start() it first", step="control")
-        return self.run_dir / "control.sock"
 
     def kernel_cmdline(self) -> str:
         words = ["console=ttyS0", "quiet", "panic=-1", "mitigations=off", f"l4lab.name={self.name}",
@@ -215,58 +193,12 @@ class IpvsLb(VmReal):
             words.append(f"l4lab.gw6={self.gateway6}")
         return " ".join(words)
 
-    def qemu_command(self, image: vmimage.BootImage) -> list[str]:
-        # The second -serial becomes ttyS1 in the guest: the command line of ipvs_init.sh.
-        return [*super().qemu_command(image), "-serial", f"unix:{self.control_path},server=on,wait=off"]
-
-    def _connect(self) -> None:
-        deadline = time.monotonic() + 10.0
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(str(self.control_path))
-                self._control = sock
-                return
-            except OSError as exc:
-                sock.close()
-                if time.monotonic() > deadline:
-                    raise VmError(f"cannot reach the command line of VM '{self.name}' at "
-                                  f"{self.control_path}: {exc}", step="control") from exc
-            time.sleep(0.05)  # polling for qemu's socket, bounded by the deadline above
-
     # -- commands ------------------------------------------------------------------------------
 
     def sh(self, command: str, timeout: float = 30.0) -> tuple[int, str]:
         """Run one shell command line in the VM: (exit status, output)."""
-        if self._control is None:
-            raise VmError(f"VM '{self.name}' is not running: start() it first", step="control")
-        if "\n" in command:
-            raise ValueError("a VM command is one line")
-        self._serial += 1
-        ident = f"c{self._serial}"
-        self._control.sendall(f"{ident} {command}\n".encode())
-        deadline = time.monotonic() + timeout
-        mark = f"{DONE_MARK} {ident} ".encode()
-        while True:
-            at = self._buffer.find(mark)
-            if at >= 0 and (end := self._buffer.find(b"\n", at)) >= 0:
-                output = self._buffer[:at].decode(errors="replace").replace("\r", "")
-                status = int(self._buffer[at + len(mark):end])
-                self._buffer = self._buffer[end + 1:]
-                return status, output.rstrip("\n")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise VmError(f"VM '{self.name}' did not finish {command!r} within {timeout:g} s",
-                              step="control", command=command)
-            self._control.settimeout(left)
-            try:
-                chunk = self._control.recv(65536)
-            except TimeoutError:
-                continue
-            if not chunk:
-                raise VmError(f"VM '{self.name}' closed its command line during {command!r}: "
-                              f"{self.console()[-1000:]}", step="control", command=command)
-            self._buffer += chunk
+        done = self.run(["sh", "-c", command], timeout=timeout)
+        return done.returncode, done.stdout.rstrip("\n")
 
     def ipvsadm(self, *args: str) -> str:
         """Run ipvsadm with `args` in the VM; raise IpvsError naming the command on failure."""

@@ -165,6 +165,7 @@ def _cache_key(kernel: KernelInfo) -> str:
         _package_version("ethtool"),
         ",".join(WANTED_MODULES),
         (HERE / "init.sh").read_text(),
+        (HERE / "control.sh").read_text(),
         (HERE / "udp_echo.c").read_text(),
     ]
     for part in parts:
@@ -235,6 +236,7 @@ def _assemble(root: Path, kernel: KernelInfo) -> None:
     (root / "etc/l4lab/modules").write_text("".join(f"{rel}\n" for rel in order))
     init = root / "init"
     shutil.copy2(HERE / "init.sh", init)
+    shutil.copy2(HERE / "control.sh", root / "etc/l4lab/control.sh")
     init.chmod(0o755)
 
 

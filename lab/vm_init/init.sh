@@ -107,20 +107,8 @@ echo "l4lab real server $name" >/www/index.html
 run httpd httpd -p "$http" -h /www
 udp_echo "$echo" &
 
-control() {
-	while IFS= read -r req; do
-		id=${req%% *}
-		echo "L4LAB-BEGIN $id"
-		sh -c "${req#* }" </dev/null 2>&1
-		echo "L4LAB-DONE $id $?"
-	done
-}
-if [ -c /dev/ttyS1 ]; then
-	# Held open from here on: bytes that arrive before the loop reads are kept, not dropped.
-	exec 3<>/dev/ttyS1
-	run control stty -F /dev/ttyS1 raw -echo
-	control <&3 >&3 2>&1 &
-fi
+. /etc/l4lab/control.sh
+start_control
 
 read -r up _ </proc/uptime
 echo "L4LAB-READY name=$name uptime=$up" >/dev/console

@@ -5,8 +5,7 @@
 #   l4lab.name=NAME  l4lab.addr=A.B.C.D/P  l4lab.gw=A.B.C.D  l4lab.vips=V1,V2,...
 #   l4lab.addr6=X::Y/P  l4lab.gw6=X::Z   (optional IPv6 on eth0, for IPv6 VIPs)
 # The VIPs go on lo so that IPVS sees their traffic in LOCAL_IN. The VM then serves commands on
-# its second serial port (ttyS1), one per line, "ID COMMAND...", answering with the command's
-# output and a line "L4LAB-DONE ID STATUS". It prints "L4LAB-READY name=NAME uptime=SECONDS" on
+# its control channel (control.sh, beside this file). It prints "L4LAB-READY name=NAME uptime=SECONDS" on
 # the console when done, or "L4LAB-FAILED name=NAME step=STEP: OUTPUT" and powers off.
 export PATH=/bin:/usr/sbin
 
@@ -69,16 +68,8 @@ for v in $(echo "$vips" | tr ',' ' '); do
 	esac
 done
 
-stty -F /dev/ttyS1 raw -echo 2>/dev/null || fail control "cannot set up /dev/ttyS1"
+. /etc/l4lab/control.sh
+start_control
 up=$(cut -d' ' -f1 /proc/uptime)
 echo "L4LAB-READY name=$name uptime=$up" >/dev/console
-
-# The command loop: every command runs in a subshell so that a failing one cannot end the loop,
-# with no terminal on its input (ipvsadm hangs reading the console otherwise).
-# ttyS1 stays open throughout: bytes that reach a closed tty are dropped.
-exec 3<>/dev/ttyS1
-while read -r id cmd <&3; do
-	out=$(sh -c "$cmd" </dev/null 2>&1)
-	rc=$?
-	{ [ -z "$out" ] || printf '%s\n' "$out"; printf 'L4LAB-DONE %s %s\n' "$id" "$rc"; } >&3
-done
+while :; do sleep 3600; done
