@@ -5,7 +5,11 @@
     lbctl vip add|del|list ...   lbctl real add|del|set-weight|list ...
     lbctl run --config FILE      (daemon: health checks, metrics, reload on SIGHUP)
 
-Usage and config errors print one line and exit 2; runtime errors exit 1.
+Usage and config errors print one line and exit 2; runtime errors exit 1. Before a verb touches
+the instance, the host is checked (balancer/preflight.py: bpffs visible, capabilities, pins behind
+a state file) and commands that write take the instance's lock, which a running daemon holds: a
+refusal is one line, exit 1, and nothing has changed. Any other failure prints one line naming
+the log file that holds its traceback.
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from balancer import config as cfg
+from balancer import controller, preflight
 from balancer.controller import DEFAULT_OBJECT, Instance
-from balancer.errors import ConfigError, LbError
+from balancer.errors import ConfigError, LbError, crash_report
 
 
 class UsageError(Exception):
@@ -30,7 +37,46 @@ class UsageError(Exception):
 
 
 def _instance(args: argparse.Namespace) -> Instance:
+    _check_pins(args.instance, [])
     return Instance.open(args.instance)
+
+
+def _reads(args: argparse.Namespace) -> bool:
+    """Whether the verb only reads the instance (no lock, fewer capabilities)."""
+    return args.cmd in ("status", "stats") or getattr(args, "action", "") == "list"
+
+
+def _check_host(args: argparse.Namespace) -> None:
+    """Refuse, in one line and before any change, what the host cannot do for this verb."""
+    caps = preflight.READ_CAPS if _reads(args) else \
+        preflight.LOAD_CAPS if args.cmd in ("load", "run", "upgrade") else preflight.WRITE_CAPS
+    preflight.require_caps(args.cmd, caps)
+    preflight.require_bpffs(controller.PIN_ROOT)
+
+
+def _check_pins(name: str, interfaces: list[str], force_reload: bool = False) -> None:
+    """An instance's state without its pins is refused, or forgotten with --force-reload (load, run)."""
+    state = Instance.state_path(name)
+    try:
+        preflight.check_pins_visible(name, state, Instance.pin_dir(name), interfaces or _state_ifaces(state))
+    except LbError:
+        if not force_reload:
+            raise
+        preflight.forget_unseen_state(name, state, interfaces or _state_ifaces(state))
+
+
+def _state_ifaces(state: Path) -> list[str]:
+    try:
+        return list(json.loads(state.read_text()).get("interfaces", {}))
+    except (OSError, ValueError):
+        return []
+
+
+@contextmanager
+def _owned(args: argparse.Namespace) -> Iterator[None]:
+    """Hold the instance's lock for a command that writes to it (a running daemon holds it too)."""
+    with preflight.instance_lock(controller.STATE_ROOT, args.instance, f"lbctl {args.cmd}"):
+        yield
 
 
 def cmd_load(args: argparse.Namespace) -> int:
@@ -39,6 +85,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     if not ifaces:
         raise UsageError("lbctl load needs --interface IF (or a config naming datapath.interfaces)")
     mode = args.mode or (conf.datapath.mode if conf else "native")
+    _check_pins(args.instance, ifaces, args.force_reload)
     inst = Instance.load(args.instance, ifaces, mode, conf, args.object)
     modes = inst.attach_modes()
     inst.close()
@@ -79,6 +126,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 def cmd_unload(args: argparse.Namespace) -> int:
     inst = _instance(args)
     inst.unload()
+    preflight.lock_path(controller.STATE_ROOT, args.instance).unlink(missing_ok=True)  # held: ours to remove
     print(f"unloaded instance '{args.instance}'")
     return 0
 
@@ -223,7 +271,8 @@ def cmd_real(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from balancer.daemon import run  # the daemon pulls in sockets and threads; only `run` needs it
-    return run(args.config, args.instance, interfaces=args.interface, mode=args.mode, obj=args.object)
+    return run(args.config, args.instance, interfaces=args.interface, mode=args.mode, obj=args.object,
+               force_reload=args.force_reload)
 
 
 def _weight(text: str) -> int:
@@ -238,6 +287,10 @@ def _port(text: str) -> int:
     if not 0 <= p <= 65535:
         raise argparse.ArgumentTypeError(f"port must be 0..65535 but got {p}")
     return p
+
+
+_FORCE_HELP = ("load although a state file names a datapath whose pins are not visible (check first that "
+               "no XDP program is attached to the interfaces; refused if one is)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -256,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=("native", "generic", "auto"))
     s.add_argument("--config", "-c")
     s.add_argument("--object", default=DEFAULT_OBJECT)
+    s.add_argument("--force-reload", action="store_true", help=_FORCE_HELP)
     s.set_defaults(fn=cmd_load)
     s = sub.add_parser("apply", help="reconcile the datapath with a config file")
     s.add_argument("file")
@@ -299,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--interface", "-i", action="append", default=[])
     s.add_argument("--mode", choices=("native", "generic", "auto"))
     s.add_argument("--object", default=DEFAULT_OBJECT)
+    s.add_argument("--force-reload", action="store_true", help=_FORCE_HELP)
     s.set_defaults(fn=cmd_run)
     return p
 
@@ -311,7 +366,13 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"lbctl vip {args.action} needs ADDRESS PORT PROTO")
         if getattr(args, "cmd", "") == "real" and args.action != "list" and not args.real:
             raise UsageError(f"lbctl real {args.action} needs the real's address")
-        result: int = args.fn(args)
+        if args.cmd != "run":  # the daemon checks the host itself and logs refusals as JSON
+            _check_host(args)
+        if args.cmd in ("run", "status", "stats") or _reads(args):
+            result: int = args.fn(args)
+        else:
+            with _owned(args):
+                result = args.fn(args)
         return result
     except (UsageError, ConfigError) as exc:
         print(f"lbctl: {exc}" if not str(exc).startswith("lbctl") else str(exc), file=sys.stderr)
@@ -324,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen host failure: one line, traceback in a log
+        print(crash_report("lbctl", exc, (controller.STATE_ROOT,)), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -172,7 +172,11 @@ class Instance:
                            lru_size=d.lru_size, fallback_size=d.fallback_size, udp_timeout_s=d.udp_timeout_s)
         pin_dir = cls.pin_dir(name)
         try:
-            dp.pin(pin_dir)
+            dp.pin(pin_dir, exclusive=True)  # refuses a directory it did not make; undoes its own part
+        except BaseException:
+            dp.close()
+            raise
+        try:
             for ifname in ifaces:
                 link = dp.attach(ifname, mode, frags=d.frags)
                 link.pin(f"{pin_dir}/link_{ifname}")

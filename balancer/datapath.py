@@ -245,12 +245,36 @@ class Datapath:
         dp.links = [Link.from_pin(str(p)) for p in sorted(d.glob("link_*"))]
         return dp
 
-    def pin(self, pin_dir: str) -> None:
+    def pin(self, pin_dir: str, *, exclusive: bool = False) -> None:
+        """Pin every map under pin_dir; exclusive: refuse a directory that exists already.
+
+        On failure it removes what it pinned (and the directory, if it made it), nothing else.
+        """
         d = Path(pin_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        for name, m in self.maps.items():
-            if not (d / name).exists():
-                m.pin(str(d / name))
+        try:
+            d.parent.mkdir(parents=True, exist_ok=True)
+            d.mkdir()
+            created = True
+        except FileExistsError:
+            if exclusive:
+                raise DatapathError(f"pin the balancer under {pin_dir}", _errno.EEXIST,
+                                    "another datapath is pinned there; `lbctl unload` it first") from None
+            created = False
+        except OSError as exc:
+            raise DatapathError(f"create the pin directory {pin_dir}", exc.errno or _errno.EIO,
+                                "is bpffs mounted at /sys/fs/bpf?") from exc
+        made: list[Path] = []
+        try:
+            for name, m in self.maps.items():
+                if not (d / name).exists():
+                    m.pin(str(d / name))
+                    made.append(d / name)
+        except BaseException:
+            for path in made:
+                path.unlink(missing_ok=True)
+            if created:
+                d.rmdir()
+            raise
 
     @staticmethod
     def unpin(pin_dir: str) -> None:

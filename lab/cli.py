@@ -71,8 +71,15 @@ def _run_down(args: argparse.Namespace) -> int:
     from lab import netns
 
     started = time.monotonic()
-    netns.teardown(check_name(args.name))
-    print(f"lab '{args.name}' down in {time.monotonic() - started:.2f} s")
+    removed = netns.teardown(check_name(args.name))
+    counts: dict[str, int] = {}
+    for kind, _what in removed:
+        counts[kind] = counts.get(kind, 0) + 1
+    summary = ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "nothing was left"
+    print(f"lab '{args.name}' down in {time.monotonic() - started:.2f} s; removed {summary}")
+    for kind, what in removed:
+        if kind == "balancer":  # named: a daemon or a failed lbctl may have changed them
+            print(f"  {what}")
     return 0
 
 
@@ -288,7 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, LbError):
             print(f"l4lab: {exc}", file=sys.stderr)
             return 1
-        raise
+        from balancer.errors import crash_report  # a bug: one line here, the traceback in a log file
+
+        print(crash_report("l4lab", exc, ("/run/l4lab",)), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
