@@ -38,7 +38,13 @@ class UsageError(Exception):
 
 def _instance(args: argparse.Namespace) -> Instance:
     _check_pins(args.instance, [])
-    return Instance.open(args.instance)
+    try:
+        return Instance.open(args.instance)
+    except (ValueError, TypeError, KeyError) as exc:  # JSONDecodeError is a ValueError
+        path = Instance.state_path(args.instance)
+        raise LbError(f"the state file {path} of instance '{args.instance}' is damaged ({exc}): lbctl cannot "
+                      f"tell what the datapath runs; restore it, or move it away and `lbctl load --force-reload` "
+                      f"once no program is attached") from exc
 
 
 def _reads(args: argparse.Namespace) -> bool:
