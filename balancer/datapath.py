@@ -47,6 +47,10 @@ XDP_ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "
 BALANCER_MAPS = ("lb_vips", "lb_reals", "lb_ring", "lb_settings", "lb_sessions", "lb_fallback",
                  "lb_vip_stats", "lb_real_stats", "lb_reasons", "lb_events")
 DECAP_MAPS = ("dc_local", "dc_reasons")
+# lb_vips holds, per VIP, its own entry and one address-only entry (port 0, proto 0) for its address;
+# an apply adds the new entries before it removes the old ones, so a config that replaces every VIP
+# needs twice that for a moment. max_vips counts VIPs (VIP numbers, rings, VIP counters).
+VIP_ENTRIES_PER_VIP = 4
 
 
 def addr_words(address: str) -> tuple[bytes, int]:
@@ -155,7 +159,7 @@ class Datapath:
         try:
             _patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size,
                                             "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9)})
-            obj.set_max_entries("lb_vips", max_vips)
+            obj.set_max_entries("lb_vips", max_vips * VIP_ENTRIES_PER_VIP)
             obj.set_max_entries("lb_vip_stats", max_vips)
             obj.set_max_entries("lb_reals", max_reals)
             obj.set_max_entries("lb_real_stats", max_reals)
@@ -240,7 +244,7 @@ class Datapath:
             raise DatapathError(f"find a loaded balancer under {pin_dir}", _errno.ENOENT,
                                 "run `lbctl load --interface IF` first")
         maps = {n: map_from_pin(str(d / n)) for n in BALANCER_MAPS}
-        ring_size = maps["lb_ring"].max_entries // max(1, maps["lb_vips"].max_entries)
+        ring_size = maps["lb_ring"].max_entries // max(1, maps["lb_vip_stats"].max_entries)
         dp = cls(maps, {}, ring_size)
         dp.links = [Link.from_pin(str(p)) for p in sorted(d.glob("link_*"))]
         return dp
