@@ -391,6 +391,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except PermissionError as exc:  # no HostError check caught it (file modes, a non-root owner): say so
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"lbctl: {exc.strerror or exc}{where}; run lbctl as root", file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen host failure: one line, traceback in a log
         print(crash_report("lbctl", exc, (controller.STATE_ROOT,)), file=sys.stderr)
         return 1

@@ -61,8 +61,13 @@ def _under(path: str, point: str) -> bool:
     return path == point or path.startswith(point.rstrip("/") + "/")
 
 
-def require_bpffs(pin_root: str) -> None:
-    """Refuse when pin_root does not lie on a bpffs in this process's mount namespace."""
+LBCTL_REMEDY = "run lbctl with `nsenter --net=/run/netns/NS lbctl ...` or `l4lab exec NODE -- lbctl ...` instead"
+
+
+def require_bpffs(pin_root: str, remedy: str = LBCTL_REMEDY) -> None:
+    """Refuse when pin_root does not lie on a bpffs in this process's mount namespace.
+
+    remedy says how to reach the host's bpffs when it is hidden (lbctl's advice by default)."""
     point, fstype = mount_of(pin_root)
     if fstype == "bpf":
         return
@@ -72,11 +77,10 @@ def require_bpffs(pin_root: str) -> None:
     if host_has_it:
         raise HostError(
             f"bpffs is hidden: {pin_root} lies on {fstype or 'no file system'} ({point}) in this mount "
-            f"namespace, not on the host's bpffs (`ip netns exec` remounts /sys); run lbctl with "
-            f"`nsenter --net=/run/netns/NS lbctl ...` or `l4lab exec NODE -- lbctl ...` instead")
+            f"namespace, not on the host's bpffs (`ip netns exec` remounts /sys); {remedy}")
     raise HostError(
         f"bpffs is not mounted: {pin_root} lies on {fstype or 'no file system'} ({point}); "
-        f"mount it with `mount -t bpf bpf {BPFFS}` (or run through `l4lab exec NODE -- lbctl ...`)")
+        f"mount it with `mount -t bpf bpf {BPFFS}`")
 
 
 def effective_caps(status: str = "/proc/self/status") -> int:

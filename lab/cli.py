@@ -295,6 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, LbError):
             print(f"l4lab: {exc}", file=sys.stderr)
             return 1
+        if isinstance(exc, PermissionError):  # run without root: say so rather than log a traceback
+            print(f"l4lab: {exc.strerror or exc}; run l4lab as root (it needs CAP_SYS_ADMIN and CAP_NET_ADMIN)",
+                  file=sys.stderr)
+            return 1
         from balancer.errors import crash_report  # a bug: one line here, the traceback in a log file
 
         print(crash_report("l4lab", exc, ("/run/l4lab",)), file=sys.stderr)

@@ -174,8 +174,12 @@ class Builder:
                     Instance.load(instance, [lb_link(self.topo, node.name)[0]], "native", conf).close()
 
     def _check_tools(self) -> None:
-        """Refuse early, before any namespace exists, when FRR or qemu is needed and missing."""
+        """Refuse early, before any namespace exists, when FRR or qemu is needed and missing, or
+        the host cannot take a lab (capabilities, bpffs hidden)."""
         from lab import frr, vmnodes
+
+        with self._step("check the capabilities and bpffs"):
+            require_host(with_bpf=self.with_programs or self.with_balancers)
 
         if self.topo.bgp_nodes():
             with self._step("check that FRR is installed"):
@@ -492,13 +496,10 @@ def teardown(lab: str) -> list[tuple[str, str]]:
         shutil.rmtree(directory)  # a build that died before its first journal entry
         return [("state-dir", f"state directory {directory} (no journal yet)")]
     state = LabState.load(lab)
-    if any(u.kind in ("pin-dir", "pin", "balancer") for u in state.undo):
-        try:
-            from balancer.preflight import require_bpffs
-
-            require_bpffs(str(BPF_DIR.parent))  # a hidden bpffs would make every pin look gone
-        except LbError as exc:
-            raise LabError(f"cannot take lab '{lab}' down from here: {exc}") from exc
+    try:
+        require_host(with_bpf=any(u.kind in ("pin-dir", "pin", "balancer") for u in state.undo))
+    except LabError as exc:
+        raise LabError(f"cannot take lab '{lab}' down from here: {exc}") from exc
     removed: list[tuple[str, str]] = []
     failed: list[tuple[Undo, LabError]] = []
     last = [u for u in state.undo if u.kind == "state-dir"]
@@ -520,6 +521,27 @@ def teardown(lab: str) -> list[tuple[str, str]]:
         if what:
             removed.append((undo.kind, what))
     return removed
+
+
+HOST_REMEDY = "run l4lab in the host's mount namespace (not under `ip netns exec` or `unshare -m`)"
+
+
+def require_host(*, with_bpf: bool) -> None:
+    """Refuse, before anything changes, a process that cannot build or remove a lab: one without
+    CAP_SYS_ADMIN and CAP_NET_ADMIN (namespaces, links), or (with_bpf) one that cannot see bpffs,
+    where every pin would look gone."""
+    from balancer import preflight
+
+    have = preflight.effective_caps()
+    missing = [preflight.CAP_NAMES[c] for c in (preflight.CAP_SYS_ADMIN, preflight.CAP_NET_ADMIN)
+               if not have >> c & 1]
+    if missing:
+        raise LabError(f"this process lacks {', '.join(missing)}: run l4lab as root (sudo)")
+    if with_bpf:
+        try:
+            preflight.require_bpffs(str(BPF_DIR.parent), HOST_REMEDY)
+        except LbError as exc:
+            raise LabError(str(exc)) from exc
 
 
 def undo_one(undo: Undo) -> str | None:
