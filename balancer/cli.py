@@ -81,8 +81,12 @@ def _state_ifaces(state: Path) -> list[str]:
 @contextmanager
 def _owned(args: argparse.Namespace) -> Iterator[None]:
     """Hold the instance's lock for a command that writes to it (a running daemon holds it too)."""
-    with preflight.instance_lock(controller.STATE_ROOT, args.instance, f"lbctl {args.cmd}"):
-        yield
+    with preflight.instance_lock(controller.STATE_ROOT, args.instance, f"lbctl {args.cmd}") as lock:
+        try:
+            yield
+        finally:
+            if not Instance.state_path(args.instance).exists():
+                lock.unlink(missing_ok=True)  # no instance (unloaded, or a load that failed): no lock file
 
 
 def cmd_load(args: argparse.Namespace) -> int:
@@ -132,7 +136,6 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 def cmd_unload(args: argparse.Namespace) -> int:
     inst = _instance(args)
     inst.unload()
-    preflight.lock_path(controller.STATE_ROOT, args.instance).unlink(missing_ok=True)  # held: ours to remove
     print(f"unloaded instance '{args.instance}'")
     return 0
 

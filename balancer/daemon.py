@@ -298,6 +298,12 @@ class Daemon:
             self.instance = None
 
 
+def _forget_lock(lock: Path, instance: str) -> None:
+    """Remove the lock file (still held) when no instance stays behind: a start that failed."""
+    if not Instance.state_path(instance).exists():
+        lock.unlink(missing_ok=True)
+
+
 def run(config_path: str, instance: str, *, interfaces: Sequence[str] = (), mode: str | None = None,
         obj: str = DEFAULT_OBJECT, log: Logger | None = None, force_reload: bool = False) -> int:
     """Run the daemon until SIGTERM/SIGINT. Exit status: 0 stopped, 2 bad config at start, 1 other errors.
@@ -317,7 +323,8 @@ def run(config_path: str, instance: str, *, interfaces: Sequence[str] = (), mode
             try:
                 preflight.require_caps("run", preflight.LOAD_CAPS)  # before the lock: a refusal leaves nothing
                 preflight.require_bpffs(controller.PIN_ROOT)
-                owned.enter_context(preflight.instance_lock(controller.STATE_ROOT, instance, "lbctl run"))
+                lock = owned.enter_context(preflight.instance_lock(controller.STATE_ROOT, instance, "lbctl run"))
+                owned.callback(_forget_lock, lock, instance)
                 daemon.start(interfaces, mode, obj, force_reload)
             except ConfigError as exc:
                 log.error("start_failed", instance=instance, config=config_path, error=str(exc))

@@ -13,6 +13,7 @@ import ctypes
 import errno as _errno
 import ipaddress
 import os
+import re
 import shutil
 import socket
 from collections.abc import Sequence
@@ -51,6 +52,9 @@ DECAP_MAPS = ("dc_local", "dc_reasons")
 # an apply adds the new entries before it removes the old ones, so a config that replaces every VIP
 # needs twice that for a moment. max_vips counts VIPs (VIP numbers, rings, VIP counters).
 VIP_ENTRIES_PER_VIP = 4
+SIZE_HINT = ("the kernel refused the map sizes: lower datapath.lru_size, fallback_size, max_reals or "
+             "max_vips × ring_size; or raise the memory cgroup's limit (RLIMIT_MEMLOCK, `ulimit -l`, "
+             "on kernels before 5.11)")
 
 
 def addr_words(address: str) -> tuple[bytes, int]:
@@ -171,6 +175,13 @@ class Datapath:
             dp = cls(maps, progs, ring_size, obj)
             dp._create_sessions(lru_size)
             return dp
+        except DatapathError as exc:
+            obj.close()
+            if exc.errno in (_errno.E2BIG, _errno.ENOMEM):
+                named = re.search(r"map '(\w+)': failed to create", exc.hint)  # libbpf's log names the map
+                what = f"{exc.what} (map '{named.group(1)}')" if named else exc.what
+                raise DatapathError(what, exc.errno, SIZE_HINT) from exc
+            raise
         except BaseException:
             obj.close()
             raise

@@ -332,11 +332,32 @@ def test_an_interface_deleted_under_a_loaded_instance(lb: Lb) -> None:
         assert not Path(controller.Instance.pin_dir(other + "-b")).exists()
         assert ctl("unload").returncode == 0
         assert not Path(controller.Instance.pin_dir(other)).exists()
+        assert not preflight.lock_path(controller.STATE_ROOT, other).exists()
     finally:
         subprocess.run(["ip", "-n", lb.ns, "link", "del", "fltx0"], check=False, capture_output=True)
         shutil.rmtree(controller.Instance.pin_dir(other), ignore_errors=True)
         controller.Instance.state_path(other).unlink(missing_ok=True)
         preflight.lock_path(controller.STATE_ROOT, other).unlink(missing_ok=True)
+    assert snapshot(lb) == before
+
+
+@pytest.mark.parametrize("key", ["lru_size", "fallback_size"])
+def test_map_sizes_the_kernel_refuses_are_one_line_and_leave_nothing(lb: Lb, key: str) -> None:
+    """2^32 - 1 entries: the kernel refuses the hash map at once (E2BIG), nothing is allocated.
+    (RLIMIT_MEMLOCK no longer limits BPF maps since Linux 5.11: the memory cgroup does.)"""
+    before = snapshot(lb)
+    other = lb.instance + "-big"
+    conf = lb.tmp / f"{key}.toml"
+    conf.write_text(CONFIG.format(port=METRICS_PORT, weight=1).replace(f"{key} = 256", f"{key} = 4294967295"))
+    done = lb.run(lb.inside([PY, "-m", "balancer.cli", "--instance", other, "load", "--config", str(conf)]))
+    assert done.returncode == 1
+    line = one_line(done.stderr)
+    assert "map 'lb_lru_0' (LRU_HASH, 4294967295 entries)" in line if key == "lru_size" \
+        else "(map 'lb_fallback')" in line, line
+    assert "Argument list too long; the kernel refused the map sizes: lower datapath.lru_size" in line
+    assert not Path(controller.Instance.pin_dir(other)).exists()
+    assert not controller.Instance.state_path(other).exists()
+    assert not preflight.lock_path(controller.STATE_ROOT, other).exists()
     assert snapshot(lb) == before
 
 
