@@ -19,6 +19,7 @@ import dataclasses
 import ipaddress
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from typing import Any
 from balancer import config as cfg
 from balancer import controller, preflight
 from balancer.controller import DEFAULT_OBJECT, Instance
+from balancer.datapath import xdp_link_ifindex
 from balancer.errors import ConfigError, LbError, crash_report
 
 
@@ -144,6 +146,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     inst = _instance(args)
     try:
         st = inst.status()
+        st["missing_interfaces"] = _missing_interfaces(inst, st["interfaces"])
     finally:
         inst.close()
     if args.json:
@@ -151,7 +154,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     print(f"instance {st['instance']}  object {st['object']}")
     for ifname, mode in st["interfaces"].items():
-        print(f"  interface {ifname}: XDP {mode} (requested {st['requested_modes'].get(ifname)})")
+        note = st["missing_interfaces"].get(ifname, "")
+        print(f"  interface {ifname}: XDP {mode} (requested {st['requested_modes'].get(ifname)})"
+              + (f": {note}" if note else ""))
     _warn_generic(st["interfaces"])
     for v in st["vips"]:
         print(f"  vip {v['vip']}  #{v['vip_num']}  encap {v['encap']}  hash {v['hash']}  "
@@ -160,6 +165,24 @@ def cmd_status(args: argparse.Namespace) -> int:
             health = "up" if r["healthy"] else "DOWN"
             print(f"    real {r['address']:<28} id {r['id']:<5} weight {r['weight']:<6} {health}")
     return 0
+
+
+def _missing_interfaces(inst: Instance, modes: dict[str, str]) -> dict[str, str]:
+    """{interface: what became of it} for each interface of the instance that has gone by its name."""
+    out = {}
+    for ifname, mode in modes.items():
+        if mode != "missing":
+            continue
+        pin = Path(Instance.pin_dir(inst.name)) / f"link_{ifname}"
+        link = next((lk for lk in inst.dp.links if lk.what.endswith(str(pin))), None)
+        ifindex = xdp_link_ifindex(link) if link is not None else 0
+        try:
+            now = socket.if_indextoname(ifindex) if ifindex else ""
+        except OSError:
+            now = ""
+        out[ifname] = (f"renamed to '{now}' (ifindex {ifindex}); the program still runs there" if now else
+                       "deleted; its XDP link is detached: `lbctl unload`, then load on an interface that exists")
+    return out
 
 
 def _stats_table(st: dict[str, Any], rates: dict[str, float] | None = None) -> str:

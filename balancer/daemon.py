@@ -109,6 +109,8 @@ class Daemon:
     def _read_config(self) -> cfg.Config:
         c = cfg.load(self.config_path)
         health.require_supported(c, self.config_path)
+        if health.uses_tunnel(c):
+            preflight.require_tcx(f'{self.config_path}: via = "tunnel" (hc_encap on tc egress)')
         return c
 
     def _load_or_adopt(self, interfaces: Sequence[str], mode: str | None, obj: str,

@@ -500,5 +500,19 @@ class Decap:
         self._obj.close()
 
 
+def xdp_link_ifindex(link: Link) -> int:
+    """The ifindex an XDP link is attached to now; 0 once its interface is gone (the link is detached).
+
+    struct bpf_link_info: type, id and prog_id (3 × u32), then, 8-byte aligned, the union whose
+    xdp member starts with the ifindex (u32)."""
+    from balancer.libbpf import lib
+
+    info = ctypes.create_string_buffer(64)
+    size = ctypes.c_uint32(64)
+    if lib().bpf_obj_get_info_by_fd(link.fd, info, ctypes.byref(size)) != 0:
+        return 0
+    return int.from_bytes(info.raw[16:20], "little")
+
+
 def bpffs_ready(path: str = "/sys/fs/bpf") -> bool:
     return os.path.ismount(path)

@@ -9,6 +9,7 @@ any map, pin, link or state file is read or written:
   session tables by id, CAP_NET_ADMIN to attach);
 * an instance whose state file survives while its pins are not visible is running somewhere this
   process cannot see: nothing may load over it (``--force-reload`` after checking the interfaces);
+* tc programs (the daemon's tunnel health checks) attach through TCX links: Linux 6.6 or newer;
 * one owner at a time: the daemon holds an flock on ``<state root>/<instance>.lock`` for its whole
   life, and every command that writes to the instance takes the same lock for its duration.
 """
@@ -19,6 +20,7 @@ import contextlib
 import errno as _errno
 import fcntl
 import os
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,6 +106,21 @@ def require_caps(verb: str, needed: Iterable[int]) -> None:
         names = ", ".join(CAP_NAMES[c] for c in needed)
         raise HostError(f"`lbctl {verb}` needs {names}; this process lacks {', '.join(missing)}: "
                         "run it as root (sudo) or grant them (e.g. systemd AmbientCapabilities=)")
+
+
+TCX_SINCE = (6, 6)
+
+
+def require_tcx(what: str, release: str | None = None) -> None:
+    """Refuse what (a tc program lbctl would attach) on a kernel without TCX links (before 6.6).
+
+    lbctl attaches tc programs only through TCX links, which go with their owner; a tc clsact
+    fallback would leave filters behind a crashed daemon, so it is refused here instead."""
+    release = release or os.uname().release
+    found = re.match(r"(\d+)\.(\d+)", release)
+    if found and (int(found.group(1)), int(found.group(2))) < TCX_SINCE:
+        raise HostError(f"{what} attaches through TCX, which needs Linux 6.6 or newer, but this kernel is "
+                        f'{release}; use via = "direct" health checks on this host')
 
 
 def check_pins_visible(name: str, state_path: Path, pin_dir: str, interfaces: Iterable[str] = ()) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from balancer import controller, preflight
+from balancer.errors import HostError
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -316,10 +317,16 @@ def test_an_interface_deleted_under_a_loaded_instance(lb: Lb) -> None:
 
     try:
         assert ctl("load", "--config", str(conf)).returncode == 0
-        subprocess.run(["ip", "-n", lb.ns, "link", "del", "fltx0"], check=True)
+        for step in (["set", "fltx0", "down"], ["set", "fltx0", "name", "fltx9"]):
+            subprocess.run(["ip", "-n", lb.ns, "link", *step], check=True)
+        status = json.loads(ctl("status", "--json").stdout)
+        assert status["interfaces"] == {"fltx0": "missing"}
+        assert status["missing_interfaces"]["fltx0"].startswith("renamed to 'fltx9' (ifindex ")
+        subprocess.run(["ip", "-n", lb.ns, "link", "del", "fltx9"], check=True)
         status = ctl("status", "--json")
         assert status.returncode == 0, status.stderr
         assert json.loads(status.stdout)["interfaces"] == {"fltx0": "missing"}
+        assert json.loads(status.stdout)["missing_interfaces"]["fltx0"].startswith("deleted; its XDP link is detached")
         for args in (("stats",), ("apply", str(conf)), ("vip", "list"), ("upgrade",)):
             done = ctl(*args)
             assert "Traceback" not in done.stderr, (args, done.stderr)
@@ -334,7 +341,8 @@ def test_an_interface_deleted_under_a_loaded_instance(lb: Lb) -> None:
         assert not Path(controller.Instance.pin_dir(other)).exists()
         assert not preflight.lock_path(controller.STATE_ROOT, other).exists()
     finally:
-        subprocess.run(["ip", "-n", lb.ns, "link", "del", "fltx0"], check=False, capture_output=True)
+        for dev in ("fltx0", "fltx9"):
+            subprocess.run(["ip", "-n", lb.ns, "link", "del", dev], check=False, capture_output=True)
         shutil.rmtree(controller.Instance.pin_dir(other), ignore_errors=True)
         controller.Instance.state_path(other).unlink(missing_ok=True)
         preflight.lock_path(controller.STATE_ROOT, other).unlink(missing_ok=True)
@@ -392,3 +400,12 @@ def test_an_unexpected_error_is_one_line_and_a_log(monkeypatch: pytest.MonkeyPat
     assert line.startswith("lbctl: unexpected error (RuntimeError: a bug); the traceback is in ")
     log = Path(line.rsplit("the traceback is in ", 1)[1])
     assert log.parent == tmp_path and "in broken" in log.read_text()
+
+
+def test_tunnel_health_checks_need_tcx() -> None:
+    """TCX links came with Linux 6.6; an older kernel is refused in one line naming the fix."""
+    with pytest.raises(HostError, match=r'probe attaches through TCX, which needs Linux 6.6 or newer, but this '
+                                        r'kernel is 6.1.0-18-amd64; use via = "direct"'):
+        preflight.require_tcx("probe", "6.1.0-18-amd64")
+    for release in ("6.6.0", "6.18.44-fc-v1147", "7.0.1"):
+        preflight.require_tcx("probe", release)
