@@ -30,7 +30,7 @@ from typing import Any
 from balancer import config as cfg
 from balancer import controller, preflight
 from balancer.controller import DEFAULT_OBJECT, Instance
-from balancer.datapath import xdp_link_ifindex
+from balancer.datapath import Datapath, xdp_link_ifindex
 from balancer.errors import ConfigError, LbError, crash_report
 
 
@@ -136,6 +136,13 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_unload(args: argparse.Namespace) -> int:
+    pins = Instance.pin_dir(args.instance)
+    if not Instance.state_path(args.instance).exists() and Path(pins).exists():
+        # Pins without a state file (a crash between the two, or a state file removed): nothing to
+        # adopt, and unload is the operator's own word to remove what runs under the name.
+        Datapath.unpin(pins)
+        print(f"unloaded instance '{args.instance}' (it had pins under {pins} but no state file)")
+        return 0
     inst = _instance(args)
     inst.unload()
     print(f"unloaded instance '{args.instance}'")

@@ -369,6 +369,25 @@ def test_map_sizes_the_kernel_refuses_are_one_line_and_leave_nothing(lb: Lb, key
     assert snapshot(lb) == before
 
 
+def test_unload_removes_pins_left_without_a_state_file(lb: Lb) -> None:
+    """What the old `lbctl run` left (pins, no state): `lbctl unload` removes them, nothing else."""
+    before = snapshot(lb)
+    other = lb.instance + "-left"
+    try:
+        assert lb.run(lb.inside([PY, "-m", "balancer.cli", "--instance", other, "load", "--interface",
+                                 "flt1"])).returncode == 0
+        controller.Instance.state_path(other).unlink()
+        done = lb.run(lb.inside([PY, "-m", "balancer.cli", "--instance", other, "unload"]))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"unloaded instance '{other}' (it had pins under ")
+        assert not Path(controller.Instance.pin_dir(other)).exists()
+        assert not preflight.lock_path(controller.STATE_ROOT, other).exists()
+    finally:
+        shutil.rmtree(controller.Instance.pin_dir(other), ignore_errors=True)
+        controller.Instance.state_path(other).unlink(missing_ok=True)
+    assert snapshot(lb) == before
+
+
 def test_a_damaged_state_file_is_one_line(lb: Lb) -> None:
     state = controller.Instance.state_path(lb.instance)
     saved = state.read_bytes()

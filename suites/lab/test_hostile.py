@@ -172,3 +172,28 @@ def test_l4lab_verbs_under_a_host_fault_change_nothing(lab_name: str) -> None:
             assert status.returncode == 0, status.stderr
         assert datapath(lab_name) == before, fault
         assert curl_vip(lab_name) in {"real1", "real2", "real3"}, fault
+
+
+def test_up_over_leftover_pins_says_how_to_remove_them(lab_name: str) -> None:
+    """Pins of `<lab>-lb` without a lab (what a crash used to leave): `up` refuses in one line naming
+    them and the command that removes them, leaves nothing, and works once that command ran."""
+    from balancer import config as cfg
+    from balancer.controller import Instance
+
+    instance = f"{lab_name}-lb"
+    small = cfg.parse({"datapath": {"ring_size": 251, "max_vips": 2, "lru_size": 64, "fallback_size": 64}})
+    Instance.load(instance, [], config=small).close()
+    Instance.state_path(instance).unlink()
+    try:
+        up = l4lab("up", "default", "--name", lab_name)
+        assert up.returncode == 1
+        assert f"balancer instance {instance} exists already ({Instance.pin_dir(instance)})" in one_line(up)
+        assert [x for x in leftovers(lab_name) if not x.startswith("balancer pins")] == []
+        unload = run([*LBCTL, "--instance", instance, "unload"])
+        assert unload.returncode == 0, unload.stderr
+    finally:
+        from balancer.datapath import Datapath
+
+        Datapath.unpin(Instance.pin_dir(instance))
+    assert l4lab("up", "default", "--name", lab_name).returncode == 0
+    assert curl_vip(lab_name) in {"real1", "real2", "real3"}
