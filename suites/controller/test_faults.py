@@ -244,6 +244,30 @@ def test_a_state_file_whose_pins_are_unseen_is_not_stale(lb: Lb) -> None:
         assert snapshot(lb) == before, verb
 
 
+def test_force_reload_loads_once_the_interface_is_free(lb: Lb) -> None:
+    """Pins gone for good (removed by hand, which detached the link) while the state file stayed:
+    refused without the flag, loaded with it, because no XDP program is on the interface any more."""
+    before = snapshot(lb)
+    other = lb.instance + "-fr"
+    argv = [PY, "-m", "balancer.cli", "--instance", other, "load", "--interface", "flt1", "--mode", "generic"]
+    try:
+        assert lb.run(lb.inside(argv)).returncode == 0
+        shutil.rmtree(controller.Instance.pin_dir(other))
+        refused = lb.run(lb.inside(argv))
+        assert refused.returncode == 1
+        assert f"instance '{other}' has a state file" in one_line(refused.stderr)
+        assert "if no XDP program is attached to flt1" in one_line(refused.stderr)
+        forced = lb.run(lb.inside([*argv, "--force-reload"]))
+        assert forced.returncode == 0, forced.stderr
+        assert (lb.pins().parent / other / "link_flt1").exists()
+        assert lb.run(lb.inside([PY, "-m", "balancer.cli", "--instance", other, "unload"])).returncode == 0
+    finally:
+        shutil.rmtree(controller.Instance.pin_dir(other), ignore_errors=True)
+        controller.Instance.state_path(other).unlink(missing_ok=True)
+        preflight.lock_path(controller.STATE_ROOT, other).unlink(missing_ok=True)
+    assert snapshot(lb) == before
+
+
 def test_a_daemon_owns_the_instance(lb: Lb) -> None:
     """While `lbctl run` runs, a second daemon and every verb that writes are refused naming it;
     reads still work; nothing changes."""
