@@ -75,7 +75,11 @@ def _run_down(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     for kind, _what in removed:
         counts[kind] = counts.get(kind, 0) + 1
-    summary = ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "nothing was left"
+    names = {"balancer": "balancer instance", "process": "process", "pin": "pin", "pin-dir": "pin directory",
+             "veth": "veth", "netns": "namespace", "state-dir": "state directory"}
+    plural = {"process": "processes", "pin directory": "pin directories", "state directory": "state directories"}
+    words = [(n, names.get(kind, kind)) for kind, n in counts.items()]
+    summary = ", ".join(f"{n} {w if n == 1 else plural.get(w, w + 's')}" for n, w in words) or "nothing was left"
     print(f"lab '{args.name}' down in {time.monotonic() - started:.2f} s; removed {summary}")
     for kind, what in removed:
         if kind == "balancer":  # named: a daemon or a failed lbctl may have changed them
