@@ -66,16 +66,18 @@ def _under(path: str, point: str) -> bool:
 LBCTL_REMEDY = "run lbctl with `nsenter --net=/run/netns/NS lbctl ...` or `l4lab exec NODE -- lbctl ...` instead"
 
 
-def require_bpffs(pin_root: str, remedy: str = LBCTL_REMEDY) -> None:
+def require_bpffs(pin_root: str, remedy: str = LBCTL_REMEDY,
+                  mountinfo: tuple[str, str] = ("/proc/self/mountinfo", "/proc/1/mountinfo")) -> None:
     """Refuse when pin_root does not lie on a bpffs in this process's mount namespace.
 
-    remedy says how to reach the host's bpffs when it is hidden (lbctl's advice by default)."""
-    point, fstype = mount_of(pin_root)
+    remedy says how to reach the host's bpffs when it is hidden (lbctl's advice by default);
+    mountinfo names this process's mount table and the host's (pid 1's)."""
+    point, fstype = mount_of(pin_root, mountinfo[0])
     if fstype == "bpf":
         return
     host_has_it = False
     with contextlib.suppress(OSError):  # no view of pid 1's mounts (not root): say what we know
-        host_has_it = mount_of(pin_root, "/proc/1/mountinfo")[1] == "bpf"
+        host_has_it = mount_of(pin_root, mountinfo[1])[1] == "bpf"
     if host_has_it:
         raise HostError(
             f"bpffs is hidden: {pin_root} lies on {fstype or 'no file system'} ({point}) in this mount "

@@ -633,8 +633,16 @@ def _undo_veth(undo: Undo) -> str | None:
 
 
 def _undo_pin_dir(undo: Undo) -> str:
-    os.rmdir(undo.target)
-    return f"pin directory {undo.target}"
+    """The lab's own pin directory, with whatever was pinned into it since (it is the lab's)."""
+    path = Path(undo.target)
+    stray = sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True)
+    for p in stray:
+        if p.is_dir():
+            p.rmdir()
+        else:
+            p.unlink()
+    path.rmdir()
+    return f"pin directory {undo.target}" + (f" (and {len(stray)} entries pinned there since)" if stray else "")
 
 
 def _undo_pin(undo: Undo) -> str:

@@ -452,3 +452,35 @@ def test_tunnel_health_checks_need_tcx() -> None:
         preflight.require_tcx("probe", "6.1.0-18-amd64")
     for release in ("6.6.0", "6.18.44-fc-v1147", "7.0.1"):
         preflight.require_tcx("probe", release)
+
+
+MOUNTS = {
+    "host": ["22 1 0:20 / /sys rw - sysfs sysfs rw", "30 22 0:28 / /sys/fs/bpf rw - bpf bpf rw"],
+    "ip netns exec": ["22 1 0:20 / /sys rw - sysfs sysfs rw", "30 22 0:28 / /sys/fs/bpf rw - bpf bpf rw",
+                      "41 1 0:40 / /sys rw - sysfs sysfs rw"],  # a new /sys over the old one hides its mounts
+    "tmpfs over": ["22 1 0:20 / /sys rw - sysfs sysfs rw", "30 22 0:28 / /sys/fs/bpf rw - bpf bpf rw",
+                   "42 30 0:41 / /sys/fs/bpf rw - tmpfs tmpfs rw"],
+    "never mounted": ["22 1 0:20 / /sys rw - sysfs sysfs rw"],
+}
+
+
+@pytest.mark.parametrize(("mine", "host", "expected"), [
+    ("host", "host", None),
+    ("ip netns exec", "host", "bpffs is hidden: /sys/fs/bpf/lbctl lies on sysfs (/sys) in this mount namespace"),
+    ("tmpfs over", "host", "bpffs is hidden: /sys/fs/bpf/lbctl lies on tmpfs (/sys/fs/bpf)"),
+    ("never mounted", "never mounted", "bpffs is not mounted: /sys/fs/bpf/lbctl lies on sysfs (/sys); "
+                                       "mount it with `mount -t bpf bpf /sys/fs/bpf`"),
+], ids=["host", "ip-netns-exec", "tmpfs-over", "never-mounted"])
+def test_where_bpffs_is_found_from_the_mount_tables(tmp_path: Path, mine: str, host: str,
+                                                    expected: str | None) -> None:
+    """The mount tables of each case, as /proc/PID/mountinfo lists them (mounts in order)."""
+    files = []
+    for name, which in (("self", mine), ("init", host)):
+        files.append(tmp_path / name)
+        files[-1].write_text("\n".join(MOUNTS[which]) + "\n")
+    if expected is None:
+        preflight.require_bpffs("/sys/fs/bpf/lbctl", mountinfo=(str(files[0]), str(files[1])))
+        return
+    with pytest.raises(HostError) as err:
+        preflight.require_bpffs("/sys/fs/bpf/lbctl", mountinfo=(str(files[0]), str(files[1])))
+    assert str(err.value).startswith(expected), str(err.value)

@@ -21,7 +21,7 @@ import pytest
 
 from balancer import controller
 from balancer.libbpf import map_from_pin
-from lab.state import state_dir
+from lab.state import pin_dir, state_dir
 from suites.lab.probes import bpf_available, leftovers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,11 +125,13 @@ def test_down_cleans_a_half_dead_lab_and_names_a_daemon_it_did_not_start(lab_nam
         services = json.loads((state_dir(lab_name) / "state.json").read_text())["processes"]
         os.kill(services[0]["pid"], signal.SIGKILL)
         assert run(["ip", "-n", f"{lab_name}-router", "link", "del", "rt-r3"]).returncode == 0
+        (pin_dir(lab_name) / "router" / "stray").mkdir()  # something pinned into the lab's directory
 
         down = l4lab("down", "--name", lab_name)
         assert down.returncode == 0, down.stderr
         assert f"balancer instance {instance} (pins " in down.stdout
         assert f"lbctl run (pid {daemon.pid}) still holds its program attached until it exits" in down.stdout
+        assert "removed 1 balancer instance, 2 processes, " in down.stdout  # one service was dead already
         assert leftovers(lab_name) == []
     finally:
         daemon.send_signal(signal.SIGTERM)
