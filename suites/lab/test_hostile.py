@@ -172,6 +172,14 @@ def test_l4lab_verbs_under_a_host_fault_change_nothing(lab_name: str) -> None:
                                                                          "CAP_SYS_ADMIN and CAP_NET_ADMIN)")
         else:
             assert status.returncode == 0, status.stderr
+        for verb, ok in ((("exec", "client", "--name", lab_name, "--", "true"), {0, 1}),
+                         (("shell", "client", "--name", lab_name), {0, 1}),
+                         (("vagrant-plan", "default"), {0}),
+                         (("report", "--results", str(state_dir(lab_name).parent / "no-such-results")), {2})):
+            done = run([*wrap, "env", "SHELL=/bin/true", sys.executable, "-m", "lab.cli", *verb])
+            assert done.returncode in ok and "Traceback" not in done.stderr, (fault, verb, done.stderr)
+            if done.returncode:
+                one_line(done)
         assert datapath(lab_name) == before, fault
         assert curl_vip(lab_name) in {"real1", "real2", "real3"}, fault
 
