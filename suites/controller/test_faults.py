@@ -203,20 +203,27 @@ def test_every_verb_under_a_host_fault_is_one_line_and_changes_nothing(lb: Lb, f
     got past its check would show in the dump taken after all of them."""
     wrap, message = FAULTS[fault]
     before = snapshot(lb)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    procs = {verb: subprocess.Popen(wrap(lb, lb.argv(verb)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, cwd=REPO, env=env) for verb in VERBS}
     wrong = {}
-    for verb, proc in procs.items():
-        out, err = proc.communicate(timeout=120)
-        done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    for verb, done in run_all({verb: wrap(lb, lb.argv(verb)) for verb in VERBS}).items():
         try:
-            assert done.returncode == 1 and out == "", f"exit {done.returncode}"
+            assert done.returncode == 1 and done.stdout == "", f"exit {done.returncode}"
             assert message in refusal(done, verb)
         except AssertionError as exc:
-            wrong[verb] = f"{exc}: {err.strip()}"
+            wrong[verb] = f"{exc}: {done.stderr.strip()}"
     assert wrong == {}
     assert snapshot(lb) == before
+
+
+def run_all(argvs: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Run every command at once (each its own process) and wait for all."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    procs = {k: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                 env=env) for k, argv in argvs.items()}
+    out = {}
+    for k, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        out[k] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return out
 
 
 def test_the_hidden_bpffs_message_says_how_to_reach_it(lb: Lb) -> None:
@@ -283,14 +290,13 @@ def test_a_daemon_owns_the_instance(lb: Lb) -> None:
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)  # polling interval of a deadline loop
         before = snapshot(lb)
-        for verb in VERBS:
-            done = lb.run(lb.inside(lb.argv(verb)))
+        for verb, done in run_all({verb: lb.inside(lb.argv(verb)) for verb in VERBS}).items():
             if verb in READS:
                 assert done.returncode == 0, (verb, done.stderr)
                 continue
             assert done.returncode == 1, (verb, done.stderr)
             assert f"instance '{lb.instance}' is owned by lbctl run (pid {daemon.pid})" in refusal(done, verb), verb
-            assert snapshot(lb) == before, verb
+        assert snapshot(lb) == before
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=20) == 0, log.read_text()
