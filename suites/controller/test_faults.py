@@ -379,6 +379,22 @@ def test_an_interface_deleted_under_a_loaded_instance(lb: Lb) -> None:
     assert snapshot(lb) == before
 
 
+def test_native_xdp_the_driver_lacks_is_one_line_and_leaves_nothing(lb: Lb) -> None:
+    """lo has no native XDP: the load fails at attach, after maps were made and pinned, and takes
+    back exactly what it made."""
+    before = snapshot(lb)
+    other = lb.instance + "-lo"
+    done = lb.run(lb.inside([PY, "-m", "balancer.cli", "--instance", other, "load", "--interface", "lo",
+                             "--mode", "native"]))
+    assert done.returncode == 1
+    line = one_line(done.stderr)
+    assert "cannot attach XDP program 'balancer_xdp' to 'lo' in native mode" in line and "try --mode generic" in line
+    assert not Path(controller.Instance.pin_dir(other)).exists()
+    assert not controller.Instance.state_path(other).exists()
+    assert not preflight.lock_path(controller.STATE_ROOT, other).exists()
+    assert snapshot(lb) == before
+
+
 @pytest.mark.parametrize("key", ["lru_size", "fallback_size"])
 def test_map_sizes_the_kernel_refuses_are_one_line_and_leave_nothing(lb: Lb, key: str) -> None:
     """2^32 - 1 entries: the kernel refuses the hash map at once (E2BIG), nothing is allocated.
