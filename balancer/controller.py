@@ -172,7 +172,11 @@ class Instance:
                            lru_size=d.lru_size, fallback_size=d.fallback_size, udp_timeout_s=d.udp_timeout_s)
         pin_dir = cls.pin_dir(name)
         try:
-            dp.pin(pin_dir)
+            dp.pin(pin_dir, exclusive=True)  # refuses a directory it did not make; undoes its own part
+        except BaseException:
+            dp.close()
+            raise
+        try:
             for ifname in ifaces:
                 link = dp.attach(ifname, mode, frags=d.frags)
                 link.pin(f"{pin_dir}/link_{ifname}")
@@ -264,9 +268,9 @@ class Instance:
         for addr in sorted(wanted_reals, key=_addr_sort):
             if addr not in real_ids:
                 real_ids[addr] = next(free_real_ids)
-        if vip_nums and max(vip_nums.values()) >= self.dp.maps["lb_vips"].max_entries:
+        if vip_nums and max(vip_nums.values()) >= self.dp.maps["lb_vip_stats"].max_entries:
             raise LbError(f"cannot number {len(vip_nums)} VIPs: the datapath holds "
-                          f"{self.dp.maps['lb_vips'].max_entries}; raise datapath.max_vips and reload")
+                          f"{self.dp.maps['lb_vip_stats'].max_entries}; raise datapath.max_vips and reload")
         if real_ids and max(real_ids.values()) >= self.dp.maps["lb_reals"].max_entries:
             raise LbError(f"cannot number {len(real_ids)} reals: the datapath holds "
                           f"{self.dp.maps['lb_reals'].max_entries}; raise datapath.max_reals and reload")

@@ -13,6 +13,7 @@ import ctypes
 import errno as _errno
 import ipaddress
 import os
+import re
 import shutil
 import socket
 from collections.abc import Sequence
@@ -47,6 +48,13 @@ XDP_ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "
 BALANCER_MAPS = ("lb_vips", "lb_reals", "lb_ring", "lb_settings", "lb_sessions", "lb_fallback",
                  "lb_vip_stats", "lb_real_stats", "lb_reasons", "lb_events")
 DECAP_MAPS = ("dc_local", "dc_reasons")
+# lb_vips holds, per VIP, its own entry and one address-only entry (port 0, proto 0) for its address;
+# an apply adds the new entries before it removes the old ones, so a config that replaces every VIP
+# needs twice that for a moment. max_vips counts VIPs (VIP numbers, rings, VIP counters).
+VIP_ENTRIES_PER_VIP = 4
+SIZE_HINT = ("the kernel refused the map sizes: lower datapath.lru_size, fallback_size, max_reals or "
+             "max_vips × ring_size; or raise the memory cgroup's limit (RLIMIT_MEMLOCK, `ulimit -l`, "
+             "on kernels before 5.11)")
 
 
 def addr_words(address: str) -> tuple[bytes, int]:
@@ -155,7 +163,7 @@ class Datapath:
         try:
             _patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size,
                                             "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9)})
-            obj.set_max_entries("lb_vips", max_vips)
+            obj.set_max_entries("lb_vips", max_vips * VIP_ENTRIES_PER_VIP)
             obj.set_max_entries("lb_vip_stats", max_vips)
             obj.set_max_entries("lb_reals", max_reals)
             obj.set_max_entries("lb_real_stats", max_reals)
@@ -167,6 +175,13 @@ class Datapath:
             dp = cls(maps, progs, ring_size, obj)
             dp._create_sessions(lru_size)
             return dp
+        except DatapathError as exc:
+            obj.close()
+            if exc.errno in (_errno.E2BIG, _errno.ENOMEM):
+                named = re.search(r"map '(\w+)': failed to create", exc.hint)  # libbpf's log names the map
+                what = f"{exc.what} (map '{named.group(1)}')" if named else exc.what
+                raise DatapathError(what, exc.errno, SIZE_HINT) from exc
+            raise
         except BaseException:
             obj.close()
             raise
@@ -240,17 +255,41 @@ class Datapath:
             raise DatapathError(f"find a loaded balancer under {pin_dir}", _errno.ENOENT,
                                 "run `lbctl load --interface IF` first")
         maps = {n: map_from_pin(str(d / n)) for n in BALANCER_MAPS}
-        ring_size = maps["lb_ring"].max_entries // max(1, maps["lb_vips"].max_entries)
+        ring_size = maps["lb_ring"].max_entries // max(1, maps["lb_vip_stats"].max_entries)
         dp = cls(maps, {}, ring_size)
         dp.links = [Link.from_pin(str(p)) for p in sorted(d.glob("link_*"))]
         return dp
 
-    def pin(self, pin_dir: str) -> None:
+    def pin(self, pin_dir: str, *, exclusive: bool = False) -> None:
+        """Pin every map under pin_dir; exclusive: refuse a directory that exists already.
+
+        On failure it removes what it pinned (and the directory, if it made it), nothing else.
+        """
         d = Path(pin_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        for name, m in self.maps.items():
-            if not (d / name).exists():
-                m.pin(str(d / name))
+        try:
+            d.parent.mkdir(parents=True, exist_ok=True)
+            d.mkdir()
+            created = True
+        except FileExistsError:
+            if exclusive:
+                raise DatapathError(f"pin the balancer under {pin_dir}", _errno.EEXIST,
+                                    "another datapath is pinned there; `lbctl unload` it first") from None
+            created = False
+        except OSError as exc:
+            raise DatapathError(f"create the pin directory {pin_dir}", exc.errno or _errno.EIO,
+                                "is bpffs mounted at /sys/fs/bpf?") from exc
+        made: list[Path] = []
+        try:
+            for name, m in self.maps.items():
+                if not (d / name).exists():
+                    m.pin(str(d / name))
+                    made.append(d / name)
+        except BaseException:
+            for path in made:
+                path.unlink(missing_ok=True)
+            if created:
+                d.rmdir()
+            raise
 
     @staticmethod
     def unpin(pin_dir: str) -> None:
@@ -459,6 +498,20 @@ class Decap:
         for link in self.links:
             link.close()
         self._obj.close()
+
+
+def xdp_link_ifindex(link: Link) -> int:
+    """The ifindex an XDP link is attached to now; 0 once its interface is gone (the link is detached).
+
+    struct bpf_link_info: type, id and prog_id (3 × u32), then, 8-byte aligned, the union whose
+    xdp member starts with the ifindex (u32)."""
+    from balancer.libbpf import lib
+
+    info = ctypes.create_string_buffer(64)
+    size = ctypes.c_uint32(64)
+    if lib().bpf_obj_get_info_by_fd(link.fd, info, ctypes.byref(size)) != 0:
+        return 0
+    return int.from_bytes(info.raw[16:20], "little")
 
 
 def bpffs_ready(path: str = "/sys/fs/bpf") -> bool:

@@ -71,8 +71,19 @@ def _run_down(args: argparse.Namespace) -> int:
     from lab import netns
 
     started = time.monotonic()
-    netns.teardown(check_name(args.name))
-    print(f"lab '{args.name}' down in {time.monotonic() - started:.2f} s")
+    removed = netns.teardown(check_name(args.name))
+    counts: dict[str, int] = {}
+    for kind, _what in removed:
+        counts[kind] = counts.get(kind, 0) + 1
+    names = {"balancer": "balancer instance", "process": "process", "pin": "pin", "pin-dir": "pin directory",
+             "veth": "veth", "netns": "namespace", "state-dir": "state directory"}
+    plural = {"process": "processes", "pin directory": "pin directories", "state directory": "state directories"}
+    words = [(n, names.get(kind, kind)) for kind, n in counts.items()]
+    summary = ", ".join(f"{n} {w if n == 1 else plural.get(w, w + 's')}" for n, w in words) or "nothing was left"
+    print(f"lab '{args.name}' down in {time.monotonic() - started:.2f} s; removed {summary}")
+    for kind, what in removed:
+        if kind == "balancer":  # named: a daemon or a failed lbctl may have changed them
+            print(f"  {what}")
     return 0
 
 
@@ -296,7 +307,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, LbError):
             print(f"l4lab: {exc}", file=sys.stderr)
             return 1
-        raise
+        if isinstance(exc, PermissionError):  # run without root: say so rather than log a traceback
+            print(f"l4lab: {exc.strerror or exc}; run l4lab as root (it needs CAP_SYS_ADMIN and CAP_NET_ADMIN)",
+                  file=sys.stderr)
+            return 1
+        from balancer.errors import crash_report  # a bug: one line here, the traceback in a log file
+
+        print(crash_report("l4lab", exc, ("/run/l4lab",)), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

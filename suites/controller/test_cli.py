@@ -81,6 +81,7 @@ def ctl(tmp_path: Path) -> Iterator[Ctl]:
         if isinstance(name, Ctl):
             shutil.rmtree(controller.Instance.pin_dir(name.instance), ignore_errors=True)
             Path(controller.STATE_ROOT, f"{name.instance}.json").unlink(missing_ok=True)
+            Path(controller.STATE_ROOT, f"{name.instance}.lock").unlink(missing_ok=True)
 
 
 def test_load_status_stats_unload(ctl: Ctl) -> None:
