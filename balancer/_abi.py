@@ -206,6 +206,17 @@ class Settings(ctypes.Structure):
     ]
 
 
+class Tally(ctypes.Structure):
+    """struct lb_tally (4 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [
+        ("events", ctypes.c_uint16),
+        ("steering", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8),
+    ]
+
+
 class VipKey(ctypes.Structure):
     """struct lb_vip_key (20 bytes)"""
 
@@ -239,6 +250,7 @@ SIZES = {
     "Real": 20,
     "Session": 16,
     "Settings": 56,
+    "Tally": 4,
     "VipKey": 20,
     "VipMeta": 12,
 }
@@ -269,7 +281,7 @@ RODATA = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "35a7b8d8f699645ac9734031b1000af5",
+    "balancer": "3096489eba552acc898fde573386ec20",
     "decap": "8f52b826095bcbab57dab88ef945f742",
     "floor": "b83480fea9390bb1bc108ed748e95d52",
     "healthcheck": "64731e3caf10cc57a0bbc36ee9302c70",

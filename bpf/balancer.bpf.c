@@ -54,20 +54,27 @@ static __always_inline int encap_needs_hash(__u8 mode, __u8 real_family, __u32 v
 }
 
 /* Sends a packet of `flow` (client -> VIP) to its real: session or ring, size check, encap, counters.
- * `steering` is set for an ICMP error about the flow: it follows the flow but creates no session. */
-static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt, const struct lb_flow *flow,
-				   const struct lb_vip_meta *vip, int steering, struct lb_tally *t)
+ * `steering` is set for an ICMP error about the flow: it follows the flow but creates no session.
+ * A global function: the verifier checks it once, not once per caller and path that reaches it. */
+__noinline int forward(struct xdp_md *ctx, const struct packet *pkt, const struct lb_flow *flow,
+		       const struct lb_vip_meta *vip, struct lb_tally *t)
 {
-	__u32 zero = 0, vip_flags = vip->flags, vip_num = vip->vip_num, ring_size = cfg_ring_size;
-	__u8 mode = vip->encap;
+	__u32 zero = 0, vip_flags, vip_num, ring_size = cfg_ring_size;
 	struct lb_settings *s = bpf_map_lookup_elem(&lb_settings, &zero);
 	struct session_ctx sc = {};
 	struct lb_real *real = NULL;
 	struct lb_flow copy;
 	const struct lb_flow *key;
 	__u32 hash = 0, real_id = 0, overhead;
-	int hashed = 0, reason;
+	int hashed = 0, reason, steering;
+	__u8 mode;
 
+	if (!pkt || !flow || !vip || !t)
+		return LB_DROP_ENCAP_FAILED; /* never: the callers pass their own stack and map values */
+	vip_flags = vip->flags;
+	vip_num = vip->vip_num;
+	mode = vip->encap;
+	steering = t->steering;
 	if (!s || !s->configured)
 		return LB_DROP_NO_SETTINGS;
 	key = flow_key(&copy, flow, vip_flags);
@@ -148,7 +155,8 @@ static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *
 	    icmp_quoted_flow(data, data_end, pkt, &quoted) == 0) {
 		vip = lookup_vip(quoted.dst, quoted.dport, quoted.proto, quoted.family);
 		if (vip) {
-			reason = forward(ctx, pkt, &quoted, vip, 1, t);
+			t->steering = 1;
+			reason = forward(ctx, pkt, &quoted, vip, t);
 			if (reason == LB_TX_ENCAP)
 				tally_event(t, LB_EV_ICMP_STEERED);
 			return reason;
@@ -200,7 +208,7 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struc
 	vip = lookup_vip(pkt->flow.dst, pkt->flow.dport, pkt->flow.proto, pkt->flow.family);
 	if (!vip)
 		return LB_PASS_NOT_VIP;
-	return forward(ctx, pkt, &pkt->flow, vip, 0, t);
+	return forward(ctx, pkt, &pkt->flow, vip, t);
 
 truncated:
 	return is_vip_addr(pkt->flow.dst, pkt->flow.family) ? LB_DROP_MALFORMED_L4 : LB_PASS_NOT_VIP;
@@ -227,7 +235,7 @@ static __always_inline int action_of(int reason)
 static __always_inline int balance(struct xdp_md *ctx, int frags)
 {
 	struct packet pkt = {};
-	struct lb_tally tally = {.ev = {LB_EVENT_COUNT, LB_EVENT_COUNT}};
+	struct lb_tally tally = {};
 	int reason;
 
 	pkt.frame_len = frags ? bpf_xdp_get_buff_len(ctx) : ctx->data_end - ctx->data;

@@ -65,6 +65,7 @@ class Options:
     ndr: bool = True
     quick: bool = False
     results: Path | None = None
+    baseline: Path | None = None  # another balancer.o (e.g. an older build) timed in the same run as "base"
 
 
 @dataclass
@@ -133,11 +134,11 @@ class NewFlows:
 # --- the two datapaths ------------------------------------------------------------------------------
 
 
-def l4lab_side(stack: ExitStack, encap_id: str, lru_size: int) -> Side:
+def l4lab_side(stack: ExitStack, encap_id: str, lru_size: int, obj: Path | None = None, who: str = "l4lab") -> Side:
     from balancer.datapath import Datapath, Encap
 
-    obj = str(Path(__file__).resolve().parents[1] / "build" / "bpf" / "balancer.o")
-    dp = Datapath.load(obj, max_vips=4, max_reals=16, ring_size=RING, lru_size=lru_size, fallback_size=1024)
+    path = str(obj or Path(__file__).resolve().parents[1] / "build" / "bpf" / "balancer.o")
+    dp = Datapath.load(path, max_vips=4, max_reals=16, ring_size=RING, lru_size=lru_size, fallback_size=1024)
     stack.callback(dp.close)
     dp.set_settings(nexthop_mac=CLIENT_MAC, src4=f"{SRC4}/32", mtu=1500)
     l4_encap, _ = ENCAPS[encap_id]
@@ -150,7 +151,7 @@ def l4lab_side(stack: ExitStack, encap_id: str, lru_size: int) -> Side:
     def counters() -> dict[str, int]:
         return {**dp.events(), **dp.reasons()}
 
-    return Side("l4lab", encap_id, dp.programs["balancer_xdp"], counters,
+    return Side(who, encap_id, dp.programs["balancer_xdp"], counters,
                 {"non-vip": "PASS_NOT_VIP", "session-hit": "LRU_HIT", "new-syn": "SYN_REHASH",
                  "new-ack": "LRU_MISS"})
 
@@ -286,8 +287,11 @@ def run(opts: Options, say: Callable[[str], None] = print) -> Result:
         sides: list[Side] = []
         with pinned() as cpu:
             for n, encap_id in enumerate(ENCAPS):
-                for side in (l4lab_side(stack, encap_id, opts.lru_size),
-                             katran_side(stack, encap_id, objs[ENCAPS[encap_id][1]], opts.lru_size)):
+                these = [l4lab_side(stack, encap_id, opts.lru_size),
+                         katran_side(stack, encap_id, objs[ENCAPS[encap_id][1]], opts.lru_size)]
+                if opts.baseline:
+                    these.append(l4lab_side(stack, encap_id, opts.lru_size, opts.baseline, "base"))
+                for side in these:
                     sides.append(side)
                     cases += side_cases(side, n << 20)
             for side in sides:
@@ -299,6 +303,10 @@ def run(opts: Options, say: Callable[[str], None] = print) -> Result:
         result.medians = {c.name: float(statistics.median(c.samples)) for c in cases}
     for line in table(result):
         say(line)
+    if opts.baseline:
+        for name, ns in result.medians.items():
+            if name.startswith("base:"):
+                say(f"  {name:<28} {ns:8.0f}   l4lab {result.medians['l4lab:' + name[5:]]:8.0f}")
     if opts.ndr:
         measure_ndr(opts, objs, result, say)
     write_results(result, opts)
@@ -379,7 +387,8 @@ def _katran_on(bed: Any, encap_id: str, objs: dict[str, Path], opts: Options) ->
     kt = K.Katran(objs[ENCAPS[encap_id][1]], lru_size=min(opts.lru_size, 1 << 16)).load()
     bed.stack.callback(kt.close)
     kt.set_router_mac(B.GEN_MAC)
-    kt.set_sources("198.51.100.128", "2001:db8:1b:80::")
+    if ENCAPS[encap_id][1] == "gue":
+        kt.set_sources("198.51.100.128", "2001:db8:1b:80::")
     kt.add_vip(B.VIP4, B.VIP_PORT, socket.IPPROTO_UDP, 0)
     reals = {i + 1: (a, 1) for i, a in enumerate(B.REALS4)}
     for rid, (addr, _) in reals.items():

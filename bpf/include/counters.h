@@ -7,15 +7,16 @@
 /* The events one packet met, gathered while it is processed and counted with its reason at the end
  * (one lookup of lb_counts per packet instead of one per counter). */
 struct lb_tally {
-	__u8 ev[2]; /* enum lb_event, LB_EVENT_COUNT when unused: a packet meets at most two events */
+	__u16 events;  /* up to two enum lb_event + 1, one per byte (0: none); a packet meets at most two */
+	__u8 steering; /* the packet is an ICMP error steered along the flow it quotes (no session made) */
+	__u8 pad;
 };
 
+/* Shifts, not an index: clang turns a choice between two array slots into pointer arithmetic
+ * that the verifier refuses. */
 static __always_inline void tally_event(struct lb_tally *t, enum lb_event event)
 {
-	if (t->ev[0] == LB_EVENT_COUNT)
-		t->ev[0] = event;
-	else
-		t->ev[1] = event;
+	t->events = (t->events << 8) | (event + 1);
 }
 
 static __always_inline void count_into(void *map, __u32 index, __u32 bytes)
@@ -26,6 +27,16 @@ static __always_inline void count_into(void *map, __u32 index, __u32 bytes)
 		c->packets++;
 		c->bytes += bytes;
 	}
+}
+
+/* events[e - 1]++ for a tally byte e (0: nothing). The empty asm keeps clang from folding the bound
+ * check into an earlier test on another register, which the verifier could not follow. */
+static __always_inline void count_tallied(struct lb_counts *c, __u32 e)
+{
+	e -= 1;
+	asm volatile("" : "+r"(e));
+	if (e < LB_EVENT_COUNT)
+		c->events[e]++;
 }
 
 /* Counts the packet's outcome and its events in this CPU's record. */
@@ -40,10 +51,10 @@ static __always_inline void count_packet(enum lb_reason reason, __u32 bytes, con
 		c->reasons[r].packets++;
 		c->reasons[r].bytes += bytes;
 	}
-	if (t->ev[0] < LB_EVENT_COUNT)
-		c->events[t->ev[0]]++;
-	if (t->ev[1] < LB_EVENT_COUNT)
-		c->events[t->ev[1]]++;
+	if (t->events) {
+		count_tallied(c, t->events & 0xff);
+		count_tallied(c, t->events >> 8);
+	}
 }
 
 #endif
