@@ -165,6 +165,15 @@ static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *
 	return to_vip ? LB_DROP_ICMP_UNSUPPORTED : LB_PASS_ICMP_NOT_VIP;
 }
 
+/* IPv6 and its extension-header chain, checked by the verifier once (a global function) rather than
+ * on every path of the program that follows it. */
+__noinline int parse_ipv6_hdrs(struct xdp_md *ctx, struct packet *pkt)
+{
+	if (!pkt)
+		return LB_DROP_MALFORMED_IP;
+	return parse_ipv6((void *)(long)ctx->data, (void *)(long)ctx->data_end, pkt);
+}
+
 static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struct lb_tally *t)
 {
 	void *data = (void *)(long)ctx->data;
@@ -175,7 +184,7 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struc
 	r = parse_eth(data, data_end, pkt);
 	if (r != PARSE_OK)
 		return r;
-	r = pkt->flow.family == LB_AF_INET ? parse_ipv4(data, data_end, pkt) : parse_ipv6(data, data_end, pkt);
+	r = pkt->flow.family == LB_AF_INET ? parse_ipv4(data, data_end, pkt) : parse_ipv6_hdrs(ctx, pkt);
 	if (r != PARSE_OK)
 		return r;
 	if (pkt->fragment || pkt->options) {
