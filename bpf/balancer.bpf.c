@@ -59,7 +59,7 @@ static __always_inline int encap_needs_hash(__u8 mode, __u8 real_family, __u32 v
 __noinline int forward(struct xdp_md *ctx, const struct packet *pkt, const struct lb_flow *flow,
 		       const struct lb_vip_meta *vip, struct lb_tally *t)
 {
-	__u32 zero = 0, vip_flags, vip_num, ring_size = cfg_ring_size;
+	__u32 zero = 0, vip_flags, vip_num;
 	struct lb_settings *s = bpf_map_lookup_elem(&lb_settings, &zero);
 	struct session_ctx sc = {};
 	struct lb_real *real = NULL;
@@ -92,6 +92,10 @@ __noinline int forward(struct xdp_md *ctx, const struct packet *pkt, const struc
 	if (!real_id) {
 		__u32 slot;
 		__u32 *ring_entry;
+
+		/* .rodata is read here, not on the session-hit path: each cold cache line costs more than
+		 * anything else a hit does in a test run. */
+		__u32 ring_size = cfg_ring_size;
 
 		if (!ring_size)
 			return LB_DROP_NO_REAL;

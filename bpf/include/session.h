@@ -60,11 +60,12 @@ static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct
 	return sess->real_id;
 }
 
+/* Only UDP sessions expire by idle time: a TCP session's atime_ns stays 0 (one clock read less). */
 static __always_inline void session_insert(const struct lb_flow *key, __u32 real_id)
 {
 	struct lb_session sess = {
 		.real_id = real_id,
-		.atime_ns = bpf_ktime_get_coarse_ns(),
+		.atime_ns = key->proto == IPPROTO_UDP ? bpf_ktime_get_coarse_ns() : 0,
 	};
 
 	bpf_map_update_elem(&lb_sessions, key, &sess, BPF_ANY);
