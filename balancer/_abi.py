@@ -134,8 +134,8 @@ class Counts(ctypes.Structure):
 
     _pack_ = 1
     _fields_ = [
-        ("reasons", Counter * 20),
         ("events", ctypes.c_uint64 * 6),
+        ("reasons", Counter * 20),
     ]
 
 
@@ -281,7 +281,7 @@ RODATA = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "3096489eba552acc898fde573386ec20",
+    "balancer": "ecc8f81b216cc6396016980cb809a94e",
     "decap": "8f52b826095bcbab57dab88ef945f742",
     "floor": "b83480fea9390bb1bc108ed748e95d52",
     "healthcheck": "64731e3caf10cc57a0bbc36ee9302c70",

@@ -148,10 +148,11 @@ struct lb_counter {
 	__u64 bytes;
 };
 
-/* The per-CPU record of outcomes and events (the one element of lb_counts). */
+/* The per-CPU record of outcomes and events (the one element of lb_counts). Events first: the
+ * session events and LB_TX_ENCAP then share the record's first cache line. */
 struct lb_counts {
-	struct lb_counter reasons[LB_REASON_COUNT]; /* packets and bytes per enum lb_reason */
 	__u64 events[LB_EVENT_COUNT];               /* occurrences per enum lb_event */
+	struct lb_counter reasons[LB_REASON_COUNT]; /* packets and bytes per enum lb_reason */
 };
 
 /* Runtime settings, one element of lb_settings; the controller may rewrite it at any time. */
