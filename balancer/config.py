@@ -76,8 +76,8 @@ class DatapathConfig:
     max_vips: int = 64
     max_reals: int = 1024
     ring_size: int = 65537
-    lru_size: int = 65536
-    fallback_size: int = 16384
+    lru_size: int = 65536  # session entries per possible CPU, in one table shared by every CPU
+    fallback_size: int = 16384  # accepted and ignored: there is no fallback table since issue 11
     udp_timeout_s: int = 30
     frags: bool = False
 
