@@ -49,6 +49,8 @@ def vip_flags(vip: cfg.Vip) -> int:
         flags |= _abi.VipFlag.NO_LRU
     if vip.outer_src == "flow":
         flags |= _abi.VipFlag.OUTER_SRC_FLOW
+    if vip.gue_csum == "zero":
+        flags |= _abi.VipFlag.GUE_CSUM_ZERO
     return int(flags)
 
 

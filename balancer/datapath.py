@@ -1,7 +1,7 @@
 """datapath.py: the loaded balancer and decap programs, and typed access to their maps.
 
 `Datapath` owns one loaded balancer object: load-time settings go into `.rodata` and map sizes,
-the per-CPU session tables are created and slotted into `lb_sessions`, then VIPs, reals, rings,
+the session table is sized per possible CPU, then VIPs, reals, rings,
 settings and counters are read and written through the generated `_abi` structures. `Decap` does
 the same for the real-server decap program. Both can pin their maps and links under a bpffs
 directory and be reopened from it by a later process (`Datapath.open_pinned`).
@@ -30,10 +30,8 @@ from balancer.libbpf import (
     BpfObject,
     Link,
     Map,
-    MapType,
     Program,
     RunResult,
-    map_from_id,
     map_from_pin,
     num_possible_cpus,
 )
@@ -45,8 +43,8 @@ VipFlag = _abi.VipFlag
 
 PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
 XDP_ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
-BALANCER_MAPS = ("lb_vips", "lb_reals", "lb_ring", "lb_settings", "lb_sessions", "lb_fallback",
-                 "lb_vip_stats", "lb_real_stats", "lb_reasons", "lb_events")
+BALANCER_MAPS = ("lb_vips", "lb_reals", "lb_ring", "lb_settings", "lb_sessions",
+                 "lb_vip_stats", "lb_real_stats", "lb_counts")
 DECAP_MAPS = ("dc_local", "dc_reasons")
 # lb_vips holds, per VIP, its own entry and one address-only entry (port 0, proto 0) for its address;
 # an apply adds the new entries before it removes the old ones, so a config that replaces every VIP
@@ -147,7 +145,6 @@ class Datapath:
         self.ring_size = ring_size
         self.links: list[Link] = []
         self._obj = obj
-        self._inner: list[Map] = []
         self._ring_view: npt.NDArray[np.uint32] | None = None
 
     # -- construction -------------------------------------------------------------------------
@@ -155,9 +152,13 @@ class Datapath:
     @classmethod
     def load(cls, obj_path: str = "build/bpf/balancer.o", *, max_vips: int = _abi.Limits.DEFAULT_MAX_VIPS,
              max_reals: int = _abi.Limits.DEFAULT_MAX_REALS, ring_size: int = _abi.Limits.DEFAULT_RING_SIZE,
-             lru_size: int = _abi.Limits.DEFAULT_LRU_SIZE,
-             fallback_size: int = _abi.Limits.DEFAULT_FALLBACK_SIZE,
+             lru_size: int = _abi.Limits.DEFAULT_LRU_SIZE, fallback_size: int | None = None,
              udp_timeout_s: float = _abi.Limits.DEFAULT_UDP_TIMEOUT_S) -> Datapath:
+        """Load the balancer: `lru_size` session entries per possible CPU in one table.
+
+        `fallback_size` is accepted and ignored: the session table has no per-CPU slots left empty,
+        so there is no shared fallback table any more (configs that set it still load).
+        """
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
         try:
@@ -168,13 +169,11 @@ class Datapath:
             obj.set_max_entries("lb_reals", max_reals)
             obj.set_max_entries("lb_real_stats", max_reals)
             obj.set_max_entries("lb_ring", max_vips * ring_size)
-            obj.set_max_entries("lb_fallback", fallback_size)
+            obj.set_max_entries("lb_sessions", lru_size * min(num_possible_cpus(), _abi.Limits.MAX_CPUS))
             obj.load()
             maps = {n: obj.map(n) for n in BALANCER_MAPS}
             progs = {n: obj.program(n) for n in ("balancer_xdp", "balancer_xdp_frags")}
-            dp = cls(maps, progs, ring_size, obj)
-            dp._create_sessions(lru_size)
-            return dp
+            return cls(maps, progs, ring_size, obj)
         except DatapathError as exc:
             obj.close()
             if exc.errno in (_errno.E2BIG, _errno.ENOMEM):
@@ -204,18 +203,10 @@ class Datapath:
             obj.close()
             raise
 
-    def _create_sessions(self, lru_size: int) -> None:
-        outer = self.maps["lb_sessions"]
-        key, value = ctypes.sizeof(_abi.Flow), ctypes.sizeof(_abi.Session)
-        for cpu in range(min(num_possible_cpus(), _abi.Limits.MAX_CPUS)):
-            inner = Map.create(MapType.LRU_HASH, f"lb_lru_{cpu}", key, value, lru_size)
-            self._inner.append(inner)
-            outer.update(cpu.to_bytes(4, "little"), inner.fd.to_bytes(4, "little"))
-
     @property
     def session_tables(self) -> list[Map]:
-        """The per-CPU session tables this process created (one LRU per possible CPU)."""
-        return list(self._inner)
+        """The session table (one LRU hash shared by every CPU), as a list."""
+        return [self.maps["lb_sessions"]]
 
     def flush_sessions(self, address: str, port: int, proto: str | int, real_id: int) -> int:
         """Delete the sessions of a VIP (port 0: every port) that point at real_id, in every table.
@@ -225,28 +216,15 @@ class Datapath:
         """
         raw, fam = addr_words(address)
         pnum, nport = proto_number(proto), socket.htons(port)
-        tables = [self.maps["lb_fallback"]]
-        opened: list[Map] = []
-        outer = self.maps["lb_sessions"]
-        for cpu in range(outer.max_entries):
-            inner = outer.lookup(cpu.to_bytes(4, "little"))
-            if inner is not None:
-                opened.append(map_from_id(int.from_bytes(inner[:4], "little")))
-        tables += opened
+        table = self.maps["lb_sessions"]
         removed = 0
-        try:
-            for table in tables:
-                for key, value in list(table.items()):
-                    flow = _abi.Flow.from_buffer_copy(key)
-                    sess = _abi.Session.from_buffer_copy(value)
-                    if sess.real_id == real_id and bytes(flow.dst) == raw and flow.family == fam and \
-                            flow.proto == pnum and (port == 0 or flow.dport == nport):
-                        removed += table.delete(key)
-        finally:
-            for m in opened:
-                m.close()
+        for key, value in list(table.items()):
+            flow = _abi.Flow.from_buffer_copy(key)
+            sess = _abi.Session.from_buffer_copy(value)
+            if sess.real_id == real_id and bytes(flow.dst) == raw and flow.family == fam and \
+                    flow.proto == pnum and (port == 0 or flow.dport == nport):
+                removed += table.delete(key)
         return removed
-
     @classmethod
     def open_pinned(cls, pin_dir: str) -> Datapath:
         """Reopen a datapath that an earlier process loaded and pinned (maps and links)."""
@@ -304,7 +282,7 @@ class Datapath:
         self._ring_view = None  # before lb_ring's mapping is closed
         for link in self.links:
             link.close()
-        for m in list(self.maps.values()) + self._inner:
+        for m in self.maps.values():
             m.close()
         if self._obj is not None:
             self._obj.close()
@@ -399,23 +377,23 @@ class Datapath:
 
     # -- counters -----------------------------------------------------------------------------
 
+    def _counts(self) -> list[_abi.Counts]:
+        """This datapath's lb_counts record, one per possible CPU."""
+        vals = self.maps["lb_counts"].lookup_percpu(b"\0" * 4) or []
+        return [_abi.Counts.from_buffer_copy(v[:ctypes.sizeof(_abi.Counts)]) for v in vals]
+
     def reasons(self) -> dict[str, int]:
-        m = self.maps["lb_reasons"]
-        return {r.name: _sum_counters(m, r.value)[0] for r in Reason if r.name != "REASON_COUNT"}
+        return {name: packets for name, (packets, _) in self.reason_counters().items()}
 
     def reason_counters(self) -> dict[str, tuple[int, int]]:
-        m = self.maps["lb_reasons"]
-        return {r.name: _sum_counters(m, r.value) for r in Reason if r.name != "REASON_COUNT"}
+        per_cpu = self._counts()
+        return {r.name: (sum(c.reasons[r.value].packets for c in per_cpu),
+                         sum(c.reasons[r.value].bytes for c in per_cpu))
+                for r in Reason if r.name != "REASON_COUNT"}
 
     def events(self) -> dict[str, int]:
-        m = self.maps["lb_events"]
-        out = {}
-        for e in Event:
-            if e.name.endswith("COUNT"):
-                continue
-            vals = m.lookup_percpu(e.value.to_bytes(4, "little")) or []
-            out[e.name] = sum(int.from_bytes(v[:8], "little") for v in vals)
-        return out
+        per_cpu = self._counts()
+        return {e.name: sum(c.events[e.value] for c in per_cpu) for e in Event if not e.name.endswith("COUNT")}
 
     def vip_stats(self, vip_num: int) -> tuple[int, int]:
         return _sum_counters(self.maps["lb_vip_stats"], vip_num)
