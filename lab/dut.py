@@ -2,8 +2,9 @@
 
 A DUT balances a lab's VIP traffic to its reals by encapsulation and declares what it can do
 (`Capability`); a test that needs a capability the DUT lacks is *not applicable*, never a pass.
-Two DUTs live here: l4lab's own XDP balancer in the lab's LB node (`L4labDut`, through lbctl),
-and Linux IPVS in tunnel mode in a qemu VM that takes the LB node's place (`IpvsDut`, lab/ipvs.py).
+Three DUTs live here: l4lab's own XDP balancer in the lab's LB node (`L4labDut`, through lbctl);
+Linux IPVS in tunnel mode in a qemu VM that takes the LB node's place (`IpvsDut`, lab/ipvs.py);
+Katran built from the user's checkout, attached like l4lab (`KatranDut`, lab/katran.py).
 
 Example::
 
@@ -34,7 +35,7 @@ from lab.errors import LabError
 from lab.lbconf import ENCAP_IDS, balancer_config, lb_link, real_addresses
 from lab.topology import Topology
 
-DUT_NAMES = ("l4lab", "ipvs")
+DUT_NAMES = ("l4lab", "ipvs", "katran")
 
 
 class Capability(StrEnum):
@@ -411,6 +412,126 @@ class IpvsDut(Dut):
             return f"ipvsadm failed: {exc}"
 
 
+class KatranDut(Dut):
+    """Katran's XDP balancer built from the user's checkout ($L4LAB_KATRAN_SRC, lab/katran.py), in
+    native XDP on the lab's LB link like l4lab; its maps programmed by our code, its ring our Maglev
+    ring for the same reals (Katran's own control plane is C++ and not part of its BPF program).
+
+    The default build encapsulates IPIP (4in4, 6in6); the GUE build (variant 1) is loaded when a
+    GUE encap is configured. Neither build answers too-big (ICMP_TOOBIG_GENERATION is off by default).
+    """
+
+    name = "katran"
+    capabilities = frozenset({
+        encap_capability("ip4-ipip"), encap_capability("ip6-ip6ip6"), encap_capability("ip4-gue1"),
+        encap_capability("ip6-gue1"), Capability.IPV6, Capability.WEIGHTS, Capability.CONSISTENT_HASHING,
+        Capability.ICMP_STEERING, Capability.COUNTERS,
+    })
+    node = "lb"
+
+    def __init__(self, lab: LabLike, workdir: Path) -> None:
+        from lab import katran
+
+        super().__init__(lab, workdir)
+        self.checkout = katran.Checkout.find(None)
+        self.objects: dict[str, Path] = {}
+        self.katran: Any = None
+        self.flavour: str | None = None
+        self._vips: list[tuple[str, int, int]] = []
+        self._index: dict[str, int] = {}
+
+    def start(self) -> None:
+        from lab import katran
+
+        for flavour in katran.FLAVOURS:
+            self.objects[flavour] = katran.build(self.checkout, flavour)
+
+    def stop(self) -> None:
+        if self.katran is not None:
+            self.katran.close()
+            self.katran = None
+            self.flavour = None
+
+    def _load(self, flavour: str, vips: int) -> None:
+        from lab import katran
+        from lab.nsexec import entered
+
+        self.stop()
+        kt = katran.Katran(self.objects[flavour], lru_size=1 << 16, vips=vips).load()
+        try:
+            lb_if, router, router_if = lb_link(self.lab.topology, self.node)
+            with entered(self.lab.netns(self.node)):
+                kt.attach(lb_if, "native")
+            kt.set_router_mac(self.lab.mac(router, router_if))
+            if flavour == "gue":
+                lb_addrs = [a for link in self.lab.topology.links for ep in link.endpoints
+                            if ep.node == self.node for a in ep.addresses]
+                src4 = next(str(a.ip) for a in lb_addrs if a.version == 4)
+                src6 = next((str(a.ip) for a in lb_addrs if a.version == 6), None)
+                kt.set_sources(src4, src6)
+        except BaseException:
+            kt.close()
+            raise
+        self.katran, self.flavour = kt, flavour
+
+    def configure(self, encap_id: str, weights: Mapping[str, int] | None = None,
+                  extra_ports: Sequence[tuple[int, str]] = ()) -> None:
+        missing = self.missing([encap_capability(encap_id)])
+        if missing:
+            raise LabError(f"DUT katran cannot encapsulate as {encap_id}: it lacks {missing[0]}")
+        self.encap_id = encap_id
+        self.weights = {n: 1 for n in self.reals()} | dict(weights or {})
+        self.extra_ports = tuple(extra_ports)
+        protos = {"tcp": 6, "udp": 17}
+        vips = [(str(v.address), port, protos[proto]) for v in self.lab.topology.vips
+                if v.address.version == self.family
+                for port, proto in [(p.port, p.proto) for p in v.ports] + list(self.extra_ports)]
+        flavour = "gue" if ENCAP_IDS[encap_id][1].startswith("gue") else "ipip"
+        # Load afresh for every configuration: sessions and VIP numbers start clean, as after a restart.
+        self._load(flavour, len(vips))
+        self._index = {n: i + 1 for i, n in enumerate(sorted(self.reals()))}
+        for node, index in self._index.items():
+            self.katran.add_real(index, self.reals()[node])
+        self._vips = vips
+        for num, (addr, port, proto) in enumerate(vips):
+            self.katran.add_vip(addr, port, proto, num)
+        self._write_rings()
+
+    def _write_rings(self) -> None:
+        from balancer import maglev
+        from lab import katran
+
+        members = {self._index[n]: (self.reals()[n], w) for n, w in self.weights.items()}
+        ring = list(maglev.build_ring(members, katran.RING_SIZE))
+        for num in range(len(self._vips)):
+            self.katran.set_ring(num, ring)
+
+    def set_weight(self, real: str, weight: int) -> None:
+        self.weights[real] = weight
+        self._write_rings()
+
+    def remove_real(self, real: str) -> None:
+        self.weights.pop(real, None)
+        self._write_rings()
+
+    def add_real(self, real: str, weight: int = 1) -> None:
+        self.weights[real] = weight
+        self._write_rings()
+
+    def forwarded(self) -> dict[str, int]:
+        return {n: self.katran.real_counter(i)[0] for n, i in self._index.items()}
+
+    def link(self) -> LbLink:
+        lb_if, router, router_if = lb_link(self.lab.topology, self.node)
+        return LbLink(router, router_if, self.lab.mac(self.node, lb_if).lower())
+
+    def evidence(self) -> str:
+        if self.katran is None:
+            return "katran is not loaded"
+        return json.dumps({"flavour": self.flavour, "counters": self.katran.counters(),
+                           "per_real": self.forwarded()}, indent=1)
+
+
 def _ip(ns: str, *args: str) -> None:
     subprocess.run(["ip", "-n", ns, *args], capture_output=True, text=True, check=True)
 
@@ -422,4 +543,6 @@ def make_dut(name: str, lab: LabLike, workdir: Path, ipvs_scheduler: str = "mh:m
     if name == "ipvs":
         scheduler, _, flags = ipvs_scheduler.partition(":")
         return IpvsDut(lab, workdir, scheduler, tuple(f for f in flags.split(",") if f))
+    if name == "katran":
+        return KatranDut(lab, workdir)
     raise LabError(f"unknown DUT {name!r}: choose one of {', '.join(DUT_NAMES)}")
