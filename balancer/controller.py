@@ -18,6 +18,7 @@ import errno as _errno
 import ipaddress
 import json
 import os
+import signal
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ from balancer.libbpf import Map
 
 PIN_ROOT = os.environ.get("LBCTL_PIN_ROOT", "/sys/fs/bpf/lbctl")
 STATE_ROOT = os.environ.get("LBCTL_STATE_ROOT", "/run/lbctl")
+# A test hook, read only here: the controller kills itself (SIGKILL) once an apply has written this
+# many ring slots, leaving a ring half-written as a crash would (suites/conformance/test_reliability.py).
+CRASH_AFTER_SLOTS_ENV = "LBCTL_TEST_CRASH_AFTER_SLOTS"
 DEFAULT_OBJECT = str(Path(__file__).resolve().parent.parent / "build" / "bpf" / "balancer.o")
 
 _ENCAPS = {"ipip": _abi.Encap.IPIP, "gue1": _abi.Encap.GUE1, "gue0": _abi.Encap.GUE0}
@@ -99,6 +103,9 @@ class _Txn:
 
     def __init__(self) -> None:
         self._undo: list[Callable[[], None]] = []
+        crash = os.environ.get(CRASH_AFTER_SLOTS_ENV)
+        self._crash_after = int(crash) if crash else None
+        self._slots = 0
 
     def put(self, m: Map, key: bytes, value: bytes) -> None:
         old = m.lookup(key)
@@ -114,7 +121,12 @@ class _Txn:
     def ring(self, dp: Datapath, num: int, slots: maglev.Ring, old: maglev.Ring, new: maglev.Ring) -> None:
         before = old[slots].copy()
         self._undo.append(lambda: dp.write_ring_slots(num, slots, before))
+        if self._crash_after is not None and self._slots + len(slots) > self._crash_after:
+            part = slots[:self._crash_after - self._slots]
+            dp.write_ring_slots(num, part, new[part])
+            os.kill(os.getpid(), signal.SIGKILL)
         dp.write_ring_slots(num, slots, new[slots])
+        self._slots += len(slots)
 
     def rollback(self) -> None:
         for undo in reversed(self._undo):
