@@ -308,6 +308,7 @@ class Instance:
                         old_ring = self.dp.ring_array(num)
                     slots, _vals = maglev.ring_diff(old_ring, new_ring)
                     if len(slots):
+                        self._ring_unsure(vname)
                         txn.ring(self.dp, num, slots, old_ring, new_ring)
                         report.ring_slots += len(slots)
                 meta = bytes(_abi.VipMeta(vip_num=num, flags=vip_flags(vip), encap=int(_ENCAPS[vip.encap])))
@@ -333,9 +334,11 @@ class Instance:
                 if vname not in new_vips:
                     txn.delete(self.dp.maps["lb_vips"], vip_key(str(vip.address), vip.port, vip.proto))
                     num = st.vip_nums[vname]
-                    old_ring = _ring(st.ring_inputs.get(vname, []), st.real_ids, self.dp.ring_size)
+                    old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size) \
+                        if vname in st.ring_inputs else self.dp.ring_array(num).copy()  # a crash's leftovers
                     slots = np.flatnonzero(old_ring).astype(np.uint32)
                     if len(slots):
+                        self._ring_unsure(vname)
                         txn.ring(self.dp, num, slots, old_ring,
                                  np.zeros(self.dp.ring_size, dtype=np.uint32))
                     report.vips_removed += 1
@@ -361,6 +364,15 @@ class Instance:
         st.down = {k: sorted(v) for k, v in down_sets.items() if v and k in new_vips}
         self.save()
         return report
+
+    def _ring_unsure(self, vname: str) -> None:
+        """Before a VIP's ring slots are written: forget (on disk) what its ring was built from.
+
+        Should the controller die mid-write, the next apply then diffs that ring against the map
+        itself, not against the old inputs: otherwise applying the old config again would find
+        "nothing changed" and leave the ring half-written for good."""
+        if self.state.ring_inputs.pop(vname, None) is not None:
+            self.save()
 
     # -- views ---------------------------------------------------------------------------------
 
