@@ -10,6 +10,8 @@ each flow is hashed onto the live ring and leaves no trace in the running datapa
 JSON object {sport: real address}, is the ring owner of every flow — where the flow goes when no
 session holds it (a new flow, a flow of a VIP without the LRU, a flow whose session was evicted).
 A flow the program does not send to a real maps to "XDP_<action>".
+
+`ring_owners` (in the test) asks it for a churn client's connections and names the reals by node.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import argparse
 import ipaddress
 import json
 import sys
+from typing import Any
 
 from balancer.controller import Instance
 from balancer.datapath import BALANCER_MAPS, XDP_ACTIONS, Datapath, _patch_rodata, verify_abi
 from balancer.libbpf import BpfObject
+from lab.lbconf import real_addresses
 from suites.conformance._emitted import ETH, XDP_TX, _frame, _template
 
 SHARED = ("lb_vips", "lb_reals", "lb_ring", "lb_settings")  # what the ring choice reads
@@ -61,6 +65,26 @@ def _outer_dst(frame: bytes) -> str:
     if frame[12:14] == b"\x86\xdd":
         return str(ipaddress.IPv6Address(frame[ETH + 24: ETH + 40]))
     return str(ipaddress.IPv4Address(frame[ETH + 16: ETH + 20]))
+
+
+def ring_owners(lab: Any, balancer: Any, vip: str, port: int, conns: list[dict[str, Any]]) -> dict[int, str]:
+    """The node its VIP's ring gives each connection ({index, addr, port} of a churn client) now.
+
+    `lab` is a suites.conftest.Lab, `balancer` a suites.conftest.Balancer (run on its node)."""
+    by_addr = {a: n for n, a in real_addresses(lab.topology, balancer.family).items()}
+    out: dict[int, str] = {}
+    for client in sorted({c["addr"] for c in conns}):
+        mine = [c for c in conns if c["addr"] == client]
+        answer = json.loads(lab.python(
+            balancer.node, "suites.conformance._owners", "--instance", balancer.instance, "--vip", vip,
+            "--port", str(port), "--client", client, "--sports", ",".join(str(c["port"]) for c in mine)).stdout)
+        out.update({c["index"]: by_addr.get(answer[str(c["port"])], answer[str(c["port"])]) for c in mine})
+    return out
+
+
+def owner_changed(before: dict[int, str], after: dict[int, str]) -> set[int]:
+    """The connections whose ring owner differs between two readings of ring_owners."""
+    return {i for i, node in before.items() if after[i] != node}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,6 +54,7 @@ from lab.lbconf import real_addresses
 from reports.schema import ChurnPayload, ChurnPoint, ConnectionOutcomes, KatranChurn, write_result
 from suites.conformance._churn_client import ChurnClient
 from suites.conformance._counters import changed, counters
+from suites.conformance._owners import owner_changed, ring_owners
 from suites.conformance._tcp_services import Services
 from suites.conftest import Balancer, Lab
 from suites.corpus import KATRAN_CORPUS
@@ -189,7 +190,7 @@ def _run(balancer: Balancer, change: Callable[[], None]) -> dict[str, Any]:
     with ChurnClient(lab, "client", vip, ECHO_PORT, "--conns", str(CONNS),
                      "--interval", str(INTERVAL_S), "--timeout", str(TIMEOUT_S),
                      "--new-every", str(NEW_EVERY_S), "--cpu", "0") as client:
-        before_owners = ring_owners(balancer, vip, ECHO_PORT, client.ready["conns"])
+        before_owners = ring_owners(lab, balancer, vip, ECHO_PORT, client.ready["conns"])
         client.mark("change")
         before = counters(balancer)
         change()
@@ -197,23 +198,10 @@ def _run(balancer: Balancer, change: Callable[[], None]) -> dict[str, Any]:
         report = client.stop(after=OBSERVE_S)
     report["lb"] = changed(before, counters(balancer))
     report["before"] = before_owners
-    report["after"] = ring_owners(balancer, vip, ECHO_PORT, report["conns"])
+    report["after"] = ring_owners(lab, balancer, vip, ECHO_PORT, report["conns"])
     sys.stdout.write(f"\n{balancer.encap_id}: {_summary(report)}\n")
     _check_oracle(report)
     return report
-
-
-def ring_owners(balancer: Balancer, vip: str, port: int, conns: list[dict[str, Any]]) -> dict[int, str]:
-    """The node its VIP's ring gives each connection now, asked of the loaded program (see _owners.py)."""
-    by_addr = {a: n for n, a in real_addresses(balancer.lab.topology, balancer.family).items()}
-    out: dict[int, str] = {}
-    for client in sorted({c["addr"] for c in conns}):
-        mine = [c for c in conns if c["addr"] == client]
-        answer = json.loads(balancer.lab.python(
-            balancer.node, "suites.conformance._owners", "--instance", balancer.instance, "--vip", vip,
-            "--port", str(port), "--client", client, "--sports", ",".join(str(c["port"]) for c in mine)).stdout)
-        out.update({c["index"]: by_addr.get(answer[str(c["port"])], answer[str(c["port"])]) for c in mine})
-    return out
 
 
 def _check_oracle(report: dict[str, Any]) -> None:
@@ -224,8 +212,9 @@ def _check_oracle(report: dict[str, Any]) -> None:
                        f"the loaded program's ring names (index, answered, predicted): {wrong[:5]}")
 
 
-def _owner_changed(report: dict[str, Any]) -> set[int]:
-    return {i for i, node in report["before"].items() if report["after"][i] != node}
+def _moved(report: dict[str, Any]) -> set[int]:
+    """Connections whose ring owner the change moved."""
+    return owner_changed(report["before"], report["after"])
 
 
 def _fate(report: dict[str, Any], *statuses: str) -> set[int]:
@@ -244,7 +233,7 @@ def _summary(report: dict[str, Any]) -> str:
     odd = [c for c in report["conns"] if c["status"] not in ("ok", "reset")][:5]
     failed = [c["failed_at"] - report["marks"]["change"] for c in report["conns"] if c["failed_at"] is not None]
     fail_s = f"failed {min(failed):.2f}..{max(failed):.2f} s after the change" if failed else "none failed"
-    owners = f"ring owner changed for {len(_owner_changed(report))}; " if "after" in report else ""
+    owners = f"ring owner changed for {len(_moved(report))}; " if "after" in report else ""
     return (f"connections by real and fate: {by} ({fail_s}); {owners}new flows by real: {new}; "
             f"marks: {report['marks']}; "
             f"LB counters over the change: {report.get('lb')}; examples: {odd}")
@@ -334,7 +323,7 @@ def test_add_real(balancer: Balancer, echoes: Services) -> None:
     assert all(c["node"] != MOVED for c in report["conns"]), f"{MOVED} served before it was added: {evidence}"
     broken = [c for c in report["conns"] if c["status"] != "ok"]
     assert not broken, f"{len(broken)} established flows broke when {MOVED} joined (LRU on): {broken[:5]}; {evidence}"
-    held = _owner_changed(report)
+    held = _moved(report)
     assert held and all(report["after"][i] == MOVED for i in held), \
         f"the new ring should give some connections (and only to) {MOVED}, the LRU holding them: {evidence}"
     late = _new_after(report, "applied")
@@ -352,7 +341,7 @@ def test_drain_real(balancer: Balancer, echoes: Services) -> None:
     assert drained, f"no connection reached {MOVED} before the drain: {evidence}"
     broken = [c for c in report["conns"] if c["status"] != "ok"]
     assert not broken, f"{len(broken)} flows broke during the drain: {broken[:5]}; {evidence}"
-    assert _owner_changed(report) == {c["index"] for c in drained}, \
+    assert _moved(report) == {c["index"] for c in drained}, \
         f"the drain should move exactly {MOVED}'s connections off the ring (sessions hold them): {evidence}"
     idle = [c for c in drained if (c["last_ok_at"] or 0) <= report["marks"]["applied"]]
     assert not idle, f"{len(idle)} flows of the drained {MOVED} got no answer after the drain: {evidence}"
@@ -372,7 +361,7 @@ def test_add_real_without_lru(balancer: Balancer, echoes: Services) -> None:
     kinds = {c["status"] for c in report["conns"]}
     assert kinds <= {"ok", "reset"}, f"without the LRU a moved flow should be reset, got {kinds}: {evidence}"
     # Exact, per connection: the flows whose ring owner changed (to MOVED) are the reset ones.
-    moved, reset = _owner_changed(report), _fate(report, "reset")
+    moved, reset = _moved(report), _fate(report, "reset")
     assert moved and all(report["after"][i] == MOVED for i in moved), \
         f"adding {MOVED} should give it, and only it, some connections: {evidence}"
     assert reset == moved, (f"{len(reset)} of {CONNS} flows reset, {len(moved)} changed ring owner: reset but kept "
