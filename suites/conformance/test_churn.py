@@ -324,8 +324,8 @@ def test_add_real(balancer: Balancer, echoes: Services) -> None:
     broken = [c for c in report["conns"] if c["status"] != "ok"]
     assert not broken, f"{len(broken)} established flows broke when {MOVED} joined (LRU on): {broken[:5]}; {evidence}"
     held = _moved(report)
-    assert held and all(report["after"][i] == MOVED for i in held), \
-        f"the new ring should give some connections (and only to) {MOVED}, the LRU holding them: {evidence}"
+    assert any(report["after"][i] == MOVED for i in held), \
+        f"the new ring should give {MOVED} some connections (the LRU holding them where they are): {evidence}"
     late = _new_after(report, "applied")
     assert any(f.get("node") == MOVED for f in late), f"no new flow reached the added {MOVED}: {evidence}"
     assert all("error" not in f for f in late), f"new flows failed after the add: {evidence}"
@@ -341,8 +341,10 @@ def test_drain_real(balancer: Balancer, echoes: Services) -> None:
     assert drained, f"no connection reached {MOVED} before the drain: {evidence}"
     broken = [c for c in report["conns"] if c["status"] != "ok"]
     assert not broken, f"{len(broken)} flows broke during the drain: {broken[:5]}; {evidence}"
-    assert _moved(report) == {c["index"] for c in drained}, \
-        f"the drain should move exactly {MOVED}'s connections off the ring (sessions hold them): {evidence}"
+    # Every flow of the drained real changes ring owner (plus Maglev's few collateral moves among
+    # the others); the sessions hold all of them, so none broke (asserted above).
+    assert {c["index"] for c in drained} <= _moved(report), \
+        f"the drain should take every flow of {MOVED} off the ring (sessions hold them): {evidence}"
     idle = [c for c in drained if (c["last_ok_at"] or 0) <= report["marks"]["applied"]]
     assert not idle, f"{len(idle)} flows of the drained {MOVED} got no answer after the drain: {evidence}"
     late = _new_after(report, "applied")
@@ -362,8 +364,7 @@ def test_add_real_without_lru(balancer: Balancer, echoes: Services) -> None:
     assert kinds <= {"ok", "reset"}, f"without the LRU a moved flow should be reset, got {kinds}: {evidence}"
     # Exact, per connection: the flows whose ring owner changed (to MOVED) are the reset ones.
     moved, reset = _moved(report), _fate(report, "reset")
-    assert moved and all(report["after"][i] == MOVED for i in moved), \
-        f"adding {MOVED} should give it, and only it, some connections: {evidence}"
+    assert any(report["after"][i] == MOVED for i in moved), f"adding {MOVED} gave it no connection: {evidence}"
     assert reset == moved, (f"{len(reset)} of {CONNS} flows reset, {len(moved)} changed ring owner: reset but kept "
                             f"{sorted(reset - moved)[:5]}, moved but not reset {sorted(moved - reset)[:5]}; {evidence}")
     sys.stdout.write(f"{balancer.encap_id}: without the LRU {len(reset)} of {CONNS} connections reset, "
