@@ -283,6 +283,7 @@ class Instance:
             raise LbError(f"cannot number {len(real_ids)} reals: the datapath holds "
                           f"{self.dp.maps['lb_reals'].max_entries}; raise datapath.max_reals and reload")
 
+        new_down = {k: sorted(v) for k, v in down_sets.items() if v and k in new_vips}
         txn = _Txn()
         try:
             if st.config == "" or old_cfg.encap != new.encap or old_cfg.datapath.mtu != new.datapath.mtu:
@@ -308,7 +309,7 @@ class Instance:
                         old_ring = self.dp.ring_array(num)
                     slots, _vals = maglev.ring_diff(old_ring, new_ring)
                     if len(slots):
-                        self._ring_unsure(vname)
+                        self._ring_unsure(vname, new_down)
                         txn.ring(self.dp, num, slots, old_ring, new_ring)
                         report.ring_slots += len(slots)
                 meta = bytes(_abi.VipMeta(vip_num=num, flags=vip_flags(vip), encap=int(_ENCAPS[vip.encap])))
@@ -338,7 +339,7 @@ class Instance:
                         if vname in st.ring_inputs else self.dp.ring_array(num).copy()  # a crash's leftovers
                     slots = np.flatnonzero(old_ring).astype(np.uint32)
                     if len(slots):
-                        self._ring_unsure(vname)
+                        self._ring_unsure(vname, new_down)
                         txn.ring(self.dp, num, slots, old_ring,
                                  np.zeros(self.dp.ring_size, dtype=np.uint32))
                     report.vips_removed += 1
@@ -361,17 +362,20 @@ class Instance:
         st.vip_nums = vip_nums
         st.real_ids = real_ids
         st.ring_inputs = ring_inputs
-        st.down = {k: sorted(v) for k, v in down_sets.items() if v and k in new_vips}
+        st.down = new_down
         self.save()
         return report
 
-    def _ring_unsure(self, vname: str) -> None:
+    def _ring_unsure(self, vname: str, down: dict[str, list[str]]) -> None:
         """Before a VIP's ring slots are written: forget (on disk) what its ring was built from.
 
         Should the controller die mid-write, the next apply then diffs that ring against the map
         itself, not against the old inputs: otherwise applying the old config again would find
-        "nothing changed" and leave the ring half-written for good."""
-        if self.state.ring_inputs.pop(vname, None) is not None:
+        "nothing changed" and leave the ring half-written for good. The reals down now are saved
+        with it: a restarted daemon keeps them drained instead of writing them back for a while."""
+        if vname in self.state.ring_inputs or self.state.down != down:
+            self.state.ring_inputs.pop(vname, None)
+            self.state.down = down
             self.save()
 
     # -- views ---------------------------------------------------------------------------------
