@@ -21,8 +21,9 @@ the echo VIP (one per family) unless said otherwise, while:
     drain   `lbctl real set-weight 0`: the real leaves the ring but stays in lb_reals, so its
             sessions hold: its existing flows keep being answered, and no new flow reaches it.
     no-lru  the VIP bypasses the session tables (lru = false) and the third real is added: every
-            flow whose ring slot moved to the new real is sent there and reset by it — the
-            fraction the Maglev model predicts — while the rest survive.
+            flow whose ring slot changed owner (to the new real, or Maglev's few collateral moves
+            between the others) is sent there and reset, while the rest survive: the set of reset
+            connections must *equal* the set whose owner changed.
     one VIP the topology's VIPs are served too and the real leaves only the echo VIP: its lb_reals
             entry stays (the other VIPs use it), but the controller flushes that VIP's sessions
             naming it, so its flows fail fast exactly as in "remove" (one encap per family).
@@ -32,6 +33,11 @@ runs on the CPU that sent the frame, and the session tables are per CPU: unpinne
 leave from whichever CPU took the server's reply, miss the session made on the other CPU and are
 hashed on the new ring, so a drain or an add resets flows (measured: every flow of a drained real).
 A NIC's RSS keeps a flow on one CPU; pinning is the lab's stand-in for it. Results: kind churn.
+
+The oracle is exact, per connection: before and after the change each connection's ring owner is
+asked of the loaded program itself (suites/conformance/_owners.py: a test run of its SYN on a
+second program instance sharing the live VIP, real, ring and settings maps, with its own empty
+session tables), and checked first against the real that really answered the connection.
 
 Marked hardware: with --target the client and the echo servers run on the target's hosts over
 ssh (they end when ssh's input closes) and the counters come from `lbctl stats --json` there.
