@@ -5,7 +5,7 @@
 
 Runs on the LB node. It loads a second copy of the instance's balancer object that *shares* the
 running instance's VIP, real, ring and settings maps (so it reads exactly what the attached program
-reads) but has its own, empty session tables, fallback table and counters: the SYN it test-runs for
+reads) but has its own, empty session table and counters: the SYN it test-runs for
 each flow is hashed onto the live ring and leaves no trace in the running datapath. The answer, one
 JSON object {sport: real address}, is the ring owner of every flow — where the flow goes when no
 session holds it (a new flow, a flow of a VIP without the LRU, a flow whose session was evicted).
@@ -40,6 +40,7 @@ def owners(instance: str, vip: str, port: int, client: str, sports: list[int]) -
         obj = BpfObject(obj_path)
         try:
             _patch_rodata(obj, "balancer", {"cfg_ring_size": inst.dp.ring_size})
+            obj.set_max_entries("lb_sessions", 64)  # its own table: the running sessions are not consulted
             for name in SHARED:
                 obj.reuse_map(name, inst.dp.maps[name].fd)
             obj.load()
@@ -49,7 +50,6 @@ def owners(instance: str, vip: str, port: int, client: str, sports: list[int]) -
         shadow = Datapath({n: obj.map(n) for n in BALANCER_MAPS},
                           {"balancer_xdp": obj.program("balancer_xdp")}, inst.dp.ring_size, obj)
         with shadow:
-            shadow._create_sessions(64)  # its own tables: the running sessions are not consulted
             tmpl, src_off, l4_off = _template(vip, port)
             src = ipaddress.ip_address(client).packed
             out: dict[int, str] = {}
