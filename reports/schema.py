@@ -420,6 +420,15 @@ class FailoverPayload:
 
 
 @dataclass(frozen=True)
+class ConformanceFigure:
+    """One figure a conformance test measured and asserted (the DUT side by side reads these)."""
+
+    name: str = field(metadata=_rule(_non_empty))
+    value: float
+    unit: str = ""
+
+
+@dataclass(frozen=True)
 class ConformancePayload:
     """The outcome of one conformance test in one encap, on one device under test (lab/dut.py).
 
@@ -433,6 +442,7 @@ class ConformancePayload:
     duration_s: float = field(metadata=_rule(_at_least(0)))
     dut: str = "l4lab"
     detail: str = ""
+    figures: list[ConformanceFigure] = field(default_factory=list)
 
 
 # --- demo ---------------------------------------------------------------------------------------

@@ -23,10 +23,11 @@ import pytest
 
 from lab.dut import Dut, encap_capability, make_dut
 from lab.lbconf import ENCAP_IDS
-from reports.schema import ConformancePayload, Kind, case_id, write_result
+from reports.schema import ConformanceFigure, ConformancePayload, Kind, case_id, write_result
 
 NOT_APPLICABLE = "not applicable: "
 _DUT = pytest.StashKey[Dut]()
+_FIGURES = pytest.StashKey[list[ConformanceFigure]]()
 _T0 = pytest.StashKey[float]()
 
 
@@ -49,6 +50,20 @@ def dut(request: pytest.FixtureRequest, lab: Any, tmp_path_factory: pytest.TempP
                       ipvs_scheduler=request.config.getoption("--ipvs-scheduler"))
     with device:
         yield device
+
+
+@pytest.fixture
+def dut_figures(request: pytest.FixtureRequest) -> list[ConformanceFigure]:
+    """Name: dut_figures. Scope: function. Depends: nothing.
+
+    Figures the test measured and asserted; they go into its conformance result beside the DUT's::
+
+        def test_x(dut, dut_encap, dut_figures):
+            dut_figures.append(ConformanceFigure("collateral", 0.0, "%"))
+    """
+    figures: list[ConformanceFigure] = []
+    request.node.stash[_FIGURES] = figures
+    return figures
 
 
 @pytest.fixture(params=tuple(ENCAP_IDS))
@@ -113,8 +128,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         outcome = "pass"
     t0 = item.stash.get(_T0, time.monotonic())
     test = getattr(item, "originalname", item.name)
+    figures = item.stash.get(_FIGURES, []) if outcome == "pass" else []
     payload = ConformancePayload(test=test, encap=encap_id, outcome=outcome, dut=device.name,  # type: ignore[arg-type]
-                                 detail=detail, duration_s=round(max(0.0, time.monotonic() - t0), 3))
+                                 detail=detail, duration_s=round(max(0.0, time.monotonic() - t0), 3),
+                                 figures=list(figures))
     write_result(Kind.CONFORMANCE, case_id(test, encap_id, device.name), payload)
     return rep
 

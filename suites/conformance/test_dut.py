@@ -23,6 +23,7 @@ import pytest
 from lab.capture import classify_lb_link, decapsulate
 from lab.dut import Capability, Dut
 from lab.lbconf import ENCAP_IDS, real_addresses
+from reports.schema import ConformanceFigure as Figure
 from suites.conformance._tcp_services import Services
 
 pytestmark = [pytest.mark.topology("default")]
@@ -72,7 +73,8 @@ def _send_and_capture(lab: Any, dut: Dut, pcap: Path) -> list[dict[str, Any]]:
     return answers
 
 
-def test_replies_bypass_the_dut(lab: Any, dut: Dut, dut_encap: str, tmp_path: Path) -> None:
+def test_replies_bypass_the_dut(lab: Any, dut: Dut, dut_encap: str, tmp_path: Path,
+                                dut_figures: list[Figure]) -> None:
     dut.configure(dut_encap)
     before = dut.forwarded()
     pcap = tmp_path / "dut-link.pcap"
@@ -93,6 +95,10 @@ def test_replies_bypass_the_dut(lab: Any, dut: Dut, dut_encap: str, tmp_path: Pa
     if Capability.COUNTERS in dut.capabilities:
         counted = _poll_counters(dut, before, counts.to_lb)
         assert counted == counts.to_lb, f"{dut.name} counted {counted} forwarded packets, the wire {counts.to_lb}"
+    dut_figures += [Figure("packets in", counts.to_lb), Figure("packets out encapsulated", counts.from_lb),
+                    Figure("replies through the DUT", 0)]
+    if Capability.COUNTERS in dut.capabilities:
+        dut_figures.append(Figure("packets the DUT counted", counted))
     sys.stdout.write(f"\n{dut.name} {dut_encap}: {len(answers)} answers from {sorted(seen)}, "
                      f"{counts.to_lb} packets in = {counts.from_lb} out encapsulated, 0 replies through it\n")
 
@@ -193,7 +199,8 @@ def _owners(answers: list[dict[str, Any]]) -> dict[tuple[str, int], str]:
 
 
 @pytest.mark.needs(Capability.CONSISTENT_HASHING)
-def test_removing_a_real_moves_only_its_flows(lab: Any, dut: Dut, dut_encap: str) -> None:
+def test_removing_a_real_moves_only_its_flows(lab: Any, dut: Dut, dut_encap: str,
+                                              dut_figures: list[Figure]) -> None:
     dut.configure(dut_encap)
     base = 41000 + 100 * list(ENCAP_IDS).index(dut_encap)
     first = _owners(_requests(lab, dut, "udp", 9000, CHURN_FLOWS, sport_base=base))
@@ -212,6 +219,8 @@ def test_removing_a_real_moves_only_its_flows(lab: Any, dut: Dut, dut_encap: str
                      f"{len(moved)} of {len(others)} other flows moved (collateral {collateral:.1%})\n")
     assert collateral <= COLLATERAL_LIMIT, \
         f"{len(moved)} of {len(others)} flows of surviving reals moved: {moved[:5]}"
+    dut_figures += [Figure("collateral", round(100 * collateral, 2), "%"),
+                    Figure("flows of the removed real", len(first) - len(others))]
 
 
 @pytest.mark.needs(Capability.WEIGHTS)
@@ -247,7 +256,7 @@ def sinks(lab: Any) -> Iterator[Services]:
 
 @pytest.mark.needs(Capability.PMTU_GENERATION)
 def test_a_large_upload_completes_and_the_client_learns_the_mtu(lab: Any, dut: Dut, dut_encap: str,
-                                                                 sinks: Services) -> None:
+                                                                 sinks: Services, dut_figures: list[Figure]) -> None:
     """Full-size client packets no longer fit once encapsulated: the DUT must say so to the client."""
     dut.configure(dut_encap, extra_ports=[(SINK_PORT, "tcp")])
     vip = dut.vips()[0]
@@ -262,3 +271,4 @@ def test_a_large_upload_completes_and_the_client_learns_the_mtu(lab: Any, dut: D
     assert run.get("completed"), f"the upload did not complete (a PMTU blackhole?): {run}"
     assert learnt == 1500 - _overhead(dut_encap), \
         f"the client learnt MTU {learnt}, expected 1500 - {_overhead(dut_encap)}: {route.strip()}"
+    dut_figures.append(Figure("learnt MTU", learnt, "bytes"))

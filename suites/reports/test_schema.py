@@ -68,6 +68,7 @@ def test_write_result_writes_one_versioned_file(tmp_path: Path) -> None:
         "duration_s": 1.5,
         "dut": "l4lab",
         "detail": "",
+        "figures": [],
     }
     (result,) = load_results(tmp_path)
     assert result.test == "test_tcp_connect" and result.encap == "ip4-gue1"
