@@ -10,7 +10,7 @@ BPF_HDR := $(wildcard bpf/include/*.h)
 BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -Wno-unused-function \
 	-I bpf/include -I/usr/include/$(ARCH)-linux-gnu
 
-.PHONY: all deps deps-all bench bpf native abi abi-check check lint demo test clean
+.PHONY: all deps deps-all bench bpf native abi abi-check check lint demo test soak clean
 
 all: bpf native
 
@@ -53,6 +53,16 @@ demo: deps bpf
 
 test: deps-all bpf abi-check lint
 	$(PY) -m pytest suites/ $(PYTEST_ARGS)
+	# The core conformance checks against Linux IPVS in a VM (l4lab's column ran above).
+	$(VENV)/bin/l4lab conform --dut ipvs --no-report
+
+# Fuzz soak (root): SOAK_FRAMES generated frames (1,000,000 by default) through the balancer and both
+# decap programs by test run; prints the seed and a FUZZ SUMMARY line, writes a `fuzz` result.
+# Replay a run with SOAK_SEED=<seed>. `make test` runs the same test with 100,000 frames.
+SOAK_FRAMES ?= 1000000
+soak: deps bpf
+	L4LAB_FUZZ_FRAMES=$(SOAK_FRAMES) L4LAB_FUZZ_SEED=$(SOAK_SEED) \
+		$(PY) -m pytest suites/datapath/test_fuzz.py -k test_fuzz_volume -s -q $(PYTEST_ARGS)
 
 # Benchmarks (root): NDR/PDR per encap and size beside the floors, micro and controller figures.
 bench: deps bpf

@@ -32,12 +32,11 @@ class Event(IntEnum):
 
     LRU_HIT = 0
     LRU_MISS = 1
-    FALLBACK_HIT = 2
-    SYN_REHASH = 3
-    RST_NO_ENTRY = 4
-    UDP_EXPIRED = 5
-    ICMP_STEERED = 6
-    EVENT_COUNT = 7
+    SYN_REHASH = 2
+    RST_NO_ENTRY = 3
+    UDP_EXPIRED = 4
+    ICMP_STEERED = 5
+    EVENT_COUNT = 6
 
 
 class Family(IntEnum):
@@ -54,7 +53,6 @@ class Limits(IntEnum):
     DEFAULT_MAX_REALS = 1024
     DEFAULT_RING_SIZE = 65537
     DEFAULT_LRU_SIZE = 65536
-    DEFAULT_FALLBACK_SIZE = 16384
     MAX_CPUS = 128
     DEFAULT_GUE_PORT = 6080
     DEFAULT_UDP_TIMEOUT_S = 30
@@ -100,6 +98,7 @@ class VipFlag(IntFlag):
     HASH_DPORT_ONLY = 2
     NO_LRU = 4
     OUTER_SRC_FLOW = 8
+    GUE_CSUM_ZERO = 16
 
 
 class VipMatch(IntEnum):
@@ -127,6 +126,16 @@ class Counter(ctypes.Structure):
     _fields_ = [
         ("packets", ctypes.c_uint64),
         ("bytes", ctypes.c_uint64),
+    ]
+
+
+class Counts(ctypes.Structure):
+    """struct lb_counts (368 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [
+        ("events", ctypes.c_uint64 * 6),
+        ("reasons", Counter * 20),
     ]
 
 
@@ -197,6 +206,17 @@ class Settings(ctypes.Structure):
     ]
 
 
+class Tally(ctypes.Structure):
+    """struct lb_tally (4 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [
+        ("events", ctypes.c_uint16),
+        ("steering", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8),
+    ]
+
+
 class VipKey(ctypes.Structure):
     """struct lb_vip_key (20 bytes)"""
 
@@ -224,11 +244,13 @@ class VipMeta(ctypes.Structure):
 SIZES = {
     "AddrKey": 20,
     "Counter": 16,
+    "Counts": 368,
     "Flow": 40,
     "HcTarget": 24,
     "Real": 20,
     "Session": 16,
     "Settings": 56,
+    "Tally": 4,
     "VipKey": 20,
     "VipMeta": 12,
 }
@@ -255,14 +277,17 @@ RODATA = {
         "cfg_redirect": (12, 4),
         "cfg_template": (24, 64),
     },
+    "xdp_exception": {
+    },
 }
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "b642d19bac562e04f6960d06021ec607",
-    "decap": "c81d1f1be68388dde1c71ee46043f4fe",
+    "balancer": "ecc8f81b216cc6396016980cb809a94e",
+    "decap": "8f52b826095bcbab57dab88ef945f742",
     "floor": "b83480fea9390bb1bc108ed748e95d52",
-    "healthcheck": "c5be6e8d621c7abc0a779036a32a08f3",
+    "healthcheck": "64731e3caf10cc57a0bbc36ee9302c70",
     "pass": "b83480fea9390bb1bc108ed748e95d52",
     "trafficgen": "100a1822ecfbcb7052857bff0c3da047",
+    "xdp_exception": "b83480fea9390bb1bc108ed748e95d52",
 }

@@ -5,7 +5,11 @@
     lbctl vip add|del|list ...   lbctl real add|del|set-weight|list ...
     lbctl run --config FILE      (daemon: health checks, metrics, reload on SIGHUP)
 
-Usage and config errors print one line and exit 2; runtime errors exit 1.
+Usage and config errors print one line and exit 2; runtime errors exit 1. Before a verb touches
+the instance, the host is checked (balancer/preflight.py: bpffs visible, capabilities, pins behind
+a state file) and commands that write take the instance's lock, which a running daemon holds: a
+refusal is one line, exit 1, and nothing has changed. Any other failure prints one line naming
+the log file that holds its traceback.
 """
 
 from __future__ import annotations
@@ -15,14 +19,19 @@ import dataclasses
 import ipaddress
 import json
 import os
+import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from balancer import config as cfg
+from balancer import controller, preflight
 from balancer.controller import DEFAULT_OBJECT, Instance
-from balancer.errors import ConfigError, LbError
+from balancer.datapath import Datapath, xdp_link_ifindex
+from balancer.errors import ConfigError, LbError, crash_report
 
 
 class UsageError(Exception):
@@ -30,7 +39,56 @@ class UsageError(Exception):
 
 
 def _instance(args: argparse.Namespace) -> Instance:
-    return Instance.open(args.instance)
+    _check_pins(args.instance, [])
+    try:
+        return Instance.open(args.instance)
+    except (ValueError, TypeError, KeyError) as exc:  # JSONDecodeError is a ValueError
+        path = Instance.state_path(args.instance)
+        raise LbError(f"the state file {path} of instance '{args.instance}' is damaged ({exc}): lbctl cannot "
+                      f"tell what the datapath runs; restore it, or move it away and `lbctl load --force-reload` "
+                      f"once no program is attached") from exc
+
+
+def _reads(args: argparse.Namespace) -> bool:
+    """Whether the verb only reads the instance (no lock, fewer capabilities)."""
+    return args.cmd in ("status", "stats") or getattr(args, "action", "") == "list"
+
+
+def _check_host(args: argparse.Namespace) -> None:
+    """Refuse, in one line and before any change, what the host cannot do for this verb."""
+    caps = preflight.READ_CAPS if _reads(args) else \
+        preflight.LOAD_CAPS if args.cmd in ("load", "run", "upgrade") else preflight.WRITE_CAPS
+    preflight.require_caps(args.cmd, caps)
+    preflight.require_bpffs(controller.PIN_ROOT)
+
+
+def _check_pins(name: str, interfaces: list[str], force_reload: bool = False) -> None:
+    """An instance's state without its pins is refused, or forgotten with --force-reload (load, run)."""
+    state = Instance.state_path(name)
+    try:
+        preflight.check_pins_visible(name, state, Instance.pin_dir(name), interfaces or _state_ifaces(state))
+    except LbError:
+        if not force_reload:
+            raise
+        preflight.forget_unseen_state(name, state, interfaces or _state_ifaces(state))
+
+
+def _state_ifaces(state: Path) -> list[str]:
+    try:
+        return list(json.loads(state.read_text()).get("interfaces", {}))
+    except (OSError, ValueError):
+        return []
+
+
+@contextmanager
+def _owned(args: argparse.Namespace) -> Iterator[None]:
+    """Hold the instance's lock for a command that writes to it (a running daemon holds it too)."""
+    with preflight.instance_lock(controller.STATE_ROOT, args.instance, f"lbctl {args.cmd}") as lock:
+        try:
+            yield
+        finally:
+            if not Instance.state_path(args.instance).exists():
+                lock.unlink(missing_ok=True)  # no instance (unloaded, or a load that failed): no lock file
 
 
 def cmd_load(args: argparse.Namespace) -> int:
@@ -39,6 +97,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     if not ifaces:
         raise UsageError("lbctl load needs --interface IF (or a config naming datapath.interfaces)")
     mode = args.mode or (conf.datapath.mode if conf else "native")
+    _check_pins(args.instance, ifaces, args.force_reload)
     inst = Instance.load(args.instance, ifaces, mode, conf, args.object)
     modes = inst.attach_modes()
     inst.close()
@@ -77,6 +136,13 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_unload(args: argparse.Namespace) -> int:
+    pins = Instance.pin_dir(args.instance)
+    if not Instance.state_path(args.instance).exists() and Path(pins).exists():
+        # Pins without a state file (a crash between the two, or a state file removed): nothing to
+        # adopt, and unload is the operator's own word to remove what runs under the name.
+        Datapath.unpin(pins)
+        print(f"unloaded instance '{args.instance}' (it had pins under {pins} but no state file)")
+        return 0
     inst = _instance(args)
     inst.unload()
     print(f"unloaded instance '{args.instance}'")
@@ -87,6 +153,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     inst = _instance(args)
     try:
         st = inst.status()
+        st["missing_interfaces"] = _missing_interfaces(inst, st["interfaces"])
     finally:
         inst.close()
     if args.json:
@@ -94,7 +161,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     print(f"instance {st['instance']}  object {st['object']}")
     for ifname, mode in st["interfaces"].items():
-        print(f"  interface {ifname}: XDP {mode} (requested {st['requested_modes'].get(ifname)})")
+        note = st["missing_interfaces"].get(ifname, "")
+        print(f"  interface {ifname}: XDP {mode} (requested {st['requested_modes'].get(ifname)})"
+              + (f": {note}" if note else ""))
     _warn_generic(st["interfaces"])
     for v in st["vips"]:
         print(f"  vip {v['vip']}  #{v['vip_num']}  encap {v['encap']}  hash {v['hash']}  "
@@ -103,6 +172,24 @@ def cmd_status(args: argparse.Namespace) -> int:
             health = "up" if r["healthy"] else "DOWN"
             print(f"    real {r['address']:<28} id {r['id']:<5} weight {r['weight']:<6} {health}")
     return 0
+
+
+def _missing_interfaces(inst: Instance, modes: dict[str, str]) -> dict[str, str]:
+    """{interface: what became of it} for each interface of the instance that has gone by its name."""
+    out = {}
+    for ifname, mode in modes.items():
+        if mode != "missing":
+            continue
+        pin = Path(Instance.pin_dir(inst.name)) / f"link_{ifname}"
+        link = next((lk for lk in inst.dp.links if lk.what.endswith(str(pin))), None)
+        ifindex = xdp_link_ifindex(link) if link is not None else 0
+        try:
+            now = socket.if_indextoname(ifindex) if ifindex else ""
+        except OSError:
+            now = ""
+        out[ifname] = (f"renamed to '{now}' (ifindex {ifindex}); the program still runs there" if now else
+                       "deleted; its XDP link is detached: `lbctl unload`, then load on an interface that exists")
+    return out
 
 
 def _stats_table(st: dict[str, Any], rates: dict[str, float] | None = None) -> str:
@@ -223,7 +310,8 @@ def cmd_real(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from balancer.daemon import run  # the daemon pulls in sockets and threads; only `run` needs it
-    return run(args.config, args.instance, interfaces=args.interface, mode=args.mode, obj=args.object)
+    return run(args.config, args.instance, interfaces=args.interface, mode=args.mode, obj=args.object,
+               force_reload=args.force_reload)
 
 
 def _weight(text: str) -> int:
@@ -238,6 +326,10 @@ def _port(text: str) -> int:
     if not 0 <= p <= 65535:
         raise argparse.ArgumentTypeError(f"port must be 0..65535 but got {p}")
     return p
+
+
+_FORCE_HELP = ("load although a state file names a datapath whose pins are not visible (check first that "
+               "no XDP program is attached to the interfaces; refused if one is)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -256,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=("native", "generic", "auto"))
     s.add_argument("--config", "-c")
     s.add_argument("--object", default=DEFAULT_OBJECT)
+    s.add_argument("--force-reload", action="store_true", help=_FORCE_HELP)
     s.set_defaults(fn=cmd_load)
     s = sub.add_parser("apply", help="reconcile the datapath with a config file")
     s.add_argument("file")
@@ -299,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--interface", "-i", action="append", default=[])
     s.add_argument("--mode", choices=("native", "generic", "auto"))
     s.add_argument("--object", default=DEFAULT_OBJECT)
+    s.add_argument("--force-reload", action="store_true", help=_FORCE_HELP)
     s.set_defaults(fn=cmd_run)
     return p
 
@@ -311,7 +405,13 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"lbctl vip {args.action} needs ADDRESS PORT PROTO")
         if getattr(args, "cmd", "") == "real" and args.action != "list" and not args.real:
             raise UsageError(f"lbctl real {args.action} needs the real's address")
-        result: int = args.fn(args)
+        if args.cmd != "run":  # the daemon checks the host itself and logs refusals as JSON
+            _check_host(args)
+        if args.cmd in ("run", "status", "stats") or _reads(args):
+            result: int = args.fn(args)
+        else:
+            with _owned(args):
+                result = args.fn(args)
         return result
     except (UsageError, ConfigError) as exc:
         print(f"lbctl: {exc}" if not str(exc).startswith("lbctl") else str(exc), file=sys.stderr)
@@ -324,6 +424,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except PermissionError as exc:  # no HostError check caught it (file modes, a non-root owner): say so
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"lbctl: {exc.strerror or exc}{where}; run lbctl as root", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen host failure: one line, traceback in a log
+        print(crash_report("lbctl", exc, (controller.STATE_ROOT,)), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ Proto = Literal["tcp", "udp"]
 EncapName = Literal["ipip", "gue1", "gue0"]
 HashName = Literal["5tuple", "no-sport", "dport-only"]
 OuterSrc = Literal["flow", "fixed"]
+GueCsum = Literal["compute", "zero"]
 CheckType = Literal["tcp", "http", "udp"]
 CheckVia = Literal["direct", "tunnel"]
 
@@ -55,6 +56,7 @@ PROTOS: Final[tuple[Proto, ...]] = get_args(Proto)
 ENCAPS: Final[tuple[EncapName, ...]] = get_args(EncapName)
 HASHES: Final[tuple[HashName, ...]] = get_args(HashName)
 OUTER_SRCS: Final[tuple[OuterSrc, ...]] = get_args(OuterSrc)
+GUE_CSUMS: Final[tuple[GueCsum, ...]] = get_args(GueCsum)
 CHECK_TYPES: Final[tuple[CheckType, ...]] = get_args(CheckType)
 CHECK_VIAS: Final[tuple[CheckVia, ...]] = get_args(CheckVia)
 
@@ -74,8 +76,8 @@ class DatapathConfig:
     max_vips: int = 64
     max_reals: int = 1024
     ring_size: int = 65537
-    lru_size: int = 65536
-    fallback_size: int = 16384
+    lru_size: int = 65536  # session entries per possible CPU, in one table shared by every CPU
+    fallback_size: int = 16384  # accepted and ignored: there is no fallback table since issue 11
     udp_timeout_s: int = 30
     frags: bool = False
 
@@ -128,6 +130,7 @@ class Vip:
     hash: HashName = "5tuple"
     lru: bool = True
     outer_src: OuterSrc = "flow"
+    gue_csum: GueCsum = "compute"  # GUE outer UDP checksum; "zero" over IPv6 needs reals that accept it
     reals: tuple[Real, ...] = ()
     healthcheck: HealthCheck | None = None
 
@@ -299,6 +302,7 @@ def _vip(t: _Table) -> Vip:
         hash=cast(HashName, t.choice("hash", HASHES, "5tuple")),
         lru=t.boolean("lru", True),
         outer_src=cast(OuterSrc, t.choice("outer_src", OUTER_SRCS, "flow" if encap == "ipip" else "fixed")),
+        gue_csum=cast(GueCsum, t.choice("gue_csum", GUE_CSUMS, "compute")),
         reals=tuple(reals),
         healthcheck=check,
     )
@@ -519,7 +523,7 @@ _KNOWN: Final[dict[str, tuple[str, ...]]] = {
         "frags",
     ),
     "encap": ("nexthop_mac", "gue_port", "src4", "src6"),
-    "vips": ("address", "port", "proto", "encap", "hash", "lru", "outer_src", "reals", "healthcheck"),
+    "vips": ("address", "port", "proto", "encap", "hash", "lru", "outer_src", "gue_csum", "reals", "healthcheck"),
     "vips.reals": ("address", "weight"),
     "vips.healthcheck": ("type", "port", "path", "interval_s", "timeout_s", "rise", "fall", "via"),
     "metrics": ("listen",),
@@ -566,6 +570,7 @@ def dump(config: Config) -> str:
             f"hash = {_toml(vip.hash)}",
             f"lru = {_toml(vip.lru)}",
             f"outer_src = {_toml(vip.outer_src)}",
+            f"gue_csum = {_toml(vip.gue_csum)}",
         ]
         if vip.reals:
             lines.append("reals = [")

@@ -18,6 +18,7 @@ import errno as _errno
 import ipaddress
 import json
 import os
+import signal
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ from balancer.libbpf import Map
 
 PIN_ROOT = os.environ.get("LBCTL_PIN_ROOT", "/sys/fs/bpf/lbctl")
 STATE_ROOT = os.environ.get("LBCTL_STATE_ROOT", "/run/lbctl")
+# A test hook, read only here: the controller kills itself (SIGKILL) once an apply has written this
+# many ring slots, leaving a ring half-written as a crash would (suites/conformance/test_reliability.py).
+CRASH_AFTER_SLOTS_ENV = "LBCTL_TEST_CRASH_AFTER_SLOTS"
 DEFAULT_OBJECT = str(Path(__file__).resolve().parent.parent / "build" / "bpf" / "balancer.o")
 
 _ENCAPS = {"ipip": _abi.Encap.IPIP, "gue1": _abi.Encap.GUE1, "gue0": _abi.Encap.GUE0}
@@ -49,6 +53,8 @@ def vip_flags(vip: cfg.Vip) -> int:
         flags |= _abi.VipFlag.NO_LRU
     if vip.outer_src == "flow":
         flags |= _abi.VipFlag.OUTER_SRC_FLOW
+    if vip.gue_csum == "zero":
+        flags |= _abi.VipFlag.GUE_CSUM_ZERO
     return int(flags)
 
 
@@ -99,6 +105,9 @@ class _Txn:
 
     def __init__(self) -> None:
         self._undo: list[Callable[[], None]] = []
+        crash = os.environ.get(CRASH_AFTER_SLOTS_ENV)
+        self._crash_after = int(crash) if crash else None
+        self._slots = 0
 
     def put(self, m: Map, key: bytes, value: bytes) -> None:
         old = m.lookup(key)
@@ -114,7 +123,12 @@ class _Txn:
     def ring(self, dp: Datapath, num: int, slots: maglev.Ring, old: maglev.Ring, new: maglev.Ring) -> None:
         before = old[slots].copy()
         self._undo.append(lambda: dp.write_ring_slots(num, slots, before))
+        if self._crash_after is not None and self._slots + len(slots) > self._crash_after:
+            part = slots[:self._crash_after - self._slots]
+            dp.write_ring_slots(num, part, new[part])
+            os.kill(os.getpid(), signal.SIGKILL)
         dp.write_ring_slots(num, slots, new[slots])
+        self._slots += len(slots)
 
     def rollback(self) -> None:
         for undo in reversed(self._undo):
@@ -172,7 +186,11 @@ class Instance:
                            lru_size=d.lru_size, fallback_size=d.fallback_size, udp_timeout_s=d.udp_timeout_s)
         pin_dir = cls.pin_dir(name)
         try:
-            dp.pin(pin_dir)
+            dp.pin(pin_dir, exclusive=True)  # refuses a directory it did not make; undoes its own part
+        except BaseException:
+            dp.close()
+            raise
+        try:
             for ifname in ifaces:
                 link = dp.attach(ifname, mode, frags=d.frags)
                 link.pin(f"{pin_dir}/link_{ifname}")
@@ -264,13 +282,14 @@ class Instance:
         for addr in sorted(wanted_reals, key=_addr_sort):
             if addr not in real_ids:
                 real_ids[addr] = next(free_real_ids)
-        if vip_nums and max(vip_nums.values()) >= self.dp.maps["lb_vips"].max_entries:
+        if vip_nums and max(vip_nums.values()) >= self.dp.maps["lb_vip_stats"].max_entries:
             raise LbError(f"cannot number {len(vip_nums)} VIPs: the datapath holds "
-                          f"{self.dp.maps['lb_vips'].max_entries}; raise datapath.max_vips and reload")
+                          f"{self.dp.maps['lb_vip_stats'].max_entries}; raise datapath.max_vips and reload")
         if real_ids and max(real_ids.values()) >= self.dp.maps["lb_reals"].max_entries:
             raise LbError(f"cannot number {len(real_ids)} reals: the datapath holds "
                           f"{self.dp.maps['lb_reals'].max_entries}; raise datapath.max_reals and reload")
 
+        new_down = {k: sorted(v) for k, v in down_sets.items() if v and k in new_vips}
         txn = _Txn()
         try:
             if st.config == "" or old_cfg.encap != new.encap or old_cfg.datapath.mtu != new.datapath.mtu:
@@ -296,6 +315,7 @@ class Instance:
                         old_ring = self.dp.ring_array(num)
                     slots, _vals = maglev.ring_diff(old_ring, new_ring)
                     if len(slots):
+                        self._ring_unsure(vname, new_down)
                         txn.ring(self.dp, num, slots, old_ring, new_ring)
                         report.ring_slots += len(slots)
                 meta = bytes(_abi.VipMeta(vip_num=num, flags=vip_flags(vip), encap=int(_ENCAPS[vip.encap])))
@@ -321,9 +341,11 @@ class Instance:
                 if vname not in new_vips:
                     txn.delete(self.dp.maps["lb_vips"], vip_key(str(vip.address), vip.port, vip.proto))
                     num = st.vip_nums[vname]
-                    old_ring = _ring(st.ring_inputs.get(vname, []), st.real_ids, self.dp.ring_size)
+                    old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size) \
+                        if vname in st.ring_inputs else self.dp.ring_array(num).copy()  # a crash's leftovers
                     slots = np.flatnonzero(old_ring).astype(np.uint32)
                     if len(slots):
+                        self._ring_unsure(vname, new_down)
                         txn.ring(self.dp, num, slots, old_ring,
                                  np.zeros(self.dp.ring_size, dtype=np.uint32))
                     report.vips_removed += 1
@@ -346,9 +368,21 @@ class Instance:
         st.vip_nums = vip_nums
         st.real_ids = real_ids
         st.ring_inputs = ring_inputs
-        st.down = {k: sorted(v) for k, v in down_sets.items() if v and k in new_vips}
+        st.down = new_down
         self.save()
         return report
+
+    def _ring_unsure(self, vname: str, down: dict[str, list[str]]) -> None:
+        """Before a VIP's ring slots are written: forget (on disk) what its ring was built from.
+
+        Should the controller die mid-write, the next apply then diffs that ring against the map
+        itself, not against the old inputs: otherwise applying the old config again would find
+        "nothing changed" and leave the ring half-written for good. The reals down now are saved
+        with it: a restarted daemon keeps them drained instead of writing them back for a while."""
+        if vname in self.state.ring_inputs or self.state.down != down:
+            self.state.ring_inputs.pop(vname, None)
+            self.state.down = down
+            self.save()
 
     # -- views ---------------------------------------------------------------------------------
 

@@ -28,15 +28,16 @@ import queue
 import signal
 import threading
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from balancer import _abi, health
+from balancer import _abi, controller, health, preflight
 from balancer import config as cfg
 from balancer.controller import DEFAULT_OBJECT, Instance
-from balancer.errors import ConfigError, LbError
+from balancer.errors import ConfigError, LbError, crash_report
 from balancer.logs import Logger
 from balancer.metrics import MetricsServer, instance_families, render
 
@@ -75,19 +76,31 @@ class Daemon:
         self.monitor = health.Monitor(self.events.put)
         self.metrics: MetricsServer | None = None
         self.tunnel: health.TunnelEncap | None = None
+        self.loaded = False  # whether this start loaded the instance (rather than adopting it)
 
     # -- start ---------------------------------------------------------------------------------
 
-    def start(self, interfaces: Sequence[str], mode: str | None, obj: str) -> None:
-        """Read the config, load or adopt the instance, apply, then start probes and metrics."""
+    def start(self, interfaces: Sequence[str], mode: str | None, obj: str, force_reload: bool = False) -> None:
+        """Read the config, check the host, bind metrics, load or adopt the instance, apply, then
+        start probes and metrics. Everything that can be refused is checked before the datapath is
+        touched; a datapath this start loaded itself is unloaded again if a later step fails."""
         self.config = self._read_config()
-        inst = self._load_or_adopt(interfaces, mode, obj)
+        m = self.config.metrics
+        self.metrics = MetricsServer(m.host, m.port, self.scrape, self._scrape_failed)  # a taken port: refused here
+        inst = self._load_or_adopt(interfaces, mode, obj, force_reload)
         self.instance = inst
-        down = {(vip, addr) for vip, addrs in inst.state.down.items() for addr in addrs}
-        targets = self._targets(self.config)
-        self.monitor.set_targets(targets, down)
-        self._apply("start", self.config, raise_errors=True, targets=targets)
-        self.metrics = self._serve_metrics(self.config.metrics)
+        try:
+            down = {(vip, addr) for vip, addrs in inst.state.down.items() for addr in addrs}
+            targets = self._targets(self.config)
+            self.monitor.set_targets(targets, down)
+            self._apply("start", self.config, raise_errors=True, targets=targets)
+        except BaseException:
+            if self.loaded:
+                self.close()
+                Instance.open(self.name).unload()
+                self.log.info("unloaded", instance=self.name, detail="this start loaded it and then failed")
+            raise
+        self.metrics.start()
         self.monitor.start()
         self.log.info("running", instance=self.name, config=self.config_path,
                       vips=len(self.config.vips), health_targets=len(targets),
@@ -96,16 +109,23 @@ class Daemon:
     def _read_config(self) -> cfg.Config:
         c = cfg.load(self.config_path)
         health.require_supported(c, self.config_path)
+        if health.uses_tunnel(c):
+            preflight.require_tcx(f'{self.config_path}: via = "tunnel" (hc_encap on tc egress)')
         return c
 
-    def _load_or_adopt(self, interfaces: Sequence[str], mode: str | None, obj: str) -> Instance:
+    def _load_or_adopt(self, interfaces: Sequence[str], mode: str | None, obj: str,
+                       force_reload: bool = False) -> Instance:
         state = Instance.state_path(self.name)
         pins = Path(Instance.pin_dir(self.name))
         if state.exists() and not (pins / "lb_vips").exists():
-            # /run survived but bpffs did not (or someone removed the pins): nothing runs to adopt.
-            self.log.warning("stale_state", instance=self.name, state=str(state),
-                             detail="the state file names no pinned datapath; loading afresh")
-            state.unlink()
+            # Not stale: the datapath may run behind a bpffs this process cannot see. Only the
+            # operator's --force-reload, with no XDP program on the interfaces, lets us load.
+            ifaces = list(interfaces) or list(self.config.datapath.interfaces)
+            if not force_reload:
+                preflight.check_pins_visible(self.name, state, str(pins), ifaces)
+            preflight.forget_unseen_state(self.name, state, ifaces)
+            self.log.warning("state_forgotten", instance=self.name, state=str(state),
+                             detail="--force-reload: its pins were gone and no XDP program was attached")
         if state.exists():
             inst = Instance.open(self.name)
             self.log.info("adopted", instance=self.name, interfaces=inst.state.interfaces,
@@ -122,6 +142,7 @@ class Daemon:
         ifaces = list(interfaces) or list(self.config.datapath.interfaces)
         attach_mode = mode or self.config.datapath.mode
         inst = Instance.load(self.name, ifaces, attach_mode, self.config, obj)
+        self.loaded = True
         self.log.info("loaded", instance=self.name, interfaces=inst.attach_modes(), object=obj,
                       pins=str(pins))
         return inst
@@ -279,9 +300,19 @@ class Daemon:
             self.instance = None
 
 
+def _forget_lock(lock: Path, instance: str) -> None:
+    """Remove the lock file (still held) when no instance stays behind: a start that failed."""
+    if not Instance.state_path(instance).exists():
+        lock.unlink(missing_ok=True)
+
+
 def run(config_path: str, instance: str, *, interfaces: Sequence[str] = (), mode: str | None = None,
-        obj: str = DEFAULT_OBJECT, log: Logger | None = None) -> int:
-    """Run the daemon until SIGTERM/SIGINT. Exit status: 0 stopped, 2 bad config at start, 1 other errors."""
+        obj: str = DEFAULT_OBJECT, log: Logger | None = None, force_reload: bool = False) -> int:
+    """Run the daemon until SIGTERM/SIGINT. Exit status: 0 stopped, 2 bad config at start, 1 other errors.
+
+    The daemon owns the instance while it runs (preflight.instance_lock): a second daemon, or a
+    command that writes to the instance, is refused. An unexpected exception is logged as one
+    line naming the file that holds its traceback."""
     log = log or Logger()
     daemon = Daemon(config_path, instance, log)
 
@@ -290,17 +321,30 @@ def run(config_path: str, instance: str, *, interfaces: Sequence[str] = (), mode
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGHUP, *_STOP_SIGNALS)}
     try:
-        try:
-            daemon.start(interfaces, mode, obj)
-        except ConfigError as exc:
-            log.error("start_failed", instance=instance, config=config_path, error=str(exc))
-            return 2
-        except LbError as exc:
-            log.error("start_failed", instance=instance, config=config_path, error=str(exc))
-            return 1
-        status = daemon.serve()
-        log.info("stopped", instance=instance)
-        return status
+        with ExitStack() as owned:
+            try:
+                preflight.require_caps("run", preflight.LOAD_CAPS)  # before the lock: a refusal leaves nothing
+                preflight.require_bpffs(controller.PIN_ROOT)
+                lock = owned.enter_context(preflight.instance_lock(controller.STATE_ROOT, instance, "lbctl run"))
+                owned.callback(_forget_lock, lock, instance)
+                daemon.start(interfaces, mode, obj, force_reload)
+            except ConfigError as exc:
+                log.error("start_failed", instance=instance, config=config_path, error=str(exc))
+                return 2
+            except LbError as exc:
+                log.error("start_failed", instance=instance, config=config_path, error=str(exc))
+                return 1
+            except Exception as exc:  # noqa: BLE001 - a bug: one line, the traceback in a file
+                log.error("start_failed", instance=instance, config=config_path,
+                          error=crash_report("lbctl run", exc, (controller.STATE_ROOT,)))
+                return 1
+            try:
+                status = daemon.serve()
+            except Exception as exc:  # noqa: BLE001 - as above; the datapath keeps forwarding
+                log.error("crashed", instance=instance, error=crash_report("lbctl run", exc, (controller.STATE_ROOT,)))
+                return 1
+            log.info("stopped", instance=instance)
+            return status
     finally:
         daemon.close()
         for s, handler in previous.items():

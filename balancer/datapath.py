@@ -1,7 +1,7 @@
 """datapath.py: the loaded balancer and decap programs, and typed access to their maps.
 
 `Datapath` owns one loaded balancer object: load-time settings go into `.rodata` and map sizes,
-the per-CPU session tables are created and slotted into `lb_sessions`, then VIPs, reals, rings,
+the session table is sized per possible CPU, then VIPs, reals, rings,
 settings and counters are read and written through the generated `_abi` structures. `Decap` does
 the same for the real-server decap program. Both can pin their maps and links under a bpffs
 directory and be reopened from it by a later process (`Datapath.open_pinned`).
@@ -13,6 +13,7 @@ import ctypes
 import errno as _errno
 import ipaddress
 import os
+import re
 import shutil
 import socket
 from collections.abc import Sequence
@@ -29,10 +30,8 @@ from balancer.libbpf import (
     BpfObject,
     Link,
     Map,
-    MapType,
     Program,
     RunResult,
-    map_from_id,
     map_from_pin,
     num_possible_cpus,
 )
@@ -44,9 +43,16 @@ VipFlag = _abi.VipFlag
 
 PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
 XDP_ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
-BALANCER_MAPS = ("lb_vips", "lb_reals", "lb_ring", "lb_settings", "lb_sessions", "lb_fallback",
-                 "lb_vip_stats", "lb_real_stats", "lb_reasons", "lb_events")
+BALANCER_MAPS = ("lb_vips", "lb_reals", "lb_ring", "lb_settings", "lb_sessions",
+                 "lb_vip_stats", "lb_real_stats", "lb_counts")
 DECAP_MAPS = ("dc_local", "dc_reasons")
+# lb_vips holds, per VIP, its own entry and one address-only entry (port 0, proto 0) for its address;
+# an apply adds the new entries before it removes the old ones, so a config that replaces every VIP
+# needs twice that for a moment. max_vips counts VIPs (VIP numbers, rings, VIP counters).
+VIP_ENTRIES_PER_VIP = 4
+SIZE_HINT = ("the kernel refused the map sizes: lower datapath.lru_size, fallback_size, max_reals or "
+             "max_vips × ring_size; or raise the memory cgroup's limit (RLIMIT_MEMLOCK, `ulimit -l`, "
+             "on kernels before 5.11)")
 
 
 def addr_words(address: str) -> tuple[bytes, int]:
@@ -139,7 +145,6 @@ class Datapath:
         self.ring_size = ring_size
         self.links: list[Link] = []
         self._obj = obj
-        self._inner: list[Map] = []
         self._ring_view: npt.NDArray[np.uint32] | None = None
 
     # -- construction -------------------------------------------------------------------------
@@ -147,26 +152,35 @@ class Datapath:
     @classmethod
     def load(cls, obj_path: str = "build/bpf/balancer.o", *, max_vips: int = _abi.Limits.DEFAULT_MAX_VIPS,
              max_reals: int = _abi.Limits.DEFAULT_MAX_REALS, ring_size: int = _abi.Limits.DEFAULT_RING_SIZE,
-             lru_size: int = _abi.Limits.DEFAULT_LRU_SIZE,
-             fallback_size: int = _abi.Limits.DEFAULT_FALLBACK_SIZE,
+             lru_size: int = _abi.Limits.DEFAULT_LRU_SIZE, fallback_size: int | None = None,
              udp_timeout_s: float = _abi.Limits.DEFAULT_UDP_TIMEOUT_S) -> Datapath:
+        """Load the balancer: `lru_size` session entries per possible CPU in one table.
+
+        `fallback_size` is accepted and ignored: the session table has no per-CPU slots left empty,
+        so there is no shared fallback table any more (configs that set it still load).
+        """
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
         try:
             _patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size,
                                             "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9)})
-            obj.set_max_entries("lb_vips", max_vips)
+            obj.set_max_entries("lb_vips", max_vips * VIP_ENTRIES_PER_VIP)
             obj.set_max_entries("lb_vip_stats", max_vips)
             obj.set_max_entries("lb_reals", max_reals)
             obj.set_max_entries("lb_real_stats", max_reals)
             obj.set_max_entries("lb_ring", max_vips * ring_size)
-            obj.set_max_entries("lb_fallback", fallback_size)
+            obj.set_max_entries("lb_sessions", lru_size * min(num_possible_cpus(), _abi.Limits.MAX_CPUS))
             obj.load()
             maps = {n: obj.map(n) for n in BALANCER_MAPS}
             progs = {n: obj.program(n) for n in ("balancer_xdp", "balancer_xdp_frags")}
-            dp = cls(maps, progs, ring_size, obj)
-            dp._create_sessions(lru_size)
-            return dp
+            return cls(maps, progs, ring_size, obj)
+        except DatapathError as exc:
+            obj.close()
+            if exc.errno in (_errno.E2BIG, _errno.ENOMEM):
+                named = re.search(r"map '(\w+)': failed to create", exc.hint)  # libbpf's log names the map
+                what = f"{exc.what} (map '{named.group(1)}')" if named else exc.what
+                raise DatapathError(what, exc.errno, SIZE_HINT) from exc
+            raise
         except BaseException:
             obj.close()
             raise
@@ -189,18 +203,10 @@ class Datapath:
             obj.close()
             raise
 
-    def _create_sessions(self, lru_size: int) -> None:
-        outer = self.maps["lb_sessions"]
-        key, value = ctypes.sizeof(_abi.Flow), ctypes.sizeof(_abi.Session)
-        for cpu in range(min(num_possible_cpus(), _abi.Limits.MAX_CPUS)):
-            inner = Map.create(MapType.LRU_HASH, f"lb_lru_{cpu}", key, value, lru_size)
-            self._inner.append(inner)
-            outer.update(cpu.to_bytes(4, "little"), inner.fd.to_bytes(4, "little"))
-
     @property
     def session_tables(self) -> list[Map]:
-        """The per-CPU session tables this process created (one LRU per possible CPU)."""
-        return list(self._inner)
+        """The session table (one LRU hash shared by every CPU), as a list."""
+        return [self.maps["lb_sessions"]]
 
     def flush_sessions(self, address: str, port: int, proto: str | int, real_id: int) -> int:
         """Delete the sessions of a VIP (port 0: every port) that point at real_id, in every table.
@@ -210,28 +216,15 @@ class Datapath:
         """
         raw, fam = addr_words(address)
         pnum, nport = proto_number(proto), socket.htons(port)
-        tables = [self.maps["lb_fallback"]]
-        opened: list[Map] = []
-        outer = self.maps["lb_sessions"]
-        for cpu in range(outer.max_entries):
-            inner = outer.lookup(cpu.to_bytes(4, "little"))
-            if inner is not None:
-                opened.append(map_from_id(int.from_bytes(inner[:4], "little")))
-        tables += opened
+        table = self.maps["lb_sessions"]
         removed = 0
-        try:
-            for table in tables:
-                for key, value in list(table.items()):
-                    flow = _abi.Flow.from_buffer_copy(key)
-                    sess = _abi.Session.from_buffer_copy(value)
-                    if sess.real_id == real_id and bytes(flow.dst) == raw and flow.family == fam and \
-                            flow.proto == pnum and (port == 0 or flow.dport == nport):
-                        removed += table.delete(key)
-        finally:
-            for m in opened:
-                m.close()
+        for key, value in list(table.items()):
+            flow = _abi.Flow.from_buffer_copy(key)
+            sess = _abi.Session.from_buffer_copy(value)
+            if sess.real_id == real_id and bytes(flow.dst) == raw and flow.family == fam and \
+                    flow.proto == pnum and (port == 0 or flow.dport == nport):
+                removed += table.delete(key)
         return removed
-
     @classmethod
     def open_pinned(cls, pin_dir: str) -> Datapath:
         """Reopen a datapath that an earlier process loaded and pinned (maps and links)."""
@@ -240,17 +233,41 @@ class Datapath:
             raise DatapathError(f"find a loaded balancer under {pin_dir}", _errno.ENOENT,
                                 "run `lbctl load --interface IF` first")
         maps = {n: map_from_pin(str(d / n)) for n in BALANCER_MAPS}
-        ring_size = maps["lb_ring"].max_entries // max(1, maps["lb_vips"].max_entries)
+        ring_size = maps["lb_ring"].max_entries // max(1, maps["lb_vip_stats"].max_entries)
         dp = cls(maps, {}, ring_size)
         dp.links = [Link.from_pin(str(p)) for p in sorted(d.glob("link_*"))]
         return dp
 
-    def pin(self, pin_dir: str) -> None:
+    def pin(self, pin_dir: str, *, exclusive: bool = False) -> None:
+        """Pin every map under pin_dir; exclusive: refuse a directory that exists already.
+
+        On failure it removes what it pinned (and the directory, if it made it), nothing else.
+        """
         d = Path(pin_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        for name, m in self.maps.items():
-            if not (d / name).exists():
-                m.pin(str(d / name))
+        try:
+            d.parent.mkdir(parents=True, exist_ok=True)
+            d.mkdir()
+            created = True
+        except FileExistsError:
+            if exclusive:
+                raise DatapathError(f"pin the balancer under {pin_dir}", _errno.EEXIST,
+                                    "another datapath is pinned there; `lbctl unload` it first") from None
+            created = False
+        except OSError as exc:
+            raise DatapathError(f"create the pin directory {pin_dir}", exc.errno or _errno.EIO,
+                                "is bpffs mounted at /sys/fs/bpf?") from exc
+        made: list[Path] = []
+        try:
+            for name, m in self.maps.items():
+                if not (d / name).exists():
+                    m.pin(str(d / name))
+                    made.append(d / name)
+        except BaseException:
+            for path in made:
+                path.unlink(missing_ok=True)
+            if created:
+                d.rmdir()
+            raise
 
     @staticmethod
     def unpin(pin_dir: str) -> None:
@@ -265,7 +282,7 @@ class Datapath:
         self._ring_view = None  # before lb_ring's mapping is closed
         for link in self.links:
             link.close()
-        for m in list(self.maps.values()) + self._inner:
+        for m in self.maps.values():
             m.close()
         if self._obj is not None:
             self._obj.close()
@@ -360,23 +377,23 @@ class Datapath:
 
     # -- counters -----------------------------------------------------------------------------
 
+    def _counts(self) -> list[_abi.Counts]:
+        """This datapath's lb_counts record, one per possible CPU."""
+        vals = self.maps["lb_counts"].lookup_percpu(b"\0" * 4) or []
+        return [_abi.Counts.from_buffer_copy(v[:ctypes.sizeof(_abi.Counts)]) for v in vals]
+
     def reasons(self) -> dict[str, int]:
-        m = self.maps["lb_reasons"]
-        return {r.name: _sum_counters(m, r.value)[0] for r in Reason if r.name != "REASON_COUNT"}
+        return {name: packets for name, (packets, _) in self.reason_counters().items()}
 
     def reason_counters(self) -> dict[str, tuple[int, int]]:
-        m = self.maps["lb_reasons"]
-        return {r.name: _sum_counters(m, r.value) for r in Reason if r.name != "REASON_COUNT"}
+        per_cpu = self._counts()
+        return {r.name: (sum(c.reasons[r.value].packets for c in per_cpu),
+                         sum(c.reasons[r.value].bytes for c in per_cpu))
+                for r in Reason if r.name != "REASON_COUNT"}
 
     def events(self) -> dict[str, int]:
-        m = self.maps["lb_events"]
-        out = {}
-        for e in Event:
-            if e.name.endswith("COUNT"):
-                continue
-            vals = m.lookup_percpu(e.value.to_bytes(4, "little")) or []
-            out[e.name] = sum(int.from_bytes(v[:8], "little") for v in vals)
-        return out
+        per_cpu = self._counts()
+        return {e.name: sum(c.events[e.value] for c in per_cpu) for e in Event if not e.name.endswith("COUNT")}
 
     def vip_stats(self, vip_num: int) -> tuple[int, int]:
         return _sum_counters(self.maps["lb_vip_stats"], vip_num)
@@ -459,6 +476,20 @@ class Decap:
         for link in self.links:
             link.close()
         self._obj.close()
+
+
+def xdp_link_ifindex(link: Link) -> int:
+    """The ifindex an XDP link is attached to now; 0 once its interface is gone (the link is detached).
+
+    struct bpf_link_info: type, id and prog_id (3 × u32), then, 8-byte aligned, the union whose
+    xdp member starts with the ifindex (u32)."""
+    from balancer.libbpf import lib
+
+    info = ctypes.create_string_buffer(64)
+    size = ctypes.c_uint32(64)
+    if lib().bpf_obj_get_info_by_fd(link.fd, info, ctypes.byref(size)) != 0:
+        return 0
+    return int.from_bytes(info.raw[16:20], "little")
 
 
 def bpffs_ready(path: str = "/sys/fs/bpf") -> bool:

@@ -5,8 +5,13 @@
     LbError                      anything the controller refuses or fails to do
     ├── ConfigError              a configuration value is wrong (file, key, value, expected)
     ├── RingError                a Maglev ring cannot be built from the reals given (also a ValueError)
-    └── DatapathError            the kernel refused an operation on a program, interface or map
-        └── AbiMismatchError     a compiled object does not match the controller's view of the ABI
+    ├── DatapathError            the kernel refused an operation on a program, interface or map
+    │   └── AbiMismatchError     a compiled object does not match the controller's view of the ABI
+    └── HostError                the host lacks what the command needs (bpffs, a capability, a free
+                                 port, the instance's lock), found before anything was changed
+
+An error outside this tree is a bug: the CLIs print one line and the path of a log holding its
+traceback (``crash_report``), never the traceback itself.
 
 Every message names the thing, gives the cause and, where one exists, the fix::
 
@@ -19,8 +24,12 @@ Tests compare these messages: change them only together with the tests.
 from __future__ import annotations
 
 import os
+import tempfile
+import time
+import traceback
 
-__all__ = ["AbiMismatchError", "ConfigError", "DatapathError", "LbError", "RingError", "show_value"]
+__all__ = ["AbiMismatchError", "ConfigError", "DatapathError", "HostError", "LbError", "RingError",
+           "crash_report", "show_value"]
 
 
 class LbError(Exception):
@@ -80,6 +89,32 @@ class DatapathError(LbError):
 
 class AbiMismatchError(DatapathError):
     """A compiled BPF object's BTF does not match the ABI the controller was generated from."""
+
+
+class HostError(LbError):
+    """The host lacks something the command needs; raised by the checks that run before any change."""
+
+
+def crash_report(prog: str, exc: BaseException, log_dirs: tuple[str, ...] = ()) -> str:
+    """Write exc's traceback to a log file; return the one line a CLI prints for it.
+
+    The log goes to the first of log_dirs that can be written, else to the temporary directory.
+    """
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    text = "".join(traceback.format_exception(exc))
+    for directory in (*log_dirs, tempfile.gettempdir()):
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd, path = tempfile.mkstemp(prefix=f"{prog}-crash-{stamp}-", suffix=".log", dir=directory)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            break
+        except OSError:
+            continue
+    else:
+        path = "(no writable directory for the log)"
+    what = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+    return f"{prog}: unexpected error ({what}); the traceback is in {path}"
 
 
 def show_value(value: object) -> str:

@@ -3,8 +3,8 @@
 It covers what l4lab needs and nothing more: open and load an object, set `.rodata` and map sizes
 before load, map operations (single, per-CPU and batched), maps created at run time (the inner
 session tables), program test runs (including XDP live frames), XDP and TCX attachment through BPF
-links, pinning. Every failure raises `DatapathError` naming the object, map, program or interface
-and the errno.
+links, tracepoint attachment, pinning. Every failure raises `DatapathError` naming the object, map,
+program or interface and the errno.
 """
 
 from __future__ import annotations
@@ -153,6 +153,8 @@ def _load_library() -> ctypes.CDLL:
         "bpf_link_create": (i, [i, i, i, vp]),
         "bpf_link_update": (i, [i, i, vp]),
         "bpf_link_detach": (i, [i]),
+        "bpf_program__attach_tracepoint": (vp, [vp, cp, cp]),
+        "bpf_link__destroy": (i, [vp]),
         "bpf_prog_test_run_opts": (i, [i, vp]),
         "libbpf_num_possible_cpus": (i, []),
     }
@@ -453,6 +455,14 @@ class Program:
         self.fd = fd
         self.name = name
 
+    @property
+    def id(self) -> int:
+        """The kernel's id of this program (what `ip link` and tracepoints name it by)."""
+        info = ctypes.create_string_buffer(256)
+        size = ctypes.c_uint32(len(info))
+        _check(lib().bpf_obj_get_info_by_fd(self.fd, info, ctypes.byref(size)), f"read info of program '{self.name}'")
+        return int(struct.unpack_from("<I", info.raw, 4)[0])  # struct bpf_prog_info: type, id, ...
+
     def test_run(self, data: bytes, repeat: int = 1, ctx: bytes | None = None,
                  out_size: int | None = None, flags: int = 0, batch_size: int = 0) -> RunResult:
         """BPF_PROG_TEST_RUN. With repeat > 1 each iteration sees the previous one's output."""
@@ -596,10 +606,34 @@ class BpfObject:
                                 "call load() first")
         return Program(fd, name)
 
+    def attach_tracepoint(self, program: str, category: str, name: str) -> TracepointLink:
+        """Attach a loaded SEC("tracepoint/...") program to the kernel tracepoint category:name."""
+        ptr = lib().bpf_object__find_program_by_name(self._handle(), program.encode())
+        if not ptr:
+            raise DatapathError(f"find program '{program}' in '{self.path}'", _errno.ENOENT)
+        link = lib().bpf_program__attach_tracepoint(ptr, category.encode(), name.encode())
+        if not link:
+            raise DatapathError(f"attach program '{program}' to tracepoint {category}:{name}", _errno_now(),
+                                "is tracefs mounted on /sys/kernel/tracing? (make deps mounts it)")
+        return TracepointLink(int(link), f"tracepoint link of '{program}' on {category}:{name}")
+
     def close(self) -> None:
         if self._obj is not None:
             lib().bpf_object__close(self._obj)
             self._obj = None
+
+
+class TracepointLink:
+    """A program attached to a tracepoint (a libbpf link over a perf event); close() detaches it."""
+
+    def __init__(self, ptr: int, what: str) -> None:
+        self._ptr: int | None = ptr
+        self.what = what
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            lib().bpf_link__destroy(self._ptr)
+            self._ptr = None
 
 
 def pin(fd: int, path: str, what: str) -> None:

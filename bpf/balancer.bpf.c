@@ -54,26 +54,33 @@ static __always_inline int encap_needs_hash(__u8 mode, __u8 real_family, __u32 v
 }
 
 /* Sends a packet of `flow` (client -> VIP) to its real: session or ring, size check, encap, counters.
- * `steering` is set for an ICMP error about the flow: it follows the flow but creates no session. */
-static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt, const struct lb_flow *flow,
-				   const struct lb_vip_meta *vip, int steering)
+ * `steering` is set for an ICMP error about the flow: it follows the flow but creates no session.
+ * A global function: the verifier checks it once, not once per caller and path that reaches it. */
+__noinline int forward(struct xdp_md *ctx, const struct packet *pkt, const struct lb_flow *flow,
+		       const struct lb_vip_meta *vip, struct lb_tally *t)
 {
-	__u32 zero = 0, vip_flags = vip->flags, vip_num = vip->vip_num, ring_size = cfg_ring_size;
-	__u8 mode = vip->encap;
+	__u32 zero = 0, vip_flags, vip_num;
 	struct lb_settings *s = bpf_map_lookup_elem(&lb_settings, &zero);
 	struct session_ctx sc = {};
 	struct lb_real *real = NULL;
 	struct lb_flow copy;
 	const struct lb_flow *key;
 	__u32 hash = 0, real_id = 0, overhead;
-	int hashed = 0, reason;
+	int hashed = 0, reason, steering;
+	__u8 mode;
 
+	if (!pkt || !flow || !vip || !t)
+		return LB_DROP_ENCAP_FAILED; /* never: the callers pass their own stack and map values */
+	vip_flags = vip->flags;
+	vip_num = vip->vip_num;
+	mode = vip->encap;
+	steering = t->steering;
 	if (!s || !s->configured)
 		return LB_DROP_NO_SETTINGS;
 	key = flow_key(&copy, flow, vip_flags);
 
 	if (!(vip_flags & LB_VIP_NO_LRU)) {
-		real_id = session_lookup(&sc, key, pkt, steering);
+		real_id = session_lookup(&sc, key, pkt, steering, t);
 		if (real_id) {
 			real = bpf_map_lookup_elem(&lb_reals, &real_id);
 			if (!real || !real->family) { /* the real left since: choose again */
@@ -85,6 +92,10 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 	if (!real_id) {
 		__u32 slot;
 		__u32 *ring_entry;
+
+		/* .rodata is read here, not on the session-hit path: each cold cache line costs more than
+		 * anything else a hit does in a test run. */
+		__u32 ring_size = cfg_ring_size;
 
 		if (!ring_size)
 			return LB_DROP_NO_REAL;
@@ -112,7 +123,7 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 		return icmp_send_too_big(ctx, pkt, s->mtu - overhead);
 	}
 	if (sc.insert)
-		session_insert(&sc, key, real_id);
+		session_insert(key, real_id);
 	if (!hashed && encap_needs_hash(mode, real->family, vip_flags))
 		hash = hash_flow(key);
 
@@ -125,7 +136,7 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 }
 
 /* ICMP and ICMPv6: echo for VIPs, errors about VIP flows steered to their real, the rest passed. */
-static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *pkt)
+static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *pkt, struct lb_tally *t)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -148,16 +159,26 @@ static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *
 	    icmp_quoted_flow(data, data_end, pkt, &quoted) == 0) {
 		vip = lookup_vip(quoted.dst, quoted.dport, quoted.proto, quoted.family);
 		if (vip) {
-			reason = forward(ctx, pkt, &quoted, vip, 1);
+			t->steering = 1;
+			reason = forward(ctx, pkt, &quoted, vip, t);
 			if (reason == LB_TX_ENCAP)
-				count_event(LB_EV_ICMP_STEERED);
+				tally_event(t, LB_EV_ICMP_STEERED);
 			return reason;
 		}
 	}
 	return to_vip ? LB_DROP_ICMP_UNSUPPORTED : LB_PASS_ICMP_NOT_VIP;
 }
 
-static __always_inline int process(struct xdp_md *ctx, struct packet *pkt)
+/* IPv6 and its extension-header chain, checked by the verifier once (a global function) rather than
+ * on every path of the program that follows it. */
+__noinline int parse_ipv6_hdrs(struct xdp_md *ctx, struct packet *pkt)
+{
+	if (!pkt)
+		return LB_DROP_MALFORMED_IP;
+	return parse_ipv6((void *)(long)ctx->data, (void *)(long)ctx->data_end, pkt);
+}
+
+static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struct lb_tally *t)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -167,7 +188,7 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt)
 	r = parse_eth(data, data_end, pkt);
 	if (r != PARSE_OK)
 		return r;
-	r = pkt->flow.family == LB_AF_INET ? parse_ipv4(data, data_end, pkt) : parse_ipv6(data, data_end, pkt);
+	r = pkt->flow.family == LB_AF_INET ? parse_ipv4(data, data_end, pkt) : parse_ipv6_hdrs(ctx, pkt);
 	if (r != PARSE_OK)
 		return r;
 	if (pkt->fragment || pkt->options) {
@@ -192,7 +213,7 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt)
 		pkt->flow.sport = uh->source;
 		pkt->flow.dport = uh->dest;
 	} else if (pkt->flow.proto == (pkt->flow.family == LB_AF_INET ? IPPROTO_ICMP : IPPROTO_ICMPV6)) {
-		return handle_icmp(ctx, pkt);
+		return handle_icmp(ctx, pkt, t);
 	} else {
 		return LB_PASS_NOT_VIP;
 	}
@@ -200,7 +221,7 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt)
 	vip = lookup_vip(pkt->flow.dst, pkt->flow.dport, pkt->flow.proto, pkt->flow.family);
 	if (!vip)
 		return LB_PASS_NOT_VIP;
-	return forward(ctx, pkt, &pkt->flow, vip, 0);
+	return forward(ctx, pkt, &pkt->flow, vip, t);
 
 truncated:
 	return is_vip_addr(pkt->flow.dst, pkt->flow.family) ? LB_DROP_MALFORMED_L4 : LB_PASS_NOT_VIP;
@@ -227,11 +248,12 @@ static __always_inline int action_of(int reason)
 static __always_inline int balance(struct xdp_md *ctx, int frags)
 {
 	struct packet pkt = {};
+	struct lb_tally tally = {};
 	int reason;
 
 	pkt.frame_len = frags ? bpf_xdp_get_buff_len(ctx) : ctx->data_end - ctx->data;
-	reason = process(ctx, &pkt);
-	count_reason(reason, pkt.frame_len);
+	reason = process(ctx, &pkt, &tally);
+	count_packet(reason, pkt.frame_len, &tally);
 	return action_of(reason);
 }
 

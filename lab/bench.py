@@ -202,14 +202,18 @@ class Testbed:
 
     def on_lb(self, what: str) -> None:
         """Put `what` on the LB veth: "balancer", "xdp_tx_swap" or "xdp_drop"."""
-        if self._lb_link is not None:
-            self._lb_link.close()
-            self._lb_link = None
         if what == "balancer":
             self.load_balancer()
             prog = self.instance.dp.programs["balancer_xdp"]
         else:
             prog = self.lb_floor.program(what)
+        self.on_lb_program(prog)
+
+    def on_lb_program(self, prog: Any) -> None:
+        """Put any loaded XDP program on the LB veth (e.g. Katran's, lab/katranbench.py)."""
+        if self._lb_link is not None:
+            self._lb_link.close()
+            self._lb_link = None
         self._lb_link = self._attach(self.lb_ns, LB_IF, prog)
 
     def gen_count(self) -> int:
@@ -566,6 +570,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trex", metavar="TARGET.toml", type=Path,
                         help="measure on hardware: the TRex server and LB host of this target file "
                              "(its [trex] table; see lab/target.py), reached over SSH")
+    parser.add_argument("--katran", metavar="PATH", nargs="?", const="",
+                        help="time l4lab and Katran side by side: Katran is built from the checkout at PATH "
+                             "(default $L4LAB_KATRAN_SRC); see lab/katranbench.py")
     parser.add_argument("--results", metavar="DIR", type=Path,
                         help="results directory (default $L4LAB_RESULTS or results/)")
 
@@ -621,6 +628,12 @@ def options(args: argparse.Namespace) -> Options:
 
 def run(args: argparse.Namespace) -> int:
     """The verb's body for lab/cli.py: errors propagate as LabError / UsageError (exit 1 / 2)."""
+    if args.katran is not None:
+        from lab import katranbench
+
+        check_environment()
+        katranbench.run(katranbench.options(args.katran or None, args.quick, args.results))
+        return 0
     opts = options(args)
     if opts.trex is not None:
         from lab import trexbench

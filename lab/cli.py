@@ -76,8 +76,19 @@ def _run_down(args: argparse.Namespace) -> int:
     from lab import netns
 
     started = time.monotonic()
-    netns.teardown(check_name(args.name))
-    print(f"lab '{args.name}' down in {time.monotonic() - started:.2f} s")
+    removed = netns.teardown(check_name(args.name))
+    counts: dict[str, int] = {}
+    for kind, _what in removed:
+        counts[kind] = counts.get(kind, 0) + 1
+    names = {"balancer": "balancer instance", "process": "process", "pin": "pin", "pin-dir": "pin directory",
+             "veth": "veth", "netns": "namespace", "state-dir": "state directory"}
+    plural = {"process": "processes", "pin directory": "pin directories", "state directory": "state directories"}
+    words = [(n, names.get(kind, kind)) for kind, n in counts.items()]
+    summary = ", ".join(f"{n} {w if n == 1 else plural.get(w, w + 's')}" for n, w in words) or "nothing was left"
+    print(f"lab '{args.name}' down in {time.monotonic() - started:.2f} s; removed {summary}")
+    for kind, what in removed:
+        if kind == "balancer":  # named: a daemon or a failed lbctl may have changed them
+            print(f"  {what}")
     return 0
 
 
@@ -205,7 +216,7 @@ def _add_passthrough(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="options of the verb (see VERB --help)")
 
 
-PASSTHROUGH = ("demo", "report", "bench", "nic-queues")
+PASSTHROUGH = ("demo", "report", "bench", "nic-queues", "conform")
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -224,6 +235,12 @@ def _run_nic_queues(args: argparse.Namespace) -> int:
     from lab import nic
 
     return nic.main(args.args)
+
+
+def _run_conform(args: argparse.Namespace) -> int:
+    from lab import conform
+
+    return conform.main(args.args)
 
 
 def _run_report(args: argparse.Namespace) -> int:
@@ -245,6 +262,8 @@ VERBS: dict[str, Verb] = {
     "nic-queues": Verb("per-queue RX packets of a NIC over an interval and their spread (RSS on hardware)",
                        _add_passthrough, _run_nic_queues),
     "report": Verb("render results JSON into one HTML report", _add_passthrough, _run_report),
+    "conform": Verb("run the conformance checks against each device under test (l4lab, ipvs) and print "
+                    "the matrix", _add_passthrough, _run_conform),
     "trace": Verb("count XDP exceptions, XDP bulk-TX errors and drop reasons per node", _add_trace,
                   _run_trace),
     "target": Verb("write a target file (hardware mode: suites over SSH) for a Vagrant or a running netns lab",
@@ -293,7 +312,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, LbError):
             print(f"l4lab: {exc}", file=sys.stderr)
             return 1
-        raise
+        if isinstance(exc, PermissionError):  # run without root: say so rather than log a traceback
+            print(f"l4lab: {exc.strerror or exc}; run l4lab as root (it needs CAP_SYS_ADMIN and CAP_NET_ADMIN)",
+                  file=sys.stderr)
+            return 1
+        from balancer.errors import crash_report  # a bug: one line here, the traceback in a log file
+
+        print(crash_report("l4lab", exc, ("/run/l4lab",)), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ the router's interface MAC, read from the running lab.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Collection
 
 from pyroute2 import IPRoute
 
@@ -59,8 +60,9 @@ def peer_mac(lab: str, node: str, ifname: str) -> str:
 def balancer_config(topo: Topology, lab: str, *, encaps: dict[int, str], lb: str = "lb",
                     mode: str = "native", mtu: int = 1500, weights: dict[str, int] | None = None,
                     lru: bool = True, outer_src: str | None = None, ifname: str | None = None,
-                    nexthop_mac: str | None = None) -> cfg.Config:
-    """A balancer config for node lb: every VIP of a family in encaps, with that family's encap.
+                    nexthop_mac: str | None = None, reals: Collection[str] | None = None) -> cfg.Config:
+    """A balancer config for node lb: every VIP of a family in encaps, with that family's encap,
+    served by every real node (or those named in `reals`) at weight 1 or as `weights` says.
 
     `ifname` and `nexthop_mac` replace the topology's interface name and the MAC read from the
     running netns lab, for a lab built elsewhere (lab/target.py)."""
@@ -72,14 +74,14 @@ def balancer_config(topo: Topology, lab: str, *, encaps: dict[int, str], lb: str
         fam = vip.address.version
         if fam not in encaps:
             continue
-        reals = tuple(cfg.Real(address=ipaddress.ip_address(a), weight=(weights or {}).get(n, 1))
-                      for n, a in sorted(real_addresses(topo, fam).items()))
+        members = tuple(cfg.Real(address=ipaddress.ip_address(a), weight=(weights or {}).get(n, 1))
+                        for n, a in sorted(real_addresses(topo, fam).items()) if reals is None or n in reals)
         encap = encaps[fam]
         for port in vip.ports:
             vips.append(cfg.Vip(address=vip.address, port=port.port, proto=port.proto,  # type: ignore[arg-type]
                                 encap=encap, lru=lru,  # type: ignore[arg-type]
                                 outer_src=outer_src or ("flow" if encap == "ipip" else "fixed"),  # type: ignore[arg-type]
-                                reals=reals))
+                                reals=members))
     return cfg.Config(
         datapath=cfg.DatapathConfig(interfaces=(ifname or lb_if,), mode=mode, mtu=mtu,  # type: ignore[arg-type]
                                     lru_size=4096, fallback_size=4096),

@@ -162,16 +162,28 @@ class Builder:
         for node in self.topo.nodes_with_role("lb"):
             instance = f"{self.lab}-{node.name}"
             families = {v.address.version for v in self.topo.vips}
+            with self._step(f"check that no balancer instance {instance} exists"):
+                left = [str(p) for p in (Path(Instance.pin_dir(instance)), Instance.state_path(instance))
+                        if p.exists()]
+                if left:
+                    raise LabError(f"balancer instance {instance} exists already ({', '.join(left)}) while "
+                                   f"lab '{self.lab}' is not up; remove it with "
+                                   f"`lbctl --instance {instance} unload` (or remove those paths)")
+            # Journaled before the load: a build killed during it still has its pins removed by `down`.
+            self._register(stack, Undo("balancer", instance))
             with self._step(f"load the balancer on {node.name} (lbctl instance {instance})"):
                 conf = balancer_config(self.topo, self.lab, encaps=dict.fromkeys(families, "ipip"), lb=node.name)
                 (state_dir(self.lab) / f"lb-{node.name}.toml").write_text(cfg.dump(conf))
                 with entered(netns_name(self.lab, node.name)):
                     Instance.load(instance, [lb_link(self.topo, node.name)[0]], "native", conf).close()
-            self._register(stack, Undo("balancer", instance))
 
     def _check_tools(self) -> None:
-        """Refuse early, before any namespace exists, when FRR or qemu is needed and missing."""
+        """Refuse early, before any namespace exists, when FRR or qemu is needed and missing, or
+        the host cannot take a lab (capabilities, bpffs hidden)."""
         from lab import frr, vmnodes
+
+        with self._step("check the capabilities and bpffs"):
+            require_host(with_bpf=self.with_programs or self.with_balancers)
 
         if self.topo.bgp_nodes():
             with self._step("check that FRR is installed"):
@@ -475,21 +487,75 @@ def build(
                    interrupt_at=interrupt_at, on_step=on_step).build()
 
 
-def teardown(lab: str) -> None:
-    """Remove lab `lab` as its journal records it (in reverse order)."""
+def teardown(lab: str) -> list[tuple[str, str]]:
+    """Remove lab `lab` as its journal records it (in reverse order); return what was removed,
+    as (journal kind, description) pairs.
+
+    Whatever happened since `up` (a daemon that died, an lbctl that failed, resources removed by
+    hand), every entry is attempted: one that is already gone is skipped, one that cannot be
+    removed is kept in the journal with the state directory, so that a second `down` can finish,
+    and the failures are raised together once the rest is gone. A balancer instance goes by its
+    pins and state file, not through a state file that a failed command may have removed.
+    """
     directory = state_dir(lab)
     if directory.is_dir() and not (directory / "state.json").exists():
         shutil.rmtree(directory)  # a build that died before its first journal entry
-        return
+        return [("state-dir", f"state directory {directory} (no journal yet)")]
     state = LabState.load(lab)
-    with ExitStack() as stack:
-        for undo in state.undo:
-            stack.callback(undo_one, undo)
+    try:
+        require_host(with_bpf=any(u.kind in ("pin-dir", "pin", "balancer") for u in state.undo))
+    except LabError as exc:
+        raise LabError(f"cannot take lab '{lab}' down from here: {exc}") from exc
+    removed: list[tuple[str, str]] = []
+    failed: list[tuple[Undo, LabError]] = []
+    last = [u for u in state.undo if u.kind == "state-dir"]
+    for undo in reversed([u for u in state.undo if u.kind != "state-dir"]):
+        try:
+            what = undo_one(undo)
+        except LabError as exc:
+            failed.append((undo, exc))
+            continue
+        if what:
+            removed.append((undo.kind, what))
+    if failed:
+        state.undo = last + [u for u, _ in reversed(failed)]
+        state.save()
+        raise LabError(f"lab '{lab}' is partly down ({len(removed)} removed); left: "
+                       + "; ".join(str(e) for _, e in failed) + f"; run `l4lab down --name {lab}` again")
+    for undo in last:
+        what = undo_one(undo)
+        if what:
+            removed.append((undo.kind, what))
+    return removed
 
 
-def undo_one(undo: Undo) -> None:
-    """Remove one journaled resource; a resource already gone is fine, any other error is raised."""
-    handlers: dict[str, Callable[[Undo], None]] = {
+HOST_REMEDY = "run l4lab in the host's mount namespace (not under `ip netns exec` or `unshare -m`)"
+
+
+def require_host(*, with_bpf: bool) -> None:
+    """Refuse, before anything changes, a process that cannot build or remove a lab: one without
+    CAP_SYS_ADMIN and CAP_NET_ADMIN (namespaces, links), or (with_bpf) one that cannot see bpffs,
+    where every pin would look gone."""
+    from balancer import preflight
+
+    have = preflight.effective_caps()
+    missing = [preflight.CAP_NAMES[c] for c in (preflight.CAP_SYS_ADMIN, preflight.CAP_NET_ADMIN)
+               if not have >> c & 1]
+    if missing:
+        raise LabError(f"this process lacks {', '.join(missing)}: run l4lab as root (sudo)")
+    if with_bpf:
+        try:
+            preflight.require_bpffs(str(BPF_DIR.parent), HOST_REMEDY)
+        except LbError as exc:
+            raise LabError(str(exc)) from exc
+
+
+def undo_one(undo: Undo) -> str | None:
+    """Remove one journaled resource and say what it was; None when it was already gone.
+
+    Only "already gone" is tolerated; any other error is raised as a LabError.
+    """
+    handlers: dict[str, Callable[[Undo], str | None]] = {
         "state-dir": _undo_state_dir,
         "netns": _undo_netns,
         "veth": _undo_veth,
@@ -499,63 +565,105 @@ def undo_one(undo: Undo) -> None:
         "balancer": _undo_balancer,
     }
     try:
-        handlers[undo.kind](undo)
+        return handlers[undo.kind](undo)
     except NetlinkError as exc:
         if exc.code not in GONE:
             raise LabError(f"cannot remove {undo.kind} {undo.target}: {os.strerror(exc.code)}") from exc
     except OSError as exc:
         if exc.errno not in GONE:
             raise LabError(f"cannot remove {undo.kind} {undo.target}: {exc.strerror or exc}") from exc
+    except LbError as exc:
+        raise LabError(f"cannot remove {undo.kind} {undo.target}: {exc}") from exc
+    return None
 
 
-def _undo_state_dir(undo: Undo) -> None:
+def _undo_state_dir(undo: Undo) -> str:
     shutil.rmtree(undo.target)
+    return f"state directory {undo.target}"
 
 
-def _undo_balancer(undo: Undo) -> None:
-    """lbctl unload of a balancer instance the lab loaded; an instance already gone is fine."""
-    from balancer.controller import Instance
-    from balancer.errors import DatapathError
+def _undo_balancer(undo: Undo) -> str | None:
+    """Remove a balancer instance the lab loaded: its pins (which detaches links no process holds),
+    its state file and its lock, whichever of them a daemon or a failed lbctl left."""
+    from balancer import controller, preflight
+    from balancer.datapath import Datapath
 
+    name = undo.target
+    pins = Path(controller.Instance.pin_dir(name))
+    files = [controller.Instance.state_path(name), preflight.lock_path(controller.STATE_ROOT, name)]
+    if not pins.exists() and not any(f.exists() for f in files):
+        return None
+    holder = _lock_holder(files[1])
+    Datapath.unpin(str(pins))
+    for f in files:
+        f.unlink(missing_ok=True)
+    what = f"balancer instance {name} (pins {pins})"
+    if holder:
+        what += f"; {holder} still holds its program attached until it exits"
+    return what
+
+
+def _lock_holder(path: Path) -> str:
+    """Who holds an instance's lock (a running `lbctl run`), or '' when nobody does."""
     try:
-        inst = Instance.open(undo.target)
-    except DatapathError as exc:
-        if exc.errno in GONE:
-            return
-        raise
-    inst.unload()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return ""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return ""
+    except BlockingIOError:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "a process"
+    finally:
+        os.close(fd)
 
 
-def _undo_netns(undo: Undo) -> None:
+def _undo_netns(undo: Undo) -> str | None:
     path = bytes(netns_path(undo.target))
     if _libc.umount2(path, _MNT_DETACH) != 0:
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOENT):  # EINVAL: the file is no longer a mount point
             raise OSError(err, f"umount {path.decode()}: {os.strerror(err)}")
     os.unlink(path)
+    return f"netns {undo.target}"
 
 
-def _undo_veth(undo: Undo) -> None:
+def _undo_veth(undo: Undo) -> str | None:
     assert undo.netns is not None
     with entered(undo.netns), IPRoute() as ipr:
         found = ipr.link_lookup(ifname=undo.target)
         if found:
             ipr.link("del", index=found[0])
+            return f"veth {undo.target} in {undo.netns}"
+    return None
 
 
-def _undo_pin_dir(undo: Undo) -> None:
-    os.rmdir(undo.target)
+def _undo_pin_dir(undo: Undo) -> str:
+    """The lab's own pin directory, with whatever was pinned into it since (it is the lab's)."""
+    path = Path(undo.target)
+    stray = sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True)
+    for p in stray:
+        if p.is_dir():
+            p.rmdir()
+        else:
+            p.unlink()
+    path.rmdir()
+    return f"pin directory {undo.target}" + (f" (and {len(stray)} entries pinned there since)" if stray else "")
 
 
-def _undo_pin(undo: Undo) -> None:
+def _undo_pin(undo: Undo) -> str:
     os.unlink(undo.target)
+    return f"pin {undo.target}"
 
 
-def _undo_process(undo: Undo) -> None:
+def _undo_process(undo: Undo) -> str | None:
     from lab.state import Process
 
     assert undo.starttime is not None
+    if services.starttime(int(undo.target)) != undo.starttime:  # gone, or its pid reused
+        return None
     services.stop(Process(node="?", pid=int(undo.target), starttime=undo.starttime, argv=[], log=""))
+    return f"process {undo.target}"
 
 
 # ---- small helpers that act inside a namespace

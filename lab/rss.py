@@ -40,6 +40,7 @@ __all__ = [
     "hash_flows",
     "indirection_table",
     "inputs_v4",
+    "nic_input",
     "predict_queues",
     "queues_of",
     "spread",
@@ -157,6 +158,32 @@ def flow_input(flow: Flow, fields: Fields = "sdfn") -> bytes:
     elif fields != "sd":
         raise ValueError(f'fields must be "sd" or "sdfn" but got {fields!r}')
     return data
+
+
+def nic_input(frame: bytes, fields: Fields = "sdfn") -> bytes:
+    """The bytes an RSS NIC hashes for an Ethernet frame: its outer addresses, and its UDP ports when
+    ``fields`` (the NIC's udp4/udp6 setting) is ``"sdfn"``.
+
+    Any other protocol after the outer IP header (IPIP, 6in6, 4in6) is hashed on addresses only: a
+    NIC does not look inside the tunnel. IPv6 extension headers are not followed (the LB writes none).
+    """
+    offset = 14
+    ethertype = int.from_bytes(frame[12:14], "big")
+    while ethertype in (0x8100, 0x88A8):  # VLAN tags
+        ethertype = int.from_bytes(frame[offset + 2: offset + 4], "big")
+        offset += 4
+    if ethertype == 0x0800:
+        ihl = (frame[offset] & 0x0F) * 4
+        proto, data, l4 = frame[offset + 9], frame[offset + 12: offset + 20], offset + ihl
+    elif ethertype == 0x86DD:
+        proto, data, l4 = frame[offset + 6], frame[offset + 8: offset + 40], offset + 40
+    else:
+        raise ValueError(f"ethertype 0x{ethertype:04x} is neither IPv4 nor IPv6: an RSS NIC does not hash it")
+    if fields not in ("sd", "sdfn"):
+        raise ValueError(f'fields must be "sd" or "sdfn" but got {fields!r}')
+    if proto == 17 and fields == "sdfn":
+        data += frame[l4: l4 + 4]
+    return bytes(data)
 
 
 def inputs_v4(

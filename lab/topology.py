@@ -10,6 +10,7 @@ The file format (see lab/topologies/default.toml for a complete example):
     [[nodes]]  name, role (client|router|lb|real), kind ("netns"|"vm"), sysctls, routes = [{dst, via}],
                decap = {mode = "bpf", ifname, attach = "tc"|"xdp"}         (netns reals)
                decap = {mode = "kernel", gue_port = 6080}                  (vm reals: tunl0, fou/GUE)
+               nic = {queues = 4, rss = true}      (vm reals: a multiqueue virtio-net NIC, qemu's RSS on)
                bgp_asn = 65000                         (router and lb nodes that run FRR, see lab.frr)
     [[links]]  mtu, a = {endpoint}, b = {endpoint}; endpoint = {node, ifname, addresses,
                extra_addresses, offloads = {tx = false}, xdp = {object, program, mode}}
@@ -51,6 +52,7 @@ DEFAULT_GUE_PORT = 6080
 DECAP_ATTACH = ("tc", "xdp")
 XDP_MODES = ("native", "generic")
 OFFLOADS = ("tx",)
+MAX_NIC_QUEUES = 8  # a VM NIC's queues are its vCPUs under TCG: more only slows the boot
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 _IFNAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,15}$")
@@ -125,6 +127,14 @@ class Decap:
 
 
 @dataclass(frozen=True)
+class Nic:
+    """A VM real's NIC: its receive queues (and vCPUs), and whether qemu spreads them by Toeplitz RSS."""
+
+    queues: int = 1
+    rss: bool = False
+
+
+@dataclass(frozen=True)
 class Node:
     """A machine of the lab (a network namespace for kind = "netns")."""
 
@@ -135,6 +145,7 @@ class Node:
     routes: tuple[Route, ...]
     decap: Decap | None
     bgp_asn: int | None = None  # runs FRR and peers over its links with other BGP nodes
+    nic: Nic = Nic()  # a VM real's NIC; netns nodes keep the default
 
 
 @dataclass(frozen=True)
@@ -293,6 +304,18 @@ class _Reader:
         if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
             raise self.fail(_join(where, key), value, f"an integer {lo}..{hi}")
         return value
+
+    def nic(self, raw: Mapping[str, Any], where: str) -> Nic:
+        """A VM real's `nic = {queues, rss}`: RSS needs at least two queues to spread over."""
+        body = self.table(raw, "nic", where, required=False)
+        self.unknown_keys(body, ("queues", "rss"), f"{where}.nic")
+        queues = self.integer(body, "queues", f"{where}.nic", 1, MAX_NIC_QUEUES, default=1)
+        rss = body.get("rss", False)
+        if not isinstance(rss, bool):
+            raise self.fail(f"{where}.nic.rss", rss, "true or false")
+        if rss and queues < 2:
+            raise self.fail(f"{where}.nic.queues", queues, "at least 2 with rss = true (RSS spreads over queues)")
+        return Nic(queues, rss)
 
     def unknown_keys(self, raw: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
         for key in raw:
@@ -526,7 +549,7 @@ class _Reader:
         by_role: dict[str, dict[str, str]],
         links: tuple[Link, ...],
     ) -> Node:
-        self.unknown_keys(raw, ("name", "role", "kind", "sysctls", "routes", "decap", "bgp_asn"), where)
+        self.unknown_keys(raw, ("name", "role", "kind", "sysctls", "routes", "decap", "bgp_asn", "nic"), where)
         name = raw["name"]
         role = self.string(raw, "role", where, choices=ROLES)
         kind = self.string(raw, "kind", where, choices=KINDS, default="netns")
@@ -552,6 +575,8 @@ class _Reader:
                     )
             if "decap" not in raw:
                 raise self.fail(f"{where}.decap", None, 'a table {mode = "kernel"} (a VM real decapsulates)')
+        elif "nic" in raw:
+            raise self.fail(f"{where}.nic", raw["nic"], 'absent on a netns node (only a VM real has a NIC to set)')
         sysctls = {
             **base,
             **by_role.get(role, {}),
@@ -597,7 +622,7 @@ class _Reader:
                     )
                 port = self.integer(body, "gue_port", f"{where}.decap", 1, 65535, default=DEFAULT_GUE_PORT)
                 decap = Decap("kernel", mine[0].ifname, "", port)
-                return Node(name, role, kind, tuple(sysctls.items()), (), decap, bgp_asn)
+                return Node(name, role, kind, tuple(sysctls.items()), (), decap, bgp_asn, self.nic(raw, where))
             self.unknown_keys(body, ("mode", "ifname", "attach"), f"{where}.decap")
             if mode == "kernel":
                 raise self.fail(f"{where}.decap.mode", mode, '"bpf" (kernel decap needs kind = "vm")')

@@ -15,6 +15,11 @@ program needs no headers of the running kernel beyond what BCC itself includes (
     with Tracer("l4lab") as tracer:
         send_traffic()
         print(tracer.report().render())
+
+This tracer is evidence for a human (a failed test's report, `l4lab trace`), and it is absent when
+BCC is. A test that asserts "no XDP exception" counts them with lab/xdp_exceptions.py instead: our
+own BPF object on the same tracepoint, loaded through balancer.libbpf, which fails saying why
+rather than turning into nothing.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
     python -m lab.traffic udp  --vip 198.51.100.100 --port 9000 --count 30 --source ...
 
 Each request is a new flow (a new TCP connection or a new UDP socket), taken in turn from each
-source address, so flows spread over the reals. The lab's services put the real's node name in
+source address, so flows spread over the reals; `--sport-base` fixes each request's source port,
+so that a second run sends the same flows again. The lab's services put the real's node name in
 every answer; the report lists, per request, the source, the answering node and any error.
 Deadlines are per request; nothing sleeps.
 """
@@ -20,14 +21,15 @@ import time
 from typing import Any
 
 
-def http_once(vip: str, port: int, source: str, timeout: float) -> dict[str, Any]:
+def http_once(vip: str, port: int, source: str, timeout: float, sport: int = 0) -> dict[str, Any]:
     t0 = time.monotonic()
-    conn = http.client.HTTPConnection(vip, port, timeout=timeout, source_address=(source, 0))
+    conn = http.client.HTTPConnection(vip, port, timeout=timeout, source_address=(source, sport))
     try:
         conn.request("GET", "/", headers={"Connection": "close"})
         resp = conn.getresponse()
         body = resp.read().decode(errors="replace")
-        return {"source": source, "status": resp.status, "node": _node(body),
+        return {"source": source, "sport": conn.sock.getsockname()[1] if conn.sock else sport,
+                "status": resp.status, "node": _node(body),
                 "seconds": round(time.monotonic() - t0, 4)}
     except OSError as exc:
         return {"source": source, "error": f"{type(exc).__name__}: {exc}"}
@@ -35,20 +37,23 @@ def http_once(vip: str, port: int, source: str, timeout: float) -> dict[str, Any
         conn.close()
 
 
-def udp_once(vip: str, port: int, source: str, timeout: float) -> dict[str, Any]:
+def udp_once(vip: str, port: int, source: str, timeout: float, sport: int = 0) -> dict[str, Any]:
     family = socket.AF_INET6 if ":" in vip else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.settimeout(timeout)
-        s.bind((source, 0))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((source, sport))
+        sport = s.getsockname()[1]
         payload = f"ping {time.monotonic_ns()}".encode()
         t0 = time.monotonic()
         try:
             s.sendto(payload, (vip, port))
             data, peer = s.recvfrom(65535)
         except OSError as exc:
-            return {"source": source, "error": f"{type(exc).__name__}: {exc}"}
+            return {"source": source, "sport": sport, "error": f"{type(exc).__name__}: {exc}"}
         text = data.decode(errors="replace")
-        return {"source": source, "node": _node(text), "peer": peer[0], "echoed": payload.decode() in text,
+        return {"source": source, "sport": sport, "node": _node(text), "peer": peer[0],
+                "echoed": payload.decode() in text,
                 "seconds": round(time.monotonic() - t0, 4)}
 
 
@@ -66,10 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=10)
     ap.add_argument("--source", action="append", default=[])
     ap.add_argument("--timeout", type=float, default=3.0)
+    ap.add_argument("--sport-base", type=int, default=0,
+                    help="request i uses source port BASE + i (the same flows again on a rerun); 0: any")
     args = ap.parse_args(argv)
     sources = args.source or ["::" if ":" in args.vip else "0.0.0.0"]
     once = http_once if args.kind == "http" else udp_once
-    results = [once(args.vip, args.port, sources[i % len(sources)], args.timeout) for i in range(args.count)]
+    results = [once(args.vip, args.port, sources[i % len(sources)], args.timeout,
+                    args.sport_base + i if args.sport_base else 0) for i in range(args.count)]
     json.dump(results, sys.stdout)
     return 0
 

@@ -6,7 +6,9 @@ eth0 the node's own. The builder starts `python -m lab.vmnodes` per VM node, out
 and in its own session, so the VM outlives `l4lab up`; the supervisor boots the VM, writes a ready
 file (JSON: boot time, qemu's pid) and waits for SIGTERM, then kills qemu and removes the tap. The
 builder journals both the supervisor and qemu, so `l4lab down` removes the VM even if the
-supervisor was killed.
+supervisor was killed. A VM whose node has `nic = {queues, rss = true}` gets a multiqueue NIC, and
+its supervisor proves RSS on (lab.vm.VmReal.prove_rss) before it reports ready; `run()` runs a
+command in a lab's VM over its control channel (also for `Lab.run` in the suites).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -40,6 +43,8 @@ class Ready:
     qemu_starttime: int
     qemu_argv: list[str]
     serial_log: str
+    control: str = ""  # the VM's control socket (lab.vm.guest_run)
+    rss_proof: dict[str, object] | None = None  # what the boot-time RSS proof observed
 
 
 def missing() -> str | None:
@@ -69,6 +74,10 @@ def supervisor_argv(lab: str, netns: str, topo: Topology, node: Node, ready: Pat
             argv += [addr_flag, str(mine[0]), gw_flag, str(theirs[0].ip)]
     for vip in topo.vips:
         argv += ["--vip", str(vip.address)]
+    if node.nic.queues > 1:
+        argv += ["--queues", str(node.nic.queues)]
+    if node.nic.rss:
+        argv += ["--rss"]
     ports = {p.service: p.port for v in topo.vips for p in v.ports}
     if "http" in ports:
         argv += ["--http-port", str(ports["http"])]
@@ -103,6 +112,23 @@ def wait_ready(proc: Process, run_dir: Path, timeout: float = READY_TIMEOUT_S) -
     return Ready(**json.loads(path.read_text()))
 
 
+def ready_of(lab: str, node: str) -> Ready:
+    """The ready record of a running lab's VM node; LabError if it has none (not a VM, or not up)."""
+    from lab.state import state_dir
+
+    path = state_dir(lab) / f"{node}.ready"
+    if not path.is_file():
+        raise LabError(f"lab '{lab}' has no running VM node '{node}' ({path} is missing); is the lab up?")
+    return Ready(**json.loads(path.read_text()))
+
+
+def run(lab: str, node: str, argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run argv in VM node `node` of lab `lab` (its output and stderr together in stdout)."""
+    from lab.vm import guest_run
+
+    return guest_run(Path(ready_of(lab, node).control), argv, timeout=timeout)
+
+
 def qemu_process(node: str, ready: Ready) -> Process:
     """The VM's qemu as a journaled lab process (so that `down` ends it even without its supervisor)."""
     return Process(node=node, pid=ready.qemu_pid, starttime=ready.qemu_starttime, argv=ready.qemu_argv,
@@ -130,9 +156,11 @@ def supervise(args: argparse.Namespace) -> None:
         args.node, args.netns, addr=addr, prefix=int(prefix), gateway=args.gateway, vips=args.vip,
         gue_ports=[args.gue_port], addr6=addr6, prefix6=int(prefix6), gateway6=args.gateway6, tap=args.tap,
         http_port=args.http_port, udp_echo_port=args.udp_echo_port, keep_logs=False,
+        queues=args.queues, rss=args.rss,
     )  # fmt: skip
     try:
         vm.start()  # undoes itself on any exception, _Stop included
+        proof = vm.prove_rss() if vm.rss else None
         process = vm._process
         assert process is not None and vm.boot_seconds is not None and vm.guest_uptime is not None
         ready = Ready(
@@ -142,11 +170,15 @@ def supervise(args: argparse.Namespace) -> None:
             qemu_starttime=starttime(process.pid) or 0,
             qemu_argv=[str(a) for a in process.args],  # type: ignore[union-attr]
             serial_log=str(vm.serial_log),
+            control=str(vm.control_socket),
+            rss_proof=proof,
         )
         tmp = args.ready_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(ready.__dict__))
         os.replace(tmp, args.ready_file)
         print(f"VM {args.node} ready in {vm.boot_seconds:.2f} s (qemu pid {process.pid})", flush=True)
+        if proof is not None:
+            print(f"VM {args.node}: RSS proven on: {json.dumps(proof)}", flush=True)
         while True:
             signal.pause()
     except _Stop as stop:
@@ -171,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gue-port", type=int, default=6080)
     parser.add_argument("--http-port", type=int, default=80)
     parser.add_argument("--udp-echo-port", type=int, default=9000)
+    parser.add_argument("--queues", type=int, default=1, help="NIC queues (and vCPUs)")
+    parser.add_argument("--rss", action="store_true", help="switch qemu's RSS on and prove it before ready")
     parser.add_argument("--ready-file", required=True, type=Path)
     args = parser.parse_args(argv)
     try:

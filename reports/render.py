@@ -39,9 +39,11 @@ from reports.schema import (
     BenchPayload,
     ChurnPayload,
     ConformancePayload,
+    CorpusPayload,
     DemoEncap,
     DemoPayload,
     FailoverPayload,
+    FuzzPayload,
     PmtuPayload,
     Result,
     ResultsError,
@@ -965,6 +967,67 @@ def compare_html(results: list[Result], a: str, b: str, now: datetime | None = N
 def _describe_runs(chosen: list[Result]) -> str:
     commits = _distinct([_short(r.commit) for r in chosen])
     return "commits " + ", ".join(commits[:3]) + (" …" if len(commits) > 3 else "") if commits else "none"
+def _corpus(results: list[Result]) -> Section:
+    section = Section(
+        "corpus",
+        "Katran's fixture corpus",
+        "Katran's own datapath fixtures replayed through our programs: what each case proved. "
+        "Not applicable cases exercise a feature l4lab does not implement and are not run.",
+    )
+    found = of_kind(results, CorpusPayload)
+    if not found:
+        section.empty = True
+        return section
+    result, p = max(found, key=lambda rp: rp[0].time)
+    section.tables.append(
+        Table(
+            f"What the {p.cases} cases proved ({result.id})",
+            ["byte-exact", "verdict and real", "of which Katran's real", "deliberate deviations", "not applicable"],
+            [[Cell(str(v), "num") for v in (p.byte_exact, p.verdict_and_real, p.katrans_real, p.deviations,
+                                             p.not_applicable)]],
+        )
+    )
+    return section
+
+
+def _fuzz(results: list[Result]) -> Section:
+    section = Section(
+        "fuzz",
+        "Fuzzed frames",
+        "Generated and mutated frames through the balancer and the decap programs by BPF_PROG_TEST_RUN: "
+        "aborted runs, runs not counted under exactly one reason, and the reasons counted.",
+    )
+    found = of_kind(results, FuzzPayload)
+    if not found:
+        section.empty = True
+        return section
+    runs = []
+    reasons = []
+    for result, p in sorted(found, key=lambda rp: rp[0].time):
+        runs.append(
+            [
+                Cell(result.id, "key"),
+                Cell(str(p.seed), "num"),
+                Cell(str(p.frames), "num"),
+                Cell(str(p.runs), "num"),
+                Cell(_fmt(p.seconds, 1), "num"),
+                Cell(f"{p.frames_per_s:.0f}", "num"),
+                Cell(str(p.aborted), "num " + ("ok" if p.aborted == 0 else "bad")),
+                Cell(str(p.without_one_reason), "num " + ("ok" if p.without_one_reason == 0 else "bad")),
+            ]
+        )
+    latest_result, latest = max(found, key=lambda rp: rp[0].time)
+    for r in sorted(latest.reasons, key=lambda r: (r.program, -r.frames)):
+        reasons.append([Cell(r.program, "key"), Cell(r.reason), Cell(str(r.frames), "num")])
+    section.tables.append(
+        Table(
+            "Fuzz runs",
+            ["run", "seed", "frames", "test runs", "seconds", "frames/s", "aborted", "without one reason"],
+            runs,
+        )
+    )
+    section.tables.append(Table(f"Reasons counted in {latest_result.id}", ["program", "reason", "runs"], reasons))
+    return section
 
 
 # --- the page -----------------------------------------------------------------------------------
@@ -1024,6 +1087,8 @@ def render_html(results: list[Result], source: str = "", now: datetime | None = 
         _churn(results),
         _failover(results),
         _conformance(results),
+        _corpus(results),
+        _fuzz(results),
         _history(results),
     ]
     return _page(sections, results, source, now, "l4lab report")

@@ -30,6 +30,7 @@ from reports.schema import (
     ConformancePayload,
     ConnectionOutcomes,
     ControllerFigure,
+    CorpusPayload,
     DemoChurn,
     DemoEncap,
     DemoPayload,
@@ -37,6 +38,8 @@ from reports.schema import (
     DemoSpread,
     FailoverPayload,
     Floor,
+    FuzzPayload,
+    FuzzReason,
     KatranChurn,
     Kind,
     LatencyFigure,
@@ -390,7 +393,26 @@ def write_sample(
                 case_id(test, encap),
                 ConformancePayload(test=test, encap=encap, outcome=outcome, duration_s=duration),  # type: ignore[arg-type]
             )
+    put(Kind.CORPUS, "test_katran_fixtures",
+        CorpusPayload(cases=193, byte_exact=48, verdict_and_real=24, deviations=8, not_applicable=113,
+                      katrans_real=4))
+    put(Kind.FUZZ, "test_fuzz_volume", fuzz_payload(rng))
     return paths
+
+
+def fuzz_payload(rng: random.Random) -> FuzzPayload:
+    """A fuzz run of 100,000 frames through three programs; nothing aborted."""
+    frames = 100_000
+    split = {"balancer_xdp": {"PASS_NOT_VIP": 0.4, "TX_ENCAP": 0.3, "DROP_MALFORMED_IP": 0.3},
+             "decap_xdp": {"PASS_NOT_ENCAP": 0.8, "GUE": 0.1, "DROP_MALFORMED": 0.1},
+             "decap_tc": {"PASS_NOT_ENCAP": 0.8, "GUE": 0.1, "DROP_MALFORMED": 0.1}}
+    reasons = [FuzzReason(program=prog, reason=reason, frames=round(frames * share))
+               for prog, shares in split.items() for reason, share in shares.items()]
+    seconds = round(rng.uniform(8, 12), 2)
+    return FuzzPayload(seed=rng.randrange(2**32), frames=frames, runs=3 * frames, seconds=seconds,
+                       frames_per_s=round(frames / seconds, 1), runs_per_s=round(3 * frames / seconds, 1),
+                       refused=0, aborted=0, without_one_reason=0,
+                       tx_checked=30_000, reasons=reasons)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

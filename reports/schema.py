@@ -4,7 +4,8 @@ A results file is a JSON object::
 
     {
       "schema_version": 1,
-      "kind": "bench",                        # conformance, bench, rss, pmtu, churn, failover, demo
+      "kind": "bench",                        # conformance, bench, rss, pmtu, churn, failover, demo,
+                                              # corpus, fuzz
       "id": "test_throughput[ip4-gue1]",     # the test name, optionally with its encap id in brackets
       "machine": {"hostname": "...", "kernel": "6.18.0", "cpus": 2},
       "commit": "<40 hex digits>[-dirty]" or "unknown",
@@ -61,12 +62,15 @@ __all__ = [
     "ConformancePayload",
     "ConnectionOutcomes",
     "DemoChurn",
+    "CorpusPayload",
     "DemoEncap",
     "DemoPmtu",
     "DemoSpread",
     "DemoPayload",
     "FailoverPayload",
     "Floor",
+    "FuzzPayload",
+    "FuzzReason",
     "KatranChurn",
     "Kind",
     "LatencyFigure",
@@ -122,6 +126,8 @@ class Kind(enum.StrEnum):
     CHURN = "churn"
     FAILOVER = "failover"
     DEMO = "demo"
+    CORPUS = "corpus"
+    FUZZ = "fuzz"
 
 
 class ResultsError(ValueError):
@@ -334,8 +340,8 @@ class RssScenario:
     p_value: float = field(metadata=_rule(_between(0, 1)))
     counted: Literal["packets", "flows"] = "packets"
     # model: the Toeplitz prediction for the flows; nic:<driver> (nic:virtio, nic:mlx5_core): a NIC's own
-    # per-queue counters; measured: the kernel's software view (RPS CPUs) on a real
-    source: str = field(default="model", metadata=_rule(_rss_source))
+    # per-queue counters; measured: any other measurement (the kernel's RPS CPUs on a real)
+    source: str = field(default="measured", metadata=_rule(_rss_source))
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if len(self.queue_counts) != self.nqueues:
@@ -444,13 +450,29 @@ class FailoverPayload:
 
 
 @dataclass(frozen=True)
+class ConformanceFigure:
+    """One figure a conformance test measured and asserted (the DUT side by side reads these)."""
+
+    name: str = field(metadata=_rule(_non_empty))
+    value: float
+    unit: str = ""
+
+
+@dataclass(frozen=True)
 class ConformancePayload:
-    """The outcome of one conformance test in one encap."""
+    """The outcome of one conformance test in one encap, on one device under test (lab/dut.py).
+
+    `not-applicable` means the DUT lacks a capability the test needs (`detail` names it); a
+    `fail` of a foreign DUT is a finding about it, with its evidence in `detail`.
+    """
 
     test: str = field(metadata=_rule(_non_empty))
-    encap: EncapId
-    outcome: Literal["pass", "fail", "skip"]
+    encap: EncapId | None
+    outcome: Literal["pass", "fail", "skip", "not-applicable"]
     duration_s: float = field(metadata=_rule(_at_least(0)))
+    dut: str = "l4lab"
+    detail: str = ""
+    figures: list[ConformanceFigure] = field(default_factory=list)
 
 
 # --- demo ---------------------------------------------------------------------------------------
@@ -521,6 +543,59 @@ class DemoPayload:
     encaps: list[DemoEncap] = field(metadata=_rule(_non_empty))
 
 
+# --- corpus -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CorpusPayload:
+    """Katran's fixture corpus replayed through our programs: what each case proved, in four counts."""
+
+    cases: int = field(metadata=_rule(_at_least(1)))
+    byte_exact: int = field(metadata=_rule(_at_least(0)))  # our output is Katran's, byte for byte
+    verdict_and_real: int = field(metadata=_rule(_at_least(0)))  # Katran's verdict, a live real of the VIP
+    deviations: int = field(metadata=_rule(_at_least(0)))  # deliberately otherwise, pinned verdict and reason
+    not_applicable: int = field(metadata=_rule(_at_least(0)))  # a feature l4lab does not implement
+    katrans_real: int = field(default=0, metadata=_rule(_at_least(0)))  # of verdict_and_real: Katran's own real
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        total = self.byte_exact + self.verdict_and_real + self.deviations + self.not_applicable
+        if total != self.cases:
+            yield "cases", f"must equal the four counts' sum ({total}) but got {self.cases}"
+        if self.katrans_real > self.verdict_and_real:
+            yield "katrans_real", f"must be ≤ verdict_and_real ({self.verdict_and_real}) but got {self.katrans_real}"
+
+
+# --- fuzz ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FuzzReason:
+    """How many fuzzed frames one program counted under one reason."""
+
+    program: str = field(metadata=_rule(_non_empty))  # balancer_xdp, decap_xdp, decap_tc
+    reason: str = field(metadata=_rule(_non_empty))
+    frames: int = field(metadata=_rule(_at_least(0)))
+
+
+@dataclass(frozen=True)
+class FuzzPayload:
+    """Generated frames through the datapath by BPF_PROG_TEST_RUN, and what the programs made of them."""
+
+    seed: int = field(metadata=_rule(_at_least(0)))
+    frames: int = field(metadata=_rule(_at_least(1)))  # frames generated; each runs through every program
+    runs: int = field(metadata=_rule(_at_least(1)))  # test runs in all (frames × programs, less refused)
+    seconds: float = field(metadata=_rule(_at_least(0)))
+    frames_per_s: float = field(metadata=_rule(_at_least(0)))
+    runs_per_s: float = field(metadata=_rule(_at_least(0)))
+    refused: int = field(metadata=_rule(_at_least(0)))  # skb test runs the kernel refuses (IP header cut)
+    aborted: int = field(metadata=_rule(_at_least(0)))  # XDP_ABORTED or any verdict a program must not return
+    # Per program and verdict, runs minus the deltas of that verdict's reasons, in both directions
+    # (a TC_ACT_SHOT without a DROP_ reason counts here).
+    without_one_reason: int = field(metadata=_rule(_at_least(0)))
+    tx_checked: int = field(metadata=_rule(_at_least(0)))  # XDP_TX outputs re-parsed
+    reasons: list[FuzzReason] = field(metadata=_rule(_non_empty))
+
+
 Payload = (
     BenchPayload
     | RssPayload
@@ -529,6 +604,8 @@ Payload = (
     | FailoverPayload
     | ConformancePayload
     | DemoPayload
+    | CorpusPayload
+    | FuzzPayload
 )
 
 PAYLOADS: Mapping[Kind, type[Any]] = {
@@ -539,6 +616,8 @@ PAYLOADS: Mapping[Kind, type[Any]] = {
     Kind.CHURN: ChurnPayload,
     Kind.FAILOVER: FailoverPayload,
     Kind.DEMO: DemoPayload,
+    Kind.CORPUS: CorpusPayload,
+    Kind.FUZZ: FuzzPayload,
 }
 
 

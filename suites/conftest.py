@@ -18,6 +18,7 @@ others need namespaces on this machine and are skipped saying so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -42,6 +43,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--target", metavar="FILE", default=os.environ.get("L4LAB_TARGET") or None,
                      help="run the tests marked hardware against the lab this target file describes "
                           "(Vagrant or bare metal, over SSH; lab/target.py); default $L4LAB_TARGET")
+    parser.addoption("--dut", choices=("l4lab", "ipvs", "katran"), default=os.environ.get("L4LAB_DUT") or "l4lab",
+                     help="the load balancer the conformance tests that take `dut` grade (lab/dut.py): "
+                          "l4lab (default), ipvs (Linux IPVS in a qemu VM) or katran (built from "
+                          "$L4LAB_KATRAN_SRC); default $L4LAB_DUT")
+    parser.addoption("--ipvs-scheduler", default=os.environ.get("L4LAB_IPVS_SCHEDULER") or "mh:mh-port",
+                     help="IPVS scheduler and its flags for --dut ipvs: SCHEDULER[:FLAG,...], e.g. mh:mh-port "
+                          "(default), mh:mh-port,mh-fallback, sh:sh-port, rr; default $L4LAB_IPVS_SCHEDULER")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -67,10 +75,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                                     f"(only tests marked hardware run against {tgt.name})"))
             continue
         marker = item.get_closest_marker("topology")
-        wanted = str(marker.args[0]) if marker else "default"
-        if wanted != tgt.topology.name:
-            item.add_marker(pytest.mark.skip(reason=f"needs topology '{wanted}' but target {tgt.name} "
-                                                    f"was built as '{tgt.topology.name}'"))
+        wanted = [str(a) for a in marker.args] if marker else ["default"]  # the netns lab builds the first
+        if tgt.topology.name not in wanted:
+            item.add_marker(pytest.mark.skip(reason=f"needs topology '{' or '.join(wanted)}' but target "
+                                                    f"{tgt.name} was built as '{tgt.topology.name}'"))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -147,12 +155,18 @@ class Lab:
 
     def run(self, node: str, argv: Sequence[str], *, check: bool = True, timeout: float = 60.0,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Run argv in node (nsenter keeps /sys/fs/bpf visible; ssh on a target), from the repository's top."""
-        done = subprocess.run(self._argv(node, argv), capture_output=True, text=True,
-                              timeout=timeout, cwd=REPO, check=False, input=input)
+        """Run argv in node (nsenter keeps /sys/fs/bpf visible; ssh on a target; a VM's control channel),
+        from the repository's top. A VM node's stderr comes back in stdout."""
+        if self.target is None and self.topology.node(node).kind == "vm" and input is None:
+            from lab import vmnodes
+
+            done = vmnodes.run(self.name, node, argv, timeout=timeout)
+        else:
+            done = subprocess.run(self._argv(node, argv), capture_output=True, text=True,
+                                  timeout=timeout, cwd=REPO, check=False, input=input)
         if check and done.returncode != 0:
             raise AssertionError(f"{' '.join(argv)} in {self.where(node)} exited {done.returncode}: "
-                                 f"{done.stderr.strip()[-2000:]}")
+                                 f"{(done.stderr or done.stdout).strip()[-2000:]}")
         return done
 
     def python(self, node: str, module: str, *args: str, check: bool = True,
@@ -380,3 +394,44 @@ def balancer(request: pytest.FixtureRequest, lab: Lab, encap: str, tmp_path: Pat
             sys.stderr.write(f"\nkept balancer '{b.instance}' (--lab-keep={keep})\n")
         else:
             b.lbctl("unload", check=False)
+
+
+# --- nothing left behind in bpffs ------------------------------------------------------------------
+
+_BPFFS_ROOTS = ("/sys/fs/bpf/l4lab", "/sys/fs/bpf/lbctl", "/sys/fs/bpf/lbctl-test")
+_BPFFS_BEFORE = pytest.StashKey[set[str]]()
+_OUTER = "L4LAB_PYTEST_OUTER"
+
+
+def _bpffs_entries() -> set[str]:
+    found: set[str] = set()
+    for root in _BPFFS_ROOTS:
+        for here, dirs, files in os.walk(root):
+            found.add(here)
+            found.update(os.path.join(here, n) for n in dirs + files)
+    return found
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The outermost session remembers what bpffs held under l4lab's roots before any test ran."""
+    if os.environ.get(_OUTER):
+        return  # a pytest run by a test: the outer session's live labs are not this one's leftovers
+    os.environ[_OUTER] = str(os.getpid())
+    session.stash[_BPFFS_BEFORE] = _bpffs_entries()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the empty bpffs directories the tests made; fail the run for any pin they left."""
+    before = session.stash.get(_BPFFS_BEFORE, None)
+    if before is None:
+        return
+    for path in sorted(_bpffs_entries() - before, key=len, reverse=True):
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.isdir(path) and not os.listdir(path):
+                os.rmdir(path)
+    leaked = sorted(_bpffs_entries() - before)
+    if leaked:
+        sys.stderr.write("\nl4lab: the tests left BPF pins behind (a test did not clean up):\n"
+                         + "".join(f"  {p}\n" for p in leaked[:20]))
+        if session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -15,9 +15,8 @@ enum lb_limits {
 	LB_DEFAULT_MAX_VIPS = 64,
 	LB_DEFAULT_MAX_REALS = 1024,
 	LB_DEFAULT_RING_SIZE = 65537,     /* prime; Maglev needs a prime ring */
-	LB_DEFAULT_LRU_SIZE = 65536,      /* entries per CPU session table */
-	LB_DEFAULT_FALLBACK_SIZE = 16384, /* shared fallback session table */
-	LB_MAX_CPUS = 128,                /* slots in the per-CPU session table array */
+	LB_DEFAULT_LRU_SIZE = 65536,      /* session entries per possible CPU */
+	LB_MAX_CPUS = 128,                /* the session table is sized for at most this many CPUs */
 	LB_DEFAULT_GUE_PORT = 6080,
 	LB_DEFAULT_UDP_TIMEOUT_S = 30,
 	LB_DEFAULT_MTU = 1500,
@@ -41,6 +40,7 @@ enum lb_vip_flag {
 	LB_VIP_HASH_DPORT_ONLY = 1 << 1, /* hash on destination port only */
 	LB_VIP_NO_LRU = 1 << 2,          /* bypass the session tables: the ring decides every packet */
 	LB_VIP_OUTER_SRC_FLOW = 1 << 3,  /* outer source derived from the flow hash inside the prefix */
+	LB_VIP_GUE_CSUM_ZERO = 1 << 4,   /* GUE outer UDP checksum 0 (default: computed), v4 and v6 alike */
 };
 
 /* Per-real flags (bit set in lb_real.flags). */
@@ -77,8 +77,7 @@ enum lb_reason {
 enum lb_event {
 	LB_EV_LRU_HIT = 0,
 	LB_EV_LRU_MISS,
-	LB_EV_FALLBACK_HIT,   /* found in the shared fallback table */
-	LB_EV_SYN_REHASH,     /* a SYN ignored an existing session */
+	LB_EV_SYN_REHASH,     /* a SYN (without ACK) chose from the ring without looking at sessions */
 	LB_EV_RST_NO_ENTRY,   /* an RST did not create a session */
 	LB_EV_UDP_EXPIRED,    /* a UDP session older than the timeout was replaced */
 	LB_EV_ICMP_STEERED,   /* an ICMP error about a VIP flow sent to the flow's real */
@@ -147,6 +146,13 @@ struct lb_session {
 struct lb_counter {
 	__u64 packets;
 	__u64 bytes;
+};
+
+/* The per-CPU record of outcomes and events (the one element of lb_counts). Events first: the
+ * session events and LB_TX_ENCAP then share the record's first cache line. */
+struct lb_counts {
+	__u64 events[LB_EVENT_COUNT];               /* occurrences per enum lb_event */
+	struct lb_counter reasons[LB_REASON_COUNT]; /* packets and bytes per enum lb_reason */
 };
 
 /* Runtime settings, one element of lb_settings; the controller may rewrite it at any time. */

@@ -4,6 +4,21 @@
 
 #include "maps.h"
 
+/* The events one packet met, gathered while it is processed and counted with its reason at the end
+ * (one lookup of lb_counts per packet instead of one per counter). */
+struct lb_tally {
+	__u16 events;  /* up to two enum lb_event + 1, one per byte (0: none); a packet meets at most two */
+	__u8 steering; /* the packet is an ICMP error steered along the flow it quotes (no session made) */
+	__u8 pad;
+};
+
+/* Shifts, not an index: clang turns a choice between two array slots into pointer arithmetic
+ * that the verifier refuses. */
+static __always_inline void tally_event(struct lb_tally *t, enum lb_event event)
+{
+	t->events = (t->events << 8) | (event + 1);
+}
+
 static __always_inline void count_into(void *map, __u32 index, __u32 bytes)
 {
 	struct lb_counter *c = bpf_map_lookup_elem(map, &index);
@@ -14,18 +29,32 @@ static __always_inline void count_into(void *map, __u32 index, __u32 bytes)
 	}
 }
 
-static __always_inline void count_reason(enum lb_reason reason, __u32 bytes)
+/* events[e - 1]++ for a tally byte e (0: nothing). The empty asm keeps clang from folding the bound
+ * check into an earlier test on another register, which the verifier could not follow. */
+static __always_inline void count_tallied(struct lb_counts *c, __u32 e)
 {
-	count_into(&lb_reasons, reason, bytes);
+	e -= 1;
+	asm volatile("" : "+r"(e));
+	if (e < LB_EVENT_COUNT)
+		c->events[e]++;
 }
 
-static __always_inline void count_event(enum lb_event event)
+/* Counts the packet's outcome and its events in this CPU's record. */
+static __always_inline void count_packet(enum lb_reason reason, __u32 bytes, const struct lb_tally *t)
 {
-	__u32 index = event;
-	__u64 *n = bpf_map_lookup_elem(&lb_events, &index);
+	__u32 zero = 0, r = reason;
+	struct lb_counts *c = bpf_map_lookup_elem(&lb_counts, &zero);
 
-	if (n)
-		(*n)++;
+	if (!c)
+		return;
+	if (r < LB_REASON_COUNT) {
+		c->reasons[r].packets++;
+		c->reasons[r].bytes += bytes;
+	}
+	if (t->events) {
+		count_tallied(c, t->events & 0xff);
+		count_tallied(c, t->events >> 8);
+	}
 }
 
 #endif

@@ -10,9 +10,10 @@
  * - Outer source: settings.src4 / src6, or with LB_VIP_OUTER_SRC_FLOW the flow hash fills the host
  *   bits given by settings.src4_mask / src6_mask (RSS entropy for the reals' NICs).
  * - GUE: UDP source port 49152 + 14 bits of the flow hash (the RFC 6335 dynamic range), destination
- *   settings.gue_port. Outer UDP checksum 0 over IPv4 (RFC 768 allows it), computed over IPv6
- *   (RFC 8200 forbids 0 outside the RFC 6935/6936 exceptions). Variant 0 adds the 4-byte header
- *   version 0, C 0, hlen 0, proto/ctype = 4 (IPv4) or 41 (IPv6), flags 0.
+ *   settings.gue_port. The outer UDP checksum is computed, over IPv4 and IPv6, unless the VIP has
+ *   LB_VIP_GUE_CSUM_ZERO: then it is 0 (RFC 768 allows it over IPv4; over IPv6 only the operator's
+ *   opt-in makes it acceptable, RFC 6935/6936, and the reals must accept zero checksums).
+ *   Variant 0 adds the 4-byte header version 0, C 0, hlen 0, proto/ctype = 4 (IPv4) or 41 (IPv6), flags 0.
  * - Ethernet: destination settings.nexthop_mac, source the input frame's destination MAC; an
  *   802.1Q tag on the input is kept on the output.
  */
@@ -166,21 +167,26 @@ static __always_inline int encap_packet(struct xdp_md *ctx, const struct packet 
 		gh[2] = 0;
 		gh[3] = 0;
 	}
-	if (real->family != LB_AF_INET6)
+	if (vip_flags & LB_VIP_GUE_CSUM_ZERO)
 		return LB_TX_ENCAP;
 
-	/* IPv6: UDP checksum over the pseudo-header, the UDP (and GUE) header and the inner packet. */
+	/* UDP checksum over the pseudo-header, the UDP (and GUE) header and the inner packet. */
 	inner_sum = csum_region(ctx, l2_len + overhead, pkt->ip_len);
 	if (inner_sum < 0)
 		return LB_DROP_ENCAP_FAILED;
 	sum = (__u64)inner_sum;
-	{
+	if (real->family == LB_AF_INET6) {
 		__u32 src[4];
 
 		encap_src6(src, s, vip_flags, hash);
 		sum += csum_words(src, 8);
+		sum += csum_words(real->addr, 8);
+	} else {
+		__u32 src4 = encap_src4(s, vip_flags, hash);
+
+		sum += csum_words(&src4, 2);
+		sum += csum_words(real->addr, 2);
 	}
-	sum += csum_words(real->addr, 8);
 	sum += bpf_htons(udp_len) * 2; /* pseudo-header length and UDP length field */
 	sum += bpf_htons(IPPROTO_UDP);
 	sum += sport;
@@ -190,7 +196,7 @@ static __always_inline int encap_packet(struct xdp_md *ctx, const struct packet 
 
 	data = (void *)(long)ctx->data;
 	data_end = (void *)(long)ctx->data_end;
-	udp = data + l2_len + sizeof(struct ipv6hdr);
+	udp = data + l2_len + (real->family == LB_AF_INET6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr));
 	if ((void *)(udp + 1) > data_end)
 		return LB_DROP_ENCAP_FAILED;
 	udp->check = csum_fold(sum);

@@ -41,6 +41,13 @@ static __always_inline __u32 hash_flow(const struct lb_flow *f)
 {
 	__u32 h = HASH_SEED;
 
+	if (f->family == LB_AF_INET) { /* words 1..3 of IPv4 addresses are zero: four words say it all */
+		h = hash_mix(h, f->src[0]);
+		h = hash_mix(h, f->dst[0]);
+		h = hash_mix(h, ((__u32)f->sport << 16) | f->dport);
+		h = hash_mix(h, ((__u32)f->proto << 8) | f->family);
+		return hash_final(h ^ 16);
+	}
 	for (int i = 0; i < 4; i++)
 		h = hash_mix(h, f->src[i]);
 	for (int i = 0; i < 4; i++)

@@ -1,7 +1,8 @@
 """The real-server VM's boot image: Debian's cloud kernel plus an initramfs assembled from host packages.
 
-The initramfs holds static busybox with its applets, iproute2's `ip` as /usr/sbin/ip with its ELF
-interpreter and shared libraries (busybox `ip` has no `fou`; init.sh calls iproute2's by path),
+The initramfs holds static busybox with its applets, iproute2's `ip` as /usr/sbin/ip and ethtool
+as /bin/ethtool with their ELF interpreter and shared libraries (busybox `ip` has no `fou`; init.sh
+calls iproute2's by path),
 the kernel modules for virtio-net, IPIP, FOU/GUE and the IPv6 tunnels in dependency order, the
 UDP echo helper (`udp_echo.c`, built static here) and `init.sh` as /init. Images are cached
 under ``build/vm/`` keyed by every input's version, so a new kernel, busybox, iproute2 or init
@@ -38,6 +39,7 @@ WANTED_MODULES = ("virtio_pci", "virtio_net", "ipip", "fou", "ip6_tunnel", "fou6
 LAYOUT_VERSION = "1"
 BUSYBOX = Path("/usr/bin/busybox")
 IPROUTE2_IP = Path("/usr/bin/ip")
+ETHTOOL = Path("/usr/sbin/ethtool")  # channels, rxhash, RSS key and table, per-queue counters
 
 
 class ImageError(LabError):
@@ -86,7 +88,7 @@ def missing_tools() -> list[str]:
     """Host programs the VM needs that are not installed (empty when the VM can run)."""
     wanted = ["qemu-system-x86_64", "cpio", "gcc", "nsenter"]
     missing = [t for t in wanted if shutil.which(t) is None]
-    missing += [str(p) for p in (BUSYBOX, IPROUTE2_IP) if not p.is_file()]
+    missing += [str(p) for p in (BUSYBOX, IPROUTE2_IP, ETHTOOL) if not p.is_file()]
     return missing
 
 
@@ -160,8 +162,10 @@ def _cache_key(kernel: KernelInfo) -> str:
         str(kernel.vmlinuz.stat().st_mtime_ns),
         _package_version("busybox-static"),
         _package_version("iproute2"),
+        _package_version("ethtool"),
         ",".join(WANTED_MODULES),
         (HERE / "init.sh").read_text(),
+        (HERE / "control.sh").read_text(),
         (HERE / "udp_echo.c").read_text(),
     ]
     for part in parts:
@@ -213,7 +217,8 @@ def _assemble(root: Path, kernel: KernelInfo) -> None:
         if applet != "busybox":
             (root / "bin" / applet).symlink_to("busybox")
     _copy(IPROUTE2_IP, root, Path("/usr/sbin/ip"))
-    for lib in shared_libraries(IPROUTE2_IP):
+    _copy(ETHTOOL, root, Path("/bin/ethtool"))
+    for lib in {*shared_libraries(IPROUTE2_IP), *shared_libraries(ETHTOOL)}:
         _copy(lib, root)
     echo = root / "bin" / "udp_echo"
     gcc = subprocess.run(
@@ -231,6 +236,7 @@ def _assemble(root: Path, kernel: KernelInfo) -> None:
     (root / "etc/l4lab/modules").write_text("".join(f"{rel}\n" for rel in order))
     init = root / "init"
     shutil.copy2(HERE / "init.sh", init)
+    shutil.copy2(HERE / "control.sh", root / "etc/l4lab/control.sh")
     init.chmod(0o755)
 
 

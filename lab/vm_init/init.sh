@@ -8,6 +8,9 @@
 #   l4lab.fou=P1,P2  (plain IPIP-in-UDP ports, `ip fou ... ipproto 4`; 0 = none)
 #   l4lab.addr6=X::Y/P  l4lab.gw6=X::Z   (optional IPv6 on eth0; VIPs may be IPv6 too)
 #   l4lab.http=80  l4lab.echo=9000
+#   l4lab.queues=N  (a multiqueue NIC: N combined channels)  l4lab.rsskey=6d:5a:...  (switch RSS on)
+# A shell loop on ttyS1 (the control channel, lab/vm.py) runs "ID COMMAND LINE" requests and
+# answers "L4LAB-BEGIN ID", the command's output, then "L4LAB-DONE ID STATUS".
 # It prints one line to the console when done: "L4LAB-READY name=NAME uptime=SECONDS", or
 # "L4LAB-FAILED name=NAME step=STEP: OUTPUT" and powers off.
 export PATH=/bin
@@ -15,7 +18,7 @@ export PATH=/bin
 # busybox runs its own applets before PATH lookup; its `ip` has no `fou`: call iproute2's by path.
 ip() { /usr/sbin/ip "$@"; }
 
-name=vm gw= addr= vips= gue=6080 fou=0 addr6= gw6= http=80 echo=9000
+name=vm gw= addr= vips= gue=6080 fou=0 addr6= gw6= http=80 echo=9000 queues=1 rsskey=
 
 fail() {
 	echo "L4LAB-FAILED name=$name step=$1: $2" >/dev/console
@@ -41,6 +44,7 @@ for w in $(cat /proc/cmdline); do
 		case "${k#l4lab.}" in
 		name) name=$v ;; addr) addr=$v ;; gw) gw=$v ;; vips) vips=$v ;; gue) gue=$v ;;
 		fou) fou=$v ;; addr6) addr6=$v ;; gw6) gw6=$v ;; http) http=$v ;; echo) echo=$v ;;
+		queues) queues=$v ;; rsskey) rsskey=$v ;;
 		esac ;;
 	esac
 done
@@ -59,6 +63,15 @@ done </etc/l4lab/modules
 
 run link ip link set lo up
 run link ip link set eth0 up
+# qemu does RSS only once the guest sends its settings, and the driver does not at boot. The order
+# matters: channels first (a later -L switches qemu's RSS off again), then rxhash, then key and table.
+if [ "$queues" -gt 1 ]; then
+	run channels ethtool -L eth0 combined "$queues"
+fi
+if [ -n "$rsskey" ]; then
+	run rxhash ethtool -K eth0 rxhash on
+	run rsskey ethtool -X eth0 hkey "$rsskey" equal "$queues"
+fi
 run addr ip addr add "$addr" dev eth0
 [ -z "$gw" ] || run route ip route add default via "$gw"
 if [ -n "$addr6" ]; then
@@ -93,6 +106,9 @@ mkdir -p /www
 echo "l4lab real server $name" >/www/index.html
 run httpd httpd -p "$http" -h /www
 udp_echo "$echo" &
+
+. /etc/l4lab/control.sh
+start_control
 
 read -r up _ </proc/uptime
 echo "L4LAB-READY name=$name uptime=$up" >/dev/console

@@ -2,7 +2,11 @@
 
 Every case is one BPF_PROG_TEST_RUN with repeat = 1 (repeat > 1 would feed each iteration the
 previous iteration's output) and its kernel-measured `duration`; the cases take turns, run after
-run, so that they share the machine's weather, and each is summarised by its median. Figures are
+run, so that they share the machine's weather, and each is summarised by its median. Every call's
+XDP action is checked, and the path too: each balancer case declares the reason and events one
+call of it counts (a session hit, a miss, a SYN's re-hash, a too-big answer), and after every
+chunk of runs every reason and event counter of the balancer must have moved by exactly the sum
+of what its cases declared: a hit case that missed, or a new flow that hit, fails the test. Figures are
 printed as a table and are not asserted: absolute times move ±20 % between runs here, so only the
 ratios measured in the same run mean anything (DESIGN: facts about this machine).
 
@@ -39,12 +43,15 @@ XDP_ACTIONS = {1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX"}
 
 @dataclass(frozen=True)
 class Case:
-    """One timed path: a program, the frames it is fed (in turn, run after run), the action it must return."""
+    """One timed path: a program, the frames it is fed (in turn, run after run), the action it must
+    return, and for a balancer the counters (reasons and events) that one call moves by one."""
 
     name: str
     program: Program
     frames: tuple[bytes, ...]
     action: int
+    balancer: Balancer | None = None
+    counts: tuple[str, ...] = ()
 
 
 FLOOR = "floor-xdp_tx"  # the MAC-swap XDP_TX program: the least any XDP_TX path can cost
@@ -95,34 +102,41 @@ def balancer_cases(b: Balancer, tag: str, runs: int) -> list[Case]:
         assert b.run(syn).reason == "TX_ENCAP", f"priming {case_id}"  # creates the session
         ack = bytes(P.tcp_to(vip, sport=45000, flags="A"))
         assert b.run(ack).events.get("LRU_HIT") == 1, f"{case_id}: the flow must hit its session"
-        return Case(f"{tag}lru-hit-{case_id}", prog, (ack,), 3)
+        return Case(f"{tag}lru-hit-{case_id}", prog, (ack,), 3, b, ("TX_ENCAP", "LRU_HIT"))
 
     return [
-        Case(f"{tag}non-vip", prog, (bytes(P.TCP4_NOT_VIP),), 2),
+        Case(f"{tag}non-vip", prog, (bytes(P.TCP4_NOT_VIP),), 2, b, ("PASS_NOT_VIP",)),
         hit("ip4-ipip"),
         hit("ip4-gue1"),
         hit("ip6-ip6ip6"),
         hit("ip6-gue1"),
         # A SYN from a new client address every run (ip4-ipip VIP): session miss, ring, insert.
-        Case(f"{tag}new-flow", prog, new_flow_frames(runs), 3),
-        Case(f"{tag}syn-rehash-ip4-ipip", prog, (bytes(P.tcp_to(P.VIP4, sport=45001, flags="S")),), 3),
-        Case(f"{tag}too-big-ip4", prog, (bytes(P.sized_tcp_to(P.VIP4, P.MTU, sport=45002)),), 3),
+        Case(f"{tag}new-flow", prog, new_flow_frames(runs), 3, b, ("TX_ENCAP", "SYN_REHASH")),
+        # An ACK of a flow never seen, a new client address every run: a session miss.
+        Case(f"{tag}new-flow-ack", prog, new_flow_frames(runs, flags="A", base=1 << 16), 3, b,
+             ("TX_ENCAP", "LRU_MISS")),
+        Case(f"{tag}syn-rehash-ip4-ipip", prog, (bytes(P.tcp_to(P.VIP4, sport=45001, flags="S")),), 3, b,
+             ("TX_ENCAP", "SYN_REHASH")),
+        # Too big: looked up (a miss, the answer creates no session), then answered.
+        Case(f"{tag}too-big-ip4", prog, (bytes(P.sized_tcp_to(P.VIP4, P.MTU, sport=45002)),), 3, b,
+             ("TX_ICMP_TOO_BIG", "LRU_MISS")),
     ]
 
 
-def new_flow_frames(n: int) -> tuple[bytes, ...]:
-    """n TCP SYNs to VIP4 from new_client(0..n-1): one scapy frame, its source and checksums patched per copy.
+def new_flow_frames(n: int, flags: str = "S", base: int = 0) -> tuple[bytes, ...]:
+    """n TCP segments to VIP4 from new_client(base..base+n-1): one scapy frame, its source and checksums
+    patched per copy.
 
     Building 100,000 frames with scapy takes over a minute here; patching takes well under a second.
     """
-    template = bytes(P.tcp_to(P.VIP4, sport=45001, flags="S", src=new_client(0)))
+    template = bytes(P.tcp_to(P.VIP4, sport=45001, flags=flags, src=new_client(base)))
     if template[12:14] != b"\x08\x00" or template[14] != 0x45 or template[23] != 6:
         raise ValueError("the new-flow template must be Ethernet + IPv4 without options + TCP")
     old_src = int.from_bytes(template[26:30], "big")
     ip_csum, tcp_csum = int.from_bytes(template[24:26], "big"), int.from_bytes(template[50:52], "big")
     frames = []
     buf = bytearray(template)
-    for i in range(n):
+    for i in range(base, base + n):
         src = int(ipaddress.IPv4Address(new_client(i)))
         buf[26:30] = src.to_bytes(4, "big")
         buf[24:26] = patched_checksum(ip_csum, old_src, src).to_bytes(2, "big")
@@ -144,18 +158,43 @@ def new_client(i: int) -> str:
     return str(ipaddress.IPv4Address(0xC6120000 + i % (1 << 17)))
 
 
+CHUNKS = 10  # counters are checked after every tenth of the runs
+
+
 def time_cases(cases: list[Case], runs: int) -> dict[str, float]:
-    """Median duration (ns) of `runs` single test runs per case, the cases interleaved."""
+    """Median duration (ns) of `runs` single test runs per case, the cases interleaved, paths checked."""
     samples: dict[str, list[int]] = {c.name: [] for c in cases}
-    for run in range(runs):
-        for c in cases:
-            res = c.program.test_run(c.frames[run % len(c.frames)])
-            if res.retval != c.action:
-                got = XDP_ACTIONS.get(res.retval, str(res.retval))
-                raise AssertionError(f"{c.name}: {c.program.name} returned {got}, "
-                                     f"expected {XDP_ACTIONS[c.action]}")
-            samples[c.name].append(res.duration_ns)
+    balancers = {id(c.balancer): c.balancer for c in cases if c.balancer is not None}
+    bounds = sorted({runs * k // CHUNKS for k in range(CHUNKS + 1)})
+    for start, stop in zip(bounds, bounds[1:], strict=False):
+        before = {key: counters_of(b) for key, b in balancers.items()}
+        for run in range(start, stop):
+            for c in cases:
+                res = c.program.test_run(c.frames[run % len(c.frames)])
+                if res.retval != c.action:
+                    got = XDP_ACTIONS.get(res.retval, str(res.retval))
+                    raise AssertionError(f"{c.name}: {c.program.name} returned {got}, "
+                                         f"expected {XDP_ACTIONS[c.action]}")
+                samples[c.name].append(res.duration_ns)
+        for key, b in balancers.items():
+            check_paths(b, [c for c in cases if c.balancer is b], stop - start, before[key])
     return {name: float(statistics.median(s)) for name, s in samples.items()}
+
+
+def counters_of(b: Balancer) -> dict[str, int]:
+    return {**b.dp.reasons(), **b.dp.events()}
+
+
+def check_paths(b: Balancer, cases: list[Case], calls: int, before: dict[str, int]) -> None:
+    """Every reason and event counter moved by exactly what the cases declared for `calls` calls each."""
+    after = counters_of(b)
+    moved = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    expected: dict[str, int] = {}
+    for c in cases:
+        for name in c.counts:
+            expected[name] = expected.get(name, 0) + calls
+    assert moved == expected, (f"counters moved {moved} in {calls} calls per case, but the cases "
+                               f"{[c.name for c in cases]} declare {expected}: some call left its path")
 
 
 @pytest.fixture

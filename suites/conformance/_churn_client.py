@@ -3,10 +3,11 @@
     python -m suites.conformance._churn_client --vip 198.51.100.100 --port 7007 --conns 200
 
 Runs inside the client node. It opens --conns connections, learns from the first echo which real
-serves each, and prints one JSON line {"event": "ready", ...}. From then on, every --interval
-seconds it sends a numbered line on every connection still alive; a connection fails as "reset"
-(ECONNRESET, EPIPE or EOF) or "timeout" (no answer within --timeout). A second thread opens a
-new connection every --new-every seconds, sends one line and records who answered.
+serves each, and prints one JSON line {"event": "ready", "conns": [{index, addr, port, node}...]}
+(addr and port: the connection's own end, so a test can ask the LB which real its ring gives it).
+From then on, every --interval seconds it sends a numbered line on every connection still alive;
+a connection fails as "reset" (ECONNRESET, EPIPE or EOF) or "timeout" (no answer within --timeout).
+A second thread opens a new connection every --new-every seconds, sends one line and records who answered.
 
 Commands on stdin: "mark NAME" records the moment (answered {"event": "marked"}); "stop [S]"
 keeps going S more seconds (the observation window), then waits out the requests in flight and prints
@@ -55,6 +56,7 @@ class Conn:
     index: int
     sock: socket.socket
     port: int = 0
+    addr: str = ""              # the client's own address (the flow's source)
     node: str = ""
     seq: int = 0
     sent_at: float | None = None
@@ -66,7 +68,8 @@ class Conn:
     nodes: set[str] = field(default_factory=set)
 
     def report(self) -> dict[str, Any]:
-        return {"index": self.index, "port": self.port, "node": self.node, "status": self.status, "answers": self.ok,
+        return {"index": self.index, "addr": self.addr, "port": self.port, "node": self.node,
+                "status": self.status, "answers": self.ok,
                 "failed_at": self.failed_at, "last_ok_at": self.last_ok_at, "nodes": sorted(self.nodes)}
 
 
@@ -103,7 +106,8 @@ class Client:
             sock = socket.create_connection((self.vip, self.port), timeout=self.timeout)
             node = _ask(sock, b"hello\n", self.timeout)
             sock.setblocking(False)
-            conn = Conn(i, sock, port=sock.getsockname()[1], node=node, nodes={node})
+            local = sock.getsockname()
+            conn = Conn(i, sock, port=local[1], addr=local[0], node=node, nodes={node})
             self.conns.append(conn)
             self.sel.register(sock, selectors.EVENT_READ, conn)
 
@@ -217,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {args.cpu})
     client = Client(args.vip, args.port, args.conns, args.interval, args.timeout, args.new_every)
     client.open_all()
-    _emit({"event": "ready", "t": _now(), "conns": [{"index": c.index, "node": c.node} for c in client.conns]})
+    _emit({"event": "ready", "t": _now(), "conns": [{"index": c.index, "addr": c.addr, "port": c.port, "node": c.node}
+                                                    for c in client.conns]})
     client.run()
     return 0
 

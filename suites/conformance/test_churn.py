@@ -21,8 +21,9 @@ the echo VIP (one per family) unless said otherwise, while:
     drain   `lbctl real set-weight 0`: the real leaves the ring but stays in lb_reals, so its
             sessions hold: its existing flows keep being answered, and no new flow reaches it.
     no-lru  the VIP bypasses the session tables (lru = false) and the third real is added: every
-            flow whose ring slot moved to the new real is sent there and reset by it — the
-            fraction the Maglev model predicts — while the rest survive.
+            flow whose ring slot changed owner (to the new real, or Maglev's few collateral moves
+            between the others) is sent there and reset, while the rest survive: the set of reset
+            connections must *equal* the set whose owner changed.
     one VIP the topology's VIPs are served too and the real leaves only the echo VIP: its lb_reals
             entry stays (the other VIPs use it), but the controller flushes that VIP's sessions
             naming it, so its flows fail fast exactly as in "remove" (one encap per family).
@@ -33,6 +34,11 @@ leave from whichever CPU took the server's reply, miss the session made on the o
 hashed on the new ring, so a drain or an add resets flows (measured: every flow of a drained real).
 A NIC's RSS keeps a flow on one CPU; pinning is the lab's stand-in for it. Results: kind churn.
 
+The oracle is exact, per connection: before and after the change each connection's ring owner is
+asked of the loaded program itself (suites/conformance/_owners.py: a test run of its SYN on a
+second program instance sharing the live VIP, real, ring and settings maps, with its own empty
+session tables), and checked first against the real that really answered the connection.
+
 Marked hardware: with --target the client and the echo servers run on the target's hosts over
 ssh (they end when ssh's input closes) and the counters come from `lbctl stats --json` there.
 """
@@ -40,7 +46,6 @@ ssh (they end when ssh's input closes) and the counters come from `lbctl stats -
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -55,6 +60,7 @@ from lab.lbconf import real_addresses
 from reports.schema import ChurnPayload, ChurnPoint, ConnectionOutcomes, KatranChurn, write_result
 from suites.conformance._churn_client import ChurnClient
 from suites.conformance._counters import changed, counters
+from suites.conformance._owners import owner_changed, ring_owners
 from suites.conformance._tcp_services import Services
 from suites.conftest import Balancer, Lab
 from suites.corpus import KATRAN_CORPUS
@@ -180,19 +186,45 @@ def _real_cmd(balancer: Balancer, *args: str) -> Callable[[], None]:
 
 
 def _run(balancer: Balancer, change: Callable[[], None]) -> dict[str, Any]:
-    """Connections up, then the change, then OBSERVE_S seconds; the client's report with the marks."""
+    """Connections up, then the change, then OBSERVE_S seconds; the client's report with the marks.
+
+    Each connection's ring owner is asked of the loaded program before the change and after it
+    (`_owners`: a test run on the live rings, no side effect): report["before"] and
+    report["after"] map a connection's index to the real (node name) its ring slot names."""
     lab = balancer.lab
-    with ChurnClient(lab, "client", _vip(lab, balancer.family), ECHO_PORT, "--conns", str(CONNS),
+    vip = _vip(lab, balancer.family)
+    with ChurnClient(lab, "client", vip, ECHO_PORT, "--conns", str(CONNS),
                      "--interval", str(INTERVAL_S), "--timeout", str(TIMEOUT_S),
                      "--new-every", str(NEW_EVERY_S), "--cpu", "0") as client:
+        before_owners = ring_owners(lab, balancer, vip, ECHO_PORT, client.ready["conns"])
         client.mark("change")
         before = counters(balancer)
         change()
         client.mark("applied")
         report = client.stop(after=OBSERVE_S)
     report["lb"] = changed(before, counters(balancer))
+    report["before"] = before_owners
+    report["after"] = ring_owners(lab, balancer, vip, ECHO_PORT, report["conns"])
     sys.stdout.write(f"\n{balancer.encap_id}: {_summary(report)}\n")
+    _check_oracle(report)
     return report
+
+
+def _check_oracle(report: dict[str, Any]) -> None:
+    """The oracle must name the real that really answered each connection before the change."""
+    wrong = [(c["index"], c["node"], report["before"][c["index"]]) for c in report["conns"]
+             if report["before"][c["index"]] != c["node"]]
+    assert not wrong, (f"{len(wrong)} of {len(report['conns'])} connections were answered by another real than "
+                       f"the loaded program's ring names (index, answered, predicted): {wrong[:5]}")
+
+
+def _moved(report: dict[str, Any]) -> set[int]:
+    """Connections whose ring owner the change moved."""
+    return owner_changed(report["before"], report["after"])
+
+
+def _fate(report: dict[str, Any], *statuses: str) -> set[int]:
+    return {c["index"] for c in report["conns"] if c["status"] in statuses}
 
 
 def _summary(report: dict[str, Any]) -> str:
@@ -207,7 +239,9 @@ def _summary(report: dict[str, Any]) -> str:
     odd = [c for c in report["conns"] if c["status"] not in ("ok", "reset")][:5]
     failed = [c["failed_at"] - report["marks"]["change"] for c in report["conns"] if c["failed_at"] is not None]
     fail_s = f"failed {min(failed):.2f}..{max(failed):.2f} s after the change" if failed else "none failed"
-    return (f"connections by real and fate: {by} ({fail_s}); new flows by real: {new}; marks: {report['marks']}; "
+    owners = f"ring owner changed for {len(_moved(report))}; " if "after" in report else ""
+    return (f"connections by real and fate: {by} ({fail_s}); {owners}new flows by real: {new}; "
+            f"marks: {report['marks']}; "
             f"LB counters over the change: {report.get('lb')}; examples: {odd}")
 
 
@@ -271,6 +305,13 @@ def _check_removal(balancer: Balancer, test: str) -> None:
     assert not slow, f"{len(slow)} flows of {MOVED} took longer than {FAIL_FAST_S} s to fail: {slow[:3]}"
     kinds = {c["status"] for c in victims}
     assert kinds == {"reset"}, f"flows of the removed real should be reset by a surviving real, got {kinds}"
+    # Exact: the reset flows are those the old ring gave MOVED, and the new ring gives each of them
+    # to a surviving real (which holds no such connection: it answers RST).
+    owned = {i for i, node in report["before"].items() if node == MOVED}
+    assert _fate(report, "reset", "timeout") == owned, \
+        f"reset {sorted(_fate(report, 'reset', 'timeout'))} but the ring gave {MOVED} {sorted(owned)}; {evidence}"
+    still = [i for i in owned if report["after"][i] == MOVED]
+    assert not still, f"after the removal the ring still gives {MOVED} connections {still[:5]}"
     late = [f for f in _new_after(report, "applied") if f.get("node") != MOVED and "error" not in f]
     wrong = [f for f in _new_after(report, "applied") if f not in late]
     assert late and not wrong, f"new flows after the removal reached {MOVED} or failed: {wrong[:5]}; {evidence}"
@@ -288,6 +329,9 @@ def test_add_real(balancer: Balancer, echoes: Services) -> None:
     assert all(c["node"] != MOVED for c in report["conns"]), f"{MOVED} served before it was added: {evidence}"
     broken = [c for c in report["conns"] if c["status"] != "ok"]
     assert not broken, f"{len(broken)} established flows broke when {MOVED} joined (LRU on): {broken[:5]}; {evidence}"
+    held = _moved(report)
+    assert any(report["after"][i] == MOVED for i in held), \
+        f"the new ring should give {MOVED} some connections (the LRU holding them where they are): {evidence}"
     late = _new_after(report, "applied")
     assert any(f.get("node") == MOVED for f in late), f"no new flow reached the added {MOVED}: {evidence}"
     assert all("error" not in f for f in late), f"new flows failed after the add: {evidence}"
@@ -303,6 +347,10 @@ def test_drain_real(balancer: Balancer, echoes: Services) -> None:
     assert drained, f"no connection reached {MOVED} before the drain: {evidence}"
     broken = [c for c in report["conns"] if c["status"] != "ok"]
     assert not broken, f"{len(broken)} flows broke during the drain: {broken[:5]}; {evidence}"
+    # Every flow of the drained real changes ring owner (plus Maglev's few collateral moves among
+    # the others); the sessions hold all of them, so none broke (asserted above).
+    assert {c["index"] for c in drained} <= _moved(report), \
+        f"the drain should take every flow of {MOVED} off the ring (sessions hold them): {evidence}"
     idle = [c for c in drained if (c["last_ok_at"] or 0) <= report["marks"]["applied"]]
     assert not idle, f"{len(idle)} flows of the drained {MOVED} got no answer after the drain: {evidence}"
     late = _new_after(report, "applied")
@@ -315,18 +363,15 @@ def test_add_real_without_lru(balancer: Balancer, echoes: Services) -> None:
     _configure(balancer, without=MOVED, lru=False)
     address = real_addresses(balancer.lab.topology, balancer.family)[MOVED]
     report = _run(balancer, _real_cmd(balancer, "add", address))
-    full, less, _ = _lab_rings(balancer)
-    moved = float(np.count_nonzero(full != less)) / RING  # flows whose slot changes owner
     payload = _point(balancer, report)
     write_result("churn", f"test_add_real_without_lru[{balancer.encap_id}]", payload)
-    outcomes = payload.points[0].connections
-    assert outcomes is not None
     evidence = _summary(report)
     kinds = {c["status"] for c in report["conns"]}
     assert kinds <= {"ok", "reset"}, f"without the LRU a moved flow should be reset, got {kinds}: {evidence}"
-    # Each flow moves with probability `moved`; allow four standard deviations either way.
-    expect = CONNS * moved
-    spread = 4 * math.sqrt(CONNS * moved * (1 - moved))
-    assert expect - spread <= outcomes.reset <= expect + spread, \
-        f"{outcomes.reset} of {CONNS} flows reset; the ring moved {moved:.1%} of slots " \
-        f"(≈{expect:.0f} flows): {evidence}"
+    # Exact, per connection: the flows whose ring owner changed (to MOVED) are the reset ones.
+    moved, reset = _moved(report), _fate(report, "reset")
+    assert any(report["after"][i] == MOVED for i in moved), f"adding {MOVED} gave it no connection: {evidence}"
+    assert reset == moved, (f"{len(reset)} of {CONNS} flows reset, {len(moved)} changed ring owner: reset but kept "
+                            f"{sorted(reset - moved)[:5]}, moved but not reset {sorted(moved - reset)[:5]}; {evidence}")
+    sys.stdout.write(f"{balancer.encap_id}: without the LRU {len(reset)} of {CONNS} connections reset, "
+                     f"exactly those whose ring owner changed\n")

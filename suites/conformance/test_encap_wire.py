@@ -24,10 +24,10 @@ must carry, as bpf/include/encap.h documents:
 Every client→VIP packet on the client's link must appear exactly once inside an encapsulated frame.
 The LB link's capture is then dissected with tshark (checksum validation on; GUE variant 1 decoded
 as IP, variant 0 left as data since Wireshark 4.0 has no GUE dissector): no malformed frame and no
-error-level expert note. Without tshark that one check is skipped with a warning naming
-`bash scripts/setup.sh --extra tools`. ip6-ip4ip6 (4in6) is the IPv4 VIP given the reals' IPv6
-addresses. The real Linux kernel's decapsulation of these frames is suites/vm's subject, not this
-module's.
+error-level expert note. Without tshark the test skips after its other checks, naming
+`bash scripts/setup.sh --extra tools` (and fails when $CI is set): it never passes undissected.
+ip6-ip4ip6 (4in6) is the IPv4 VIP given the reals' IPv6 addresses. The real Linux kernel's
+decapsulation of these frames is suites/vm's subject, not this module's.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import os
 import shutil
 import sys
-import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -387,17 +387,20 @@ def _check_wire(t: Traffic, balancer: Balancer, config: cfg.Config, encap: str, 
     left = sum(len(v) for v in by_bytes.values())
     assert left == 0, f"{left} client packets never appeared inside an encapsulated frame"
 
-    # tshark's dissectors agree: nothing malformed, no error-level expert note (checksums included).
-    if shutil.which("tshark") is None:
-        warnings.warn("tshark is not installed, so the capture was not dissected: "
-                      "run bash scripts/setup.sh --extra tools", stacklevel=1)
-    else:
-        # Wireshark 4.0 has no GUE dissector: variant 1's payload is an IP packet and is dissected as
-        # such; variant 0's payload starts with the GUE header and stays undissected data.
-        errors = tshark_errors(t.lb_pcap, GUE_PORT, dissect_gue_as_ip=WIRE_ENCAPS[encap][1] == "gue1")
-        assert not errors, f"tshark flags {len(errors)} frames on the LB's link {t.lb_pcap}:{first(errors)}"
-
     sys.stdout.write(f"\n{encap} outer_src={outer_src}: {len(emitted)} frames, {len(flows)} flows, "
                      f"{len({e.outer.src for e in emitted})} outer sources, "
                      f"{len({e.udp_sport for e in emitted if e.udp})} GUE source ports, "
                      f"reals {sorted(counts_by(e.outer.dst for e in emitted).items())}\n")
+
+    # tshark's dissectors agree: nothing malformed, no error-level expert note (checksums included).
+    # Without tshark this check cannot run: the test skips saying so (fails under CI), never passes.
+    if shutil.which("tshark") is None:
+        why = ("tshark is not installed, so the capture was not dissected (every other check held): "
+               "run bash scripts/setup.sh --extra tools")
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    # Wireshark 4.0 has no GUE dissector: variant 1's payload is an IP packet and is dissected as
+    # such; variant 0's payload starts with the GUE header and stays undissected data.
+    errors = tshark_errors(t.lb_pcap, GUE_PORT, dissect_gue_as_ip=WIRE_ENCAPS[encap][1] == "gue1")
+    assert not errors, f"tshark flags {len(errors)} frames on the LB's link {t.lb_pcap}:{first(errors)}"

@@ -249,7 +249,7 @@ def test_removing_a_real_from_one_vip_flushes_only_that_vips_sessions(instance: 
     """The real still serves the UDP VIP: its TCP sessions go (they fail fast), the UDP ones stay."""
     ids = instance.state.real_ids
     moved, other = ids["203.0.113.34"], ids["203.0.113.18"]
-    tables = [*instance.dp.session_tables, instance.dp.maps["lb_fallback"]]
+    tables = instance.dp.session_tables
     entries = [_session("198.51.100.100", 80, 6, 40000, moved), _session("198.51.100.100", 80, 6, 40001, other),
                _session("198.51.100.100", 9000, 17, 40002, moved)]
     for t in tables:

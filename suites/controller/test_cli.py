@@ -81,6 +81,7 @@ def ctl(tmp_path: Path) -> Iterator[Ctl]:
         if isinstance(name, Ctl):
             shutil.rmtree(controller.Instance.pin_dir(name.instance), ignore_errors=True)
             Path(controller.STATE_ROOT, f"{name.instance}.json").unlink(missing_ok=True)
+            Path(controller.STATE_ROOT, f"{name.instance}.lock").unlink(missing_ok=True)
 
 
 def test_load_status_stats_unload(ctl: Ctl) -> None:
@@ -191,7 +192,7 @@ def test_upgrade_replaces_the_program_and_keeps_the_maps(ctl: Ctl) -> None:
     pins = Path(controller.Instance.pin_dir(ctl.instance))
     old_prog = _bpftool("link", "show", "pinned", str(pins / "link_lbc0"))["prog_id"]
     map_ids = {name: _bpftool("map", "show", "pinned", str(pins / name))["id"]
-               for name in ("lb_vips", "lb_ring", "lb_sessions", "lb_fallback", "lb_reasons")}
+               for name in ("lb_vips", "lb_ring", "lb_sessions", "lb_counts")}
     done = ctl("upgrade")
     assert done.returncode == 0, done.stderr
     new_prog = _bpftool("link", "show", "pinned", str(pins / "link_lbc0"))["prog_id"]

@@ -49,9 +49,20 @@ def test_example_file_loads_with_the_default_lab() -> None:
     assert [str(r.address) for r in c.vips[0].reals] == ["203.0.113.18", "203.0.113.34", "203.0.113.50"]
     assert [str(r.address) for r in c.vips[1].reals] == ["203.0.113.18", "203.0.113.34", "203.0.113.50"]
     assert [str(r.address) for r in c.vips[2].reals] == ["2001:db8:e1::2", "2001:db8:e2::2", "2001:db8:e3::2"]
-    assert c.vips[1].encap == "gue1" and c.vips[1].outer_src == "fixed"
+    assert c.vips[1].encap == "gue1" and c.vips[1].outer_src == "fixed" and c.vips[1].gue_csum == "compute"
     assert c.vips[0].healthcheck == HealthCheck(port=80)
     assert c.datapath.interfaces == ("lb-rt",)
+
+
+def test_gue_checksum_zero_is_a_vip_flag() -> None:
+    from balancer import _abi
+    from balancer.controller import vip_flags
+
+    c = parse('[[vips]]\naddress = "2001:db8:100::100"\nport = 80\nproto = "tcp"\nencap = "gue1"\n'
+              'gue_csum = "zero"')
+    assert c.vips[0].gue_csum == "zero" and vip_flags(c.vips[0]) & _abi.VipFlag.GUE_CSUM_ZERO
+    computed = parse('[[vips]]\naddress = "198.51.100.100"\nport = 80\nproto = "tcp"\nencap = "gue1"')
+    assert computed.vips[0].gue_csum == "compute" and not vip_flags(computed.vips[0]) & _abi.VipFlag.GUE_CSUM_ZERO
 
 
 def test_example_round_trips() -> None:
@@ -268,9 +279,13 @@ def test_normalisations() -> None:
             'lb.toml: vips[0].outer_src must be "flow" | "fixed" but got "random"',
         ),
         (
+            '[[vips]]\naddress = "198.51.100.100"\nport = 80\nproto = "tcp"\ngue_csum = "off"',
+            'lb.toml: vips[0].gue_csum must be "compute" | "zero" but got "off"',
+        ),
+        (
             '[[vips]]\naddress = "198.51.100.100"\nport = 80\nprot = "tcp"',
-            "lb.toml: vips[0].prot is not a known key; known keys here: address, encap, hash, healthcheck, "
-            "lru, outer_src, port, proto, reals",
+            "lb.toml: vips[0].prot is not a known key; known keys here: address, encap, gue_csum, hash, "
+            "healthcheck, lru, outer_src, port, proto, reals",
         ),
     ],
 )
@@ -492,6 +507,7 @@ def _vip(draw: st.DrawFn, index: int) -> Vip:
         hash=draw(st.sampled_from(config.HASHES)),
         lru=draw(st.booleans()),
         outer_src=draw(st.sampled_from(config.OUTER_SRCS)),
+        gue_csum=draw(st.sampled_from(config.GUE_CSUMS)),
         reals=tuple(Real(a, draw(st.integers(0, 65535))) for a in real_addrs),
         healthcheck=check,
     )

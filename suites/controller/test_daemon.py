@@ -51,7 +51,9 @@ UDP_VIP = f"{VIP}:9000/udp"
 REALS = ["192.0.2.2", "192.0.2.3"]
 EXTRA_REAL = "192.0.2.4"
 INTERVAL, TIMEOUT, RISE, FALL = 0.2, 0.15, 2, 2
-MARGIN = 1.5  # scheduling, apply and ring read-back on a shared 2-vCPU machine
+# A deadline for what takes a few probe intervals (a drain, a restore, a log line): generous, as the
+# CPUs are shared. Claims about how fast rest on counts of probes, read from the daemon's log.
+SETTLE_S = 30.0
 METRICS_PORT = 9100
 QUIET_INTERVAL = 3.0  # probes this far apart leave windows in which no packet crosses lb0
 
@@ -61,9 +63,16 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.ismount("/sys/f
 T = TypeVar("T")
 
 # A real server: HTTP/1.0 200 on TCP port 80 and UDP echo on 9000, bound to one address.
+# SIGUSR1 makes it sick: HTTP answers 5NN, NN counting its sick answers (501, 502, ...), and UDP goes
+# unanswered. SIGUSR2 makes it recover: 2NN counting its answers since (201, 202, ...), UDP echoed.
+# A probe's outcome detail names the status, and the daemon logs the detail of the probe that turned
+# a real down or up, so the log says exactly which probe in a row did it.
 SERVER = r"""
-import selectors, socket, sys
+import selectors, signal, socket, sys
 addr = sys.argv[1]
+mode = {"base": 0, "n": 0}  # base 0: always 200; 500: sick; 200: recovering (numbered answers)
+signal.signal(signal.SIGUSR1, lambda *_: mode.update(base=500, n=0))
+signal.signal(signal.SIGUSR2, lambda *_: mode.update(base=200, n=0))
 sel = selectors.DefaultSelector()
 t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 t.bind((addr, 80)); t.listen(128); sel.register(t, selectors.EVENT_READ)
@@ -73,12 +82,18 @@ print("ready", flush=True)
 while True:
     for key, _ in sel.select():
         if key.fileobj is u:
-            data, peer = u.recvfrom(2048); u.sendto(data, peer)
+            data, peer = u.recvfrom(2048)
+            if mode["base"] != 500:
+                u.sendto(data, peer)
             continue
         c, _ = t.accept(); c.settimeout(1.0)
         try:
             if c.recv(4096).startswith(b"GET"):
-                c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                status = 200
+                if mode["base"]:
+                    mode["n"] = min(mode["n"] + 1, 99)
+                    status = mode["base"] + mode["n"]
+                c.sendall(b"HTTP/1.0 %d X\r\nContent-Length: 3\r\n\r\nok\n" % status)
         except OSError:
             pass
         c.close()
@@ -169,6 +184,14 @@ class World:
 
     def kill_server(self, addr: str) -> None:
         _kill(self.servers.pop(addr))
+
+    def sicken_server(self, addr: str) -> None:
+        """From now on the server answers health checks 501, 502, ... and no UDP."""
+        self.servers[addr].send_signal(signal.SIGUSR1)
+
+    def heal_server(self, addr: str) -> None:
+        """From now on the server answers health checks 201, 202, ... and echoes UDP again."""
+        self.servers[addr].send_signal(signal.SIGUSR2)
 
     # -- daemon ---------------------------------------------------------------------------------
 
@@ -457,19 +480,18 @@ def test_failed_real_is_drained_keeps_its_sessions_and_comes_back(world: World) 
     # A flow that the ring sends to a, established before a fails.
     sport = next(p for p in range(20000, 20100) if world.flow_real(p) == a)
 
-    t_kill = time.monotonic()
-    world.kill_server(a)
-    ev = world.wait_event("real_down", mark, FALL * INTERVAL + TIMEOUT + MARGIN,
-                          match=lambda r: r["vip"] == TCP_VIP and r["real"] == a)
-    assert "connection refused" in ev["detail"]
-    wait_for(lambda: world.ring_ids(TCP_VIP) == {id_b}, FALL * INTERVAL + TIMEOUT + MARGIN,
-             f"{a} (id {id_a}) leaving the ring of {TCP_VIP}")
-    took = time.monotonic() - t_kill
-    print(f"\ndrain: {a} out of the ring {took:.2f} s after its server died "
-          f"(fall {FALL} x interval {INTERVAL} s, timeout {TIMEOUT} s)")
-    assert took <= FALL * INTERVAL + TIMEOUT + MARGIN, took
-    world.wait_event("real_down", mark, 3.0, match=lambda r: r["vip"] == UDP_VIP and r["real"] == a)
-    wait_for(lambda: world.ring_ids(UDP_VIP) == {id_b}, 3.0, f"{a} leaving the ring of {UDP_VIP}")
+    t_sick = time.monotonic()
+    world.sicken_server(a)
+    ev = world.wait_event("real_down", mark, SETTLE_S, match=lambda r: r["vip"] == TCP_VIP and r["real"] == a)
+    # the fall-th failed probe in a row drained it: the server numbered its sick answers 501, 502, ...
+    assert ev["detail"].endswith(f"status {500 + FALL} (expected 2xx or 3xx)"), ev
+    wait_for(lambda: world.ring_ids(TCP_VIP) == {id_b}, SETTLE_S, f"{a} (id {id_a}) leaving the ring of {TCP_VIP}")
+    took = time.monotonic() - t_sick
+    print(f"\ndrain: {a} out of the ring after exactly {FALL} failed probes (the log's detail), "
+          f"{took:.2f} s after its server turned sick (interval {INTERVAL} s)")
+    assert took >= (FALL - 1) * INTERVAL, took  # fall probes, interval apart: never sooner
+    world.wait_event("real_down", mark, SETTLE_S, match=lambda r: r["vip"] == UDP_VIP and r["real"] == a)
+    wait_for(lambda: world.ring_ids(UDP_VIP) == {id_b}, SETTLE_S, f"{a} leaving the ring of {UDP_VIP}")
     status, _ctype, text = world.scrape()
     s = _samples(text)
     assert _get(s, "l4lab_real_up", vip=TCP_VIP, real=a) == 0
@@ -483,15 +505,14 @@ def test_failed_real_is_drained_keeps_its_sessions_and_comes_back(world: World) 
     assert {world.flow_real(p) for p in range(21000, 21012)} == {b}
 
     t_up = time.monotonic()
-    world.start_server(a)
-    world.wait_event("real_up", mark, RISE * INTERVAL + TIMEOUT + MARGIN,
-                     match=lambda r: r["vip"] == TCP_VIP and r["real"] == a)
-    wait_for(lambda: world.ring_ids(TCP_VIP) == {id_a, id_b}, RISE * INTERVAL + MARGIN,
-             f"{a} returning to the ring")
+    world.heal_server(a)
+    ev = world.wait_event("real_up", mark, SETTLE_S, match=lambda r: r["vip"] == TCP_VIP and r["real"] == a)
+    assert ev["detail"] == f"status {200 + RISE}", ev  # the rise-th good probe in a row restored it
+    wait_for(lambda: world.ring_ids(TCP_VIP) == {id_a, id_b}, SETTLE_S, f"{a} returning to the ring")
     back = time.monotonic() - t_up
-    print(f"restore: {a} back in the ring {back:.2f} s after its server started (rise {RISE})")
-    assert back <= RISE * INTERVAL + TIMEOUT + 2 * MARGIN
-    wait_for(lambda: world.ring_ids(UDP_VIP) == {id_a, id_b}, 3.0, f"{a} returning to the UDP ring")
+    print(f"restore: {a} back in the ring after exactly {RISE} good probes, {back:.2f} s after its server healed")
+    assert back >= (RISE - 1) * INTERVAL, back
+    wait_for(lambda: world.ring_ids(UDP_VIP) == {id_a, id_b}, SETTLE_S, f"{a} returning to the UDP ring")
     applied = [r for r in world.logs()[mark:] if r["event"] == "applied"]
     assert [r["trigger"] for r in applied][0] == "start"
     assert {r["trigger"] for r in applied[1:]} == {"health"}
@@ -589,7 +610,7 @@ def test_sighup_applies_a_changed_config_and_keeps_state_on_a_bad_one(world: Wor
     err = world.wait_event("reload_failed", mark, 10.0)
     assert err["level"] == "error"
     assert err["error"] == f"{config}: vips[0].bogus_key is not a known key; known keys here: address, " \
-        "encap, hash, healthcheck, lru, outer_src, port, proto, reals"
+        "encap, gue_csum, hash, healthcheck, lru, outer_src, port, proto, reals"
     world.write_config([*REALS, EXTRA_REAL, "2001:db8::5"], extra='via = "tunnel"\n')
     n_failed = len([r for r in world.logs() if r["event"] == "reload_failed"])
     world.daemon.send_signal(signal.SIGHUP)
@@ -632,9 +653,9 @@ def test_killed_daemon_leaves_forwarding_and_a_restart_adopts_it(world: World) -
     first = world.flow_real(sport)
 
     world.kill_server(b)  # b is drained when the daemon dies: a restart must keep it drained
-    world.wait_event("real_down", mark, FALL * INTERVAL + TIMEOUT + MARGIN,
+    world.wait_event("real_down", mark, SETTLE_S,
                      match=lambda r: r["vip"] == TCP_VIP and r["real"] == b)
-    wait_for(lambda: world.ring_ids(TCP_VIP) == {world.real_id(a)}, 5.0, f"{b} drained")
+    wait_for(lambda: world.ring_ids(TCP_VIP) == {world.real_id(a)}, SETTLE_S, f"{b} drained")
     assert world.daemon is not None
     world.daemon.send_signal(signal.SIGKILL)
     assert world.daemon.wait(timeout=10) == -signal.SIGKILL
@@ -655,7 +676,7 @@ def test_killed_daemon_leaves_forwarding_and_a_restart_adopts_it(world: World) -
 
     world.daemon.send_signal(signal.SIGTERM)
     assert world.daemon.wait(timeout=10) == 0
-    world.wait_event("stopped", mark, 5.0)
+    world.wait_event("stopped", mark, SETTLE_S)
     assert world.prog_id() == prog  # a clean stop leaves the datapath loaded too
     assert world.flow_real(sport) == first
 
@@ -665,7 +686,7 @@ def test_a_config_it_cannot_run_is_refused_at_start(world: World) -> None:
     mark = world.start_daemon(config)
     assert world.daemon is not None
     assert world.daemon.wait(timeout=20) == 2
-    err = world.wait_event("start_failed", mark, 1.0)
+    err = world.wait_event("start_failed", mark, SETTLE_S)
     assert err["error"].startswith(
         f'{config}: vips[0].healthcheck.via = "tunnel" cannot probe vips[0].reals[2] (2001:db8::5)')
     assert not Path(Instance.pin_dir(world.instance)).exists()
@@ -691,12 +712,12 @@ def test_tunnel_probes_reach_the_real_through_its_decap(world: World, encap: str
     mark = world.start_daemon(world.write_config(REALS, extra='via = "tunnel"\n', tcp_encap=encap))
     run = world.wait_running(mark)
     assert run["tunnel_probes"] == 2
-    tunnel = world.wait_event("tunnel_probes", 0, 1.0)
+    tunnel = world.wait_event("tunnel_probes", 0, SETTLE_S)
     assert tunnel["interfaces"] == ["lb0"]
 
-    world.wait_event("real_down", mark, FALL * INTERVAL + TIMEOUT + MARGIN,
+    world.wait_event("real_down", mark, SETTLE_S,
                      match=lambda r: r["vip"] == TCP_VIP and r["real"] == b)
-    wait_for(lambda: world.ring_ids(TCP_VIP) == {world.real_id(a)}, 5.0, f"{b} drained")
+    wait_for(lambda: world.ring_ids(TCP_VIP) == {world.real_id(a)}, SETTLE_S, f"{b} drained")
     s = _samples(world.scrape()[2])
     assert _get(s, "l4lab_health_checks_total", vip=TCP_VIP, real=a, result="ok") >= 2
     assert _get(s, "l4lab_health_checks_total", vip=TCP_VIP, real=a, result="failed") == 0
@@ -705,9 +726,9 @@ def test_tunnel_probes_reach_the_real_through_its_decap(world: World, encap: str
     assert decap.reasons()["PASS_NOT_LOCAL"] >= FALL  # b's too, but b does not decapsulate
 
     decap.add_local(b)
-    world.wait_event("real_up", mark, RISE * INTERVAL + TIMEOUT + MARGIN,
+    world.wait_event("real_up", mark, SETTLE_S,
                      match=lambda r: r["vip"] == TCP_VIP and r["real"] == b)
-    wait_for(lambda: world.ring_ids(TCP_VIP) == {world.real_id(a), world.real_id(b)}, 5.0,
+    wait_for(lambda: world.ring_ids(TCP_VIP) == {world.real_id(a), world.real_id(b)}, SETTLE_S,
              f"{b} back in the ring")
     assert not any(r["event"] == "real_down" and r["real"] == a for r in world.logs()[mark:])
 

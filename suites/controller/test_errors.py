@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import errno
+from pathlib import Path
 
 import pytest
 
 from balancer import errors
-from balancer.errors import AbiMismatchError, ConfigError, DatapathError, LbError, RingError, show_value
+from balancer.errors import (
+    AbiMismatchError,
+    ConfigError,
+    DatapathError,
+    HostError,
+    LbError,
+    RingError,
+    show_value,
+)
 
 
 def test_public_surface_is_the_documented_tree() -> None:
@@ -15,8 +24,10 @@ def test_public_surface_is_the_documented_tree() -> None:
         "AbiMismatchError",
         "ConfigError",
         "DatapathError",
+        "HostError",
         "LbError",
         "RingError",
+        "crash_report",
         "show_value",
     ]
     assert issubclass(ConfigError, LbError)
@@ -25,6 +36,23 @@ def test_public_surface_is_the_documented_tree() -> None:
     assert issubclass(RingError, LbError)
     assert issubclass(RingError, ValueError)
     assert not issubclass(ConfigError, DatapathError)
+    assert issubclass(HostError, LbError) and not issubclass(HostError, DatapathError)
+
+
+def test_crash_report_is_one_line_naming_a_log_that_holds_the_traceback(tmp_path: Path) -> None:
+    def deep() -> None:
+        raise KeyError("no such thing\nsecond line")
+
+    try:
+        deep()
+    except KeyError as exc:
+        line = errors.crash_report("lbctl", exc, (str(tmp_path / "logs"),))
+    assert "\n" not in line
+    assert line.startswith("lbctl: unexpected error (KeyError: 'no such thing")
+    path = Path(line.rsplit("the traceback is in ", 1)[1])
+    assert path.parent == tmp_path / "logs"
+    text = path.read_text()
+    assert "Traceback (most recent call last)" in text and "in deep" in text
 
 
 def test_config_error_message_names_file_key_value_and_expectation() -> None:

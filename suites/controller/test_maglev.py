@@ -28,7 +28,7 @@ from balancer.maglev import (
     ring_diff,
     slot_counts,
 )
-from suites.corpus import KATRAN_CORPUS
+from suites.corpus import corpus_file
 
 M = DEFAULT_RING_SIZE
 
@@ -42,6 +42,10 @@ KATRAN_CHURN = {
     50: (1310, 1612, 1285, 1604),
     100: (655, 992, 648, 1027),
 }
+# Our collateral moves (slots changed beyond the removed or added real's own) may be at most this
+# many times Katran's for the same change: measured 0.47 to 1.36 times; 2 leaves room for a ring
+# change that is no worse, and fails one that doubles the disruption.
+KATRAN_FACTOR = 2
 
 
 def v4_reals(n: int, weight: int = 1, first: int = 1) -> dict[int, tuple[str, int]]:
@@ -196,11 +200,8 @@ def test_draining_a_real_is_the_same_as_removing_it() -> None:
 # ------------------------------------------------------------------------------------ churn
 
 
-def katran_churn_from_corpus() -> dict[int, tuple[int, int, int, int]] | None:
-    path = KATRAN_CORPUS / "maglev_churn.json"
-    if not path.exists():
-        return None
-    rows = json.loads(path.read_text())
+def katran_churn_from_corpus() -> dict[int, tuple[int, int, int, int]]:
+    rows = json.loads(corpus_file("maglev_churn.json").read_text())
     return {
         r["n"]: (
             r["slots_owned_by_removed"],
@@ -213,10 +214,7 @@ def katran_churn_from_corpus() -> dict[int, tuple[int, int, int, int]] | None:
 
 
 def test_embedded_katran_figures_match_the_corpus() -> None:
-    corpus = katran_churn_from_corpus()
-    if corpus is None:
-        pytest.skip(f"Katran corpus not found at {KATRAN_CORPUS}; set L4LAB_KATRAN_CORPUS")
-    assert corpus == KATRAN_CHURN
+    assert katran_churn_from_corpus() == KATRAN_CHURN
 
 
 @pytest.mark.parametrize("n", sorted(KATRAN_CHURN))
@@ -238,7 +236,7 @@ def test_removing_one_real_moves_little_else(n: int) -> None:
         f" | katran owned {k_owned} changed {k_changed} collateral {k_changed - k_owned} ({katran:.3f} %)"
     )
     assert collateral <= 0.01 * M
-    assert abs(ours - katran) <= 1.0
+    assert collateral <= KATRAN_FACTOR * (k_changed - k_owned), f"more than {KATRAN_FACTOR} × Katran's collateral"
 
 
 @pytest.mark.parametrize("n", sorted(KATRAN_CHURN))
@@ -257,7 +255,7 @@ def test_adding_one_real_moves_little_else(n: int) -> None:
         f" | katran gained {k_gained} changed {k_changed} collateral {k_changed - k_gained} ({katran:.3f} %)"
     )
     assert collateral <= 0.01 * M
-    assert abs(ours - katran) <= 1.0
+    assert collateral <= KATRAN_FACTOR * (k_changed - k_gained), f"more than {KATRAN_FACTOR} × Katran's collateral"
 
 
 def test_doubling_one_weight_moves_little_beyond_its_gain() -> None:

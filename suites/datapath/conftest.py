@@ -1,7 +1,7 @@
 """conftest.py: fixtures for the datapath packet tables: loaded balancer and decap, a test-run helper.
 
 Every test run goes through `Balancer.run`, which returns the verdict, the output frame and the one
-lb_reasons counter that the packet moved (asserting that exactly one moved), so tables can share a
+reason counter (lb_counts) that the packet moved (asserting that exactly one moved), so tables can share a
 loaded program: counters are compared as deltas.
 """
 

@@ -84,6 +84,14 @@ def l4_checksum_ok_v6(ip6_bytes: bytes) -> bool:
     return checksum(pseudo6(ip6_bytes, ip6_bytes[6], len(payload)) + payload) == 0
 
 
+def l4_checksum_ok_v4(ip_bytes: bytes) -> bool:
+    """UDP checksum of an IPv4 packet (over the pseudo-header)."""
+    hlen = (ip_bytes[0] & 0xF) * 4
+    payload = ip_bytes[hlen:]
+    pseudo = ip_bytes[12:20] + struct.pack("!BBH", 0, ip_bytes[9], len(payload))
+    return checksum(pseudo + payload) == 0
+
+
 def icmp4_checksum_ok(ip_bytes: bytes) -> bool:
     return checksum(ip_bytes[(ip_bytes[0] & 0xF) * 4:]) == 0
 

@@ -97,6 +97,12 @@ DECAP_TABLE: list[tuple[str, Packet | bytes, str, str, Check | None]] = [
     ("GUE to an address that is not local", gue(IP(src=P.SRC4, dst="192.0.2.99"), P.GUE_PORT, INNER4),
      "pass", "PASS_NOT_LOCAL", None),
     ("UDP to another port", gue(IP(src=P.SRC4, dst=LOCAL4), 6081, INNER4), "pass", "PASS_NOT_ENCAP", None),
+    ("GUE over IPv4 with a zero UDP checksum (gue_csum = \"zero\")",
+     P.eth() / IP(src=P.SRC4, dst=LOCAL4) / UDP(sport=50000, dport=P.GUE_PORT, chksum=0) / Raw(INNER4),
+     "pass", "GUE", inner_is(INNER4)),
+    ("GUE over IPv6 with a zero UDP checksum (the operator's opt-in)",
+     P.eth() / IPv6(src=P.SRC6, dst=LOCAL6) / UDP(sport=50000, dport=P.GUE_PORT, chksum=0) / Raw(INNER6),
+     "pass", "GUE", inner_is(INNER6)),
     ("IPIP fragment: left to reassembly", P.eth() / IP(src=P.SRC4, dst=LOCAL4, proto=4, flags="MF")
      / Raw(INNER4), "pass", "PASS_NOT_ENCAP", None),
     ("GUE variant 0 with one word of options",

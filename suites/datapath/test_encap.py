@@ -13,7 +13,7 @@ from balancer import _abi
 
 from . import packets as P
 from .conftest import Balancer, BalancerFactory
-from .frames import decode_encap, ip_packet_of, ipv4_header_ok, l4_checksum_ok_v6
+from .frames import decode_encap, ip_packet_of, ipv4_header_ok, l4_checksum_ok_v4, l4_checksum_ok_v6
 
 TOS = 0xB9  # DSCP 46 (EF) with ECN ECT(1): both must reach the outer header
 
@@ -56,7 +56,7 @@ def test_encapsulated_headers(balancer: Balancer, case: P.EncapCase) -> None:
     assert 49152 <= sport <= 65535, "GUE source port in the dynamic range"
     assert dport == P.GUE_PORT
     if case.outer == 4:
-        assert csum == 0, "outer UDP checksum 0 over IPv4"
+        assert csum != 0 and l4_checksum_ok_v4(enc.outer_bytes), "outer UDP checksum over IPv4"
     else:
         assert csum != 0 and l4_checksum_ok_v6(enc.outer_bytes), "outer UDP checksum over IPv6"
     if case.mode == "GUE0":
@@ -100,6 +100,8 @@ def test_outer_source_from_the_flow_stays_in_the_prefix(balancer_factory: Balanc
         assert ipaddress.ip_address(enc.outer.src) in net
         if case.outer == 4:
             assert ipv4_header_ok(enc.outer_bytes)
+            if case.mode != "IPIP":
+                assert l4_checksum_ok_v4(enc.outer_bytes), "checksum covers the flow-derived source"
         elif case.mode != "IPIP":
             assert l4_checksum_ok_v6(enc.outer_bytes), "checksum covers the flow-derived source"
         srcs.append(enc.outer.src)
@@ -120,6 +122,23 @@ def test_jumbo_frame_through_the_frags_program(balancer_factory: BalancerFactory
     assert enc.inner == ip_packet_of(frame)
     if case.outer == 6 and case.mode != "IPIP":
         assert l4_checksum_ok_v6(enc.outer_bytes), "UDP checksum over all fragments of the buffer"
+    if case.outer == 4 and case.mode != "IPIP":
+        assert l4_checksum_ok_v4(enc.outer_bytes), "UDP checksum over all fragments of the buffer"
+
+
+GUE_CASES = [c for c in P.ENCAPS if c.mode != "IPIP"]
+
+
+@pytest.mark.parametrize("case", GUE_CASES, ids=[c.id for c in GUE_CASES])
+def test_gue_checksum_is_zero_when_the_vip_opts_in(balancer_factory: BalancerFactory, case: P.EncapCase) -> None:
+    """gue_csum = "zero": the outer UDP checksum is 0 over IPv4 and, by the operator's choice, IPv6."""
+    b = balancer_factory(world=False)
+    b.vip(case.vip, P.VIP_PORT, "tcp", 0, case.reals, case.mode, flags=_abi.VipFlag.GUE_CSUM_ZERO)
+    out = b.run(flow(case, sport=43100))
+    assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP")
+    enc = decode_encap(out.out, P.GUE_PORT)
+    assert enc.udp is not None and enc.udp[3] == 0, f"outer UDP checksum {enc.udp}"
+    assert enc.inner == ip_packet_of(flow(case, sport=43100))
 
 
 @pytest.mark.parametrize("case", [P.ENCAPS[0], P.ENCAPS[4]], ids=[P.ENCAPS[0].id, P.ENCAPS[4].id])

@@ -153,6 +153,11 @@ def leftovers(lab: str) -> list[str]:
     if state_dir(lab).exists():
         left.append(f"state {state_dir(lab)}")
     left += [f"process {pid}" for pid in lab_processes(lab)]
+    # The lab's balancer instances are named <lab>-<node>; lab names are random, so the glob is ours.
+    from balancer import controller
+
+    left += [f"balancer pins {p}" for p in Path(controller.PIN_ROOT).glob(f"{lab}-*")]
+    left += [f"balancer state {p}" for p in Path(controller.STATE_ROOT).glob(f"{lab}-*")]
     return left
 
 

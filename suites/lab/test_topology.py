@@ -64,6 +64,8 @@ ERRORS = [
      "nodes[1].decap.ifname must be an interface of node 'b': b-a but got 'eth0'"),
     ("duplicate-node", ('name = "b"', 'name = "a"'),
      "nodes[1].name must be a name not used by another node but got 'a'"),
+    ("nic-on-netns", ('ifname = "b-a" }\n[[links]]', 'ifname = "b-a" }\nnic = { queues = 4 }\n[[links]]'),
+     "nodes[1].nic must be absent on a netns node (only a VM real has a NIC to set) but got {'queues': 4}"),
     ("sysctl-name", ('kind = "netns"\nrou', 'kind = "netns"\nsysctls = { "kernel.panic" = 1 }\nrou'),
      "nodes[0].sysctls.'kernel.panic' must be a sysctl name under net. like 'net.ipv4.ip_forward' "
      "but got 'kernel.panic'"),
@@ -170,3 +172,30 @@ def test_mtu_topology_has_jumbo_client_side_and_1500_elsewhere() -> None:
     mtus = {link.a.ifname: link.mtu for link in topo.links}
     assert mtus.pop("cl-rt") == 9000
     assert set(mtus.values()) == {1500}
+
+
+NIC_ERRORS = [
+    ("nic = { queues = 1, rss = true }", "nodes[3].nic.queues must be at least 2 with rss = true (RSS spreads "
+                                         "over queues) but got 1"),
+    ("nic = { queues = 9 }", "nodes[3].nic.queues must be an integer 1..8 but got 9"),
+    ('nic = { queues = 4, rss = "yes" }', "nodes[3].nic.rss must be true or false but got 'yes'"),
+    ("nic = { queues = 4, hash = 1 }", "nodes[3].nic.hash must be absent (known keys: queues, rss) but got 1"),
+]
+
+
+def test_nic_rss_topology_has_a_four_queue_rss_vm_real() -> None:
+    topo = topology.load("nic-rss")
+    (real,) = topo.nodes_with_role("real")
+    assert (real.kind, real.nic) == ("vm", topology.Nic(queues=4, rss=True))
+    assert all(n.nic == topology.Nic() for n in topo.netns_nodes())
+
+
+@pytest.mark.parametrize(("line", "message"), NIC_ERRORS, ids=[m.split(" must")[0] for _, m in NIC_ERRORS])
+def test_invalid_vm_nic_names_file_key_value(tmp_path: Path, line: str, message: str) -> None:
+    text = topology.load("nic-rss").path.read_text()
+    anchor = "nic = { queues = 4, rss = true }"
+    assert anchor in text
+    path = write(tmp_path, text.replace(anchor, line))
+    with pytest.raises(TopologyError) as err:
+        topology.load(path)
+    assert str(err.value) == f"{path}: {message}"

@@ -104,7 +104,7 @@ def test_mixed_generators_render_in_chromium(tmp_path: Path) -> None:
     with Browser.start(tmp_path / "profile") as browser:
         page = browser.open(report.as_uri(), width=1024)
         sections = _check_sections(page, expect_empty={"summary", "demo", "rss", "pmtu", "churn", "failover",
-                                                       "conformance"})
+                                                       "conformance", "corpus", "fuzz"})
         bench = next(s for s in sections if s["id"] == "bench")
         assert bench["charts"] == 4, "one pair of charts per generator (trex, xdp-live)"
         captions = page.evaluate("Array.from(document.querySelectorAll('#bench caption')).map(c => c.textContent)")
@@ -140,7 +140,7 @@ def test_empty_sections_show_their_notice_in_the_browser(tmp_path: Path) -> None
             "Array.from(document.querySelectorAll('section.no-results p.empty'))"
             ".filter(p => p.getBoundingClientRect().height > 0).map(p => p.closest('section').id)"
         )
-        assert visible == ["summary", "demo", "bench", "rss", "pmtu", "churn", "failover"]
+        assert visible == ["summary", "demo", "bench", "rss", "pmtu", "churn", "failover", "corpus", "fuzz"]
         _check_sections(page, expect_empty=set(visible))
         assert page.errors == []
 
@@ -152,6 +152,6 @@ def test_no_results_at_all_render_in_the_browser(tmp_path: Path) -> None:
     with Browser.start(tmp_path / "profile") as browser:
         page = browser.open(report.as_uri(), width=1024)
         sections = _check_sections(page, expect_empty={"summary", "demo", "bench", "rss", "pmtu", "churn",
-                                                       "failover", "conformance", "history"})
-        assert len(sections) == 9
+                                                       "failover", "conformance", "corpus", "fuzz", "history"})
+        assert len(sections) == 11
         assert page.errors == [], "the zoom script must not fail on a page without charts"

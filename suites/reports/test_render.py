@@ -27,7 +27,7 @@ from reports.schema import (
 )
 from suites.reports._page import Page
 
-SECTIONS = ["summary", "demo", "bench", "rss", "pmtu", "churn", "failover", "conformance", "history"]
+SECTIONS = ["summary", "demo", "bench", "rss", "pmtu", "churn", "failover", "conformance", "corpus", "fuzz", "history"]
 KIND_SECTIONS = [s for s in SECTIONS if s not in ("summary", "history")]
 # Charts per kind for the sample: bench ratio + absolute per generator (trex, xdp-live), one RSS grid per
 # result (the kernel's view, model and NIC for two encaps), churn disruption + collateral, one timeline

@@ -70,6 +70,9 @@ def test_write_result_writes_one_versioned_file(tmp_path: Path) -> None:
         "encap": "ip4-gue1",
         "outcome": "pass",
         "duration_s": 1.5,
+        "dut": "l4lab",
+        "detail": "",
+        "figures": [],
     }
     (result,) = load_results(tmp_path)
     assert result.test == "test_tcp_connect" and result.encap == "ip4-gue1"
@@ -96,7 +99,7 @@ def test_rss_source_is_model_nic_or_measured(tmp_path: Path) -> None:
     for source in ("model", "measured", "nic:virtio", "nic:mlx5_core"):
         write_result("rss", "test_r", {"scenarios": [base | {"source": source}]}, tmp_path)
     (default,) = load_results_of(write_result("rss", "test_d", {"scenarios": [base]}, tmp_path))
-    assert default == "model", "a scenario without source is the model's"
+    assert default == "measured", "a scenario without source was measured (older files: the kernel's view)"
     with pytest.raises(ResultsError, match=r'payload\.scenarios\[0\]\.source: must be "model", "measured" or '
                        r'"nic:<driver>"'):
         write_result("rss", "test_r", {"scenarios": [base | {"source": "nic:"}]}, tmp_path)

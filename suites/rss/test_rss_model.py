@@ -21,6 +21,7 @@ from lab.rss import (
     hash_flows,
     indirection_table,
     inputs_v4,
+    nic_input,
     predict_queues,
     queues_of,
     spread,
@@ -61,6 +62,28 @@ def test_published_vectors_one_by_one(src: str, sport: int, dst: str, dport: int
     hasher = Toeplitz()
     assert hasher.hash_bytes(flow_input(flow, "sd")) == sd
     assert hasher.hash_bytes(flow_input(flow, "sdfn")) == sdfn
+
+
+@pytest.mark.parametrize(("src", "sport", "dst", "dport", "sd", "sdfn"), VECTORS, ids=[v[0] for v in VECTORS])
+def test_nic_input_of_frames_hashes_outer_headers_as_a_nic(src: str, sport: int, dst: str, dport: int, sd: int,
+                                                           sdfn: int) -> None:
+    """UDP is hashed on ports under sdfn only; a tunnel (IPIP, 6in6) on its outer addresses always."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.inet6 import IPv6
+    from scapy.layers.l2 import Dot1Q, Ether
+
+    outer = IPv6(src=src, dst=dst) if ":" in src else IP(src=src, dst=dst)
+    inner = IP(src="192.0.2.2", dst="198.51.100.100") / UDP(sport=40000, dport=9000)
+    udp = bytes(Ether() / outer / UDP(sport=sport, dport=dport) / inner)
+    tunnel = bytes(Ether() / outer / inner)
+    tagged = bytes(Ether() / Dot1Q(vlan=7) / outer / UDP(sport=sport, dport=dport))
+    hasher = Toeplitz()
+    assert hasher.hash_bytes(nic_input(udp, "sdfn")) == sdfn
+    assert hasher.hash_bytes(nic_input(tagged, "sdfn")) == sdfn
+    assert hasher.hash_bytes(nic_input(udp, "sd")) == sd
+    assert hasher.hash_bytes(nic_input(tunnel, "sdfn")) == sd
+    with pytest.raises(ValueError, match="ethertype 0x0806 is neither IPv4 nor IPv6"):
+        nic_input(bytes(Ether(type=0x0806)) + bytes(28), "sd")
 
 
 def test_published_vectors_vectorised_and_mixed_families() -> None:

@@ -1,0 +1,409 @@
+"""katranbench.py: `l4lab bench --katran PATH`: l4lab and Katran timed side by side on identical packets.
+
+Both datapaths are built and loaded in the same run (Katran from the user's checkout, lab/katran.py),
+given the same VIP, the same four reals and the same Maglev ring (balancer/maglev.py), and per-CPU
+session tables of the same size. Per encap (IPIP; GUE, Katran built with GUE_ENCAP) the cases are
+
+    non-vip       TCP to an address that is no VIP                                      XDP_PASS
+    session-hit   an ACK of a flow whose session exists                                 XDP_TX
+    new-syn       a SYN of a flow never seen (new client address and port every call)   XDP_TX
+    new-ack       an ACK of a flow never seen: a session miss                           XDP_TX
+
+beside the floors (XDP_DROP, MAC-swap XDP_TX). Every call is one BPF_PROG_TEST_RUN with
+repeat = 1 (repeat > 1 feeds each iteration the previous output), the process pinned to one CPU
+(test runs execute on the caller's CPU, where the per-CPU tables live), the cases taking turns
+call after call in rounds so that they share the machine's weather; each figure is the median.
+
+Honesty: every call's XDP action is checked, and after every round the counter that only the case
+moves must have moved by exactly its number of calls (l4lab: the LRU_HIT / LRU_MISS / SYN_REHASH
+events, PASS_NOT_VIP; Katran: `stats` LRU v1 without v2 for hits, LRU_MISS v1 for SYNs, LRU_MISS v2
+for ACK misses, XDP_PASS). Each datapath instance serves one encap, so no two cases share a counter.
+Ratios are of the cost above the MAC-swap floor, l4lab / Katran, measured in this run only.
+
+Then the live-frames NDR at 64 B on the bench veth (lab/bench.py's testbed and search) of the
+XDP_TX floor, l4lab and Katran per encap, also in this run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+import socket
+import statistics
+import struct
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lab import katran as K
+from lab.checksum import inet_checksum
+from lab.errors import LabError
+
+XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
+ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
+CLIENT_MAC, LB_MAC = "02:00:00:00:0c:01", "02:00:00:00:0c:02"
+VIP, VIP_PORT, NOT_VIP = "198.51.100.100", 80, "198.51.100.99"
+CLIENT = "192.0.2.10"
+REALS = ("203.0.113.18", "203.0.113.34", "203.0.113.50", "203.0.113.66")
+SRC4 = "198.51.100.128"
+ENCAPS = {"ip4-ipip": ("ipip", "ipip"), "ip4-gue1": ("gue1", "gue")}  # id -> (l4lab encap, Katran flavour)
+CASES = ("non-vip", "session-hit", "new-syn", "new-ack")
+PAYLOAD = b"l4lab bench 69B"  # 14 + 20 + 20 + 15 = 69-byte frames
+RING = K.RING_SIZE
+
+
+@dataclass(frozen=True)
+class Options:
+    katran: Path | str | None  # a Katran checkout; None: $L4LAB_KATRAN_SRC
+    runs: int = 200_000       # calls per case per run (split over the rounds)
+    rounds: int = 5
+    lru_size: int = 1_000_000  # entries per CPU session table, both datapaths
+    ndr: bool = True
+    quick: bool = False
+    results: Path | None = None
+    baseline: Path | None = None  # another balancer.o (e.g. an older build) timed in the same run as "base"
+
+
+@dataclass
+class Side:
+    """One datapath instance (l4lab or Katran) serving one encap, with its path counters."""
+
+    who: str                      # "l4lab" | "katran"
+    encap: str                    # ip4-ipip | ip4-gue1
+    program: Any
+    counters: Callable[[], dict[str, int]]
+    path_counter: dict[str, str]  # case -> the counter only that case moves
+    not_moved: dict[str, str] = field(default_factory=dict)  # case -> a counter that must stay
+
+
+@dataclass
+class Result:
+    medians: dict[str, float] = field(default_factory=dict)        # "who:encap:case" or floor -> ns
+    insns: dict[str, tuple[int, int]] = field(default_factory=dict)  # object -> (xlated, verified)
+    ndr: dict[str, float] = field(default_factory=dict)            # name -> NDR Mpps at 64 B
+    calls: int = 0
+    results_file: Path | None = None
+
+
+def options(katran: str | None, quick: bool, results: Path | None) -> Options:
+    """The issue's 200,000 calls per case in 5 rounds with 1,000,000-entry tables, or a quick run."""
+    if quick:
+        return Options(katran=katran, runs=20_000, rounds=4, lru_size=1 << 17, quick=True, results=results)
+    return Options(katran=katran, results=results)
+
+
+# --- frames -----------------------------------------------------------------------------------------
+
+
+def tcp_frame(src: str, sport: int, dst: str, flags: int) -> bytes:
+    """Ethernet/IPv4/TCP with PAYLOAD, every checksum valid (69 bytes)."""
+    s, d = ipaddress.IPv4Address(src).packed, ipaddress.IPv4Address(dst).packed
+    tcp = struct.pack("!HHIIBBHHH", sport, VIP_PORT, 1, 1 if flags & 0x10 else 0, 5 << 4, flags, 65535, 0, 0)
+    seg = tcp + PAYLOAD
+    check = inet_checksum(s + d + struct.pack("!BBH", 0, socket.IPPROTO_TCP, len(seg)) + seg)
+    seg = seg[:16] + struct.pack("!H", check) + seg[18:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(seg), 0, 0x4000, 64, socket.IPPROTO_TCP, 0, s, d)
+    ip = ip[:10] + struct.pack("!H", inet_checksum(ip)) + ip[12:]
+    eth = bytes.fromhex(LB_MAC.replace(":", "")) + bytes.fromhex(CLIENT_MAC.replace(":", "")) + b"\x08\x00"
+    return eth + ip + seg
+
+
+class NewFlows:
+    """Frames of flows never seen before: the n-th has client 10.0.0.0 + n and port 1024 + n % 60000."""
+
+    def __init__(self, flags: int, base: int) -> None:
+        self.template = bytearray(tcp_frame("10.0.0.1", 1024, VIP, flags))
+        self.base = base
+        self.n = 0
+
+    def next(self) -> bytes:
+        i = self.base + self.n
+        self.n += 1
+        buf = self.template
+        buf[26:30] = (0x0A000000 | (i & 0xFFFFFF)).to_bytes(4, "big")
+        buf[34:36] = (1024 + i % 60000).to_bytes(2, "big")
+        buf[24:26] = b"\0\0"
+        buf[24:26] = inet_checksum(bytes(buf[14:34])).to_bytes(2, "big")
+        return bytes(buf)  # the TCP checksum is left stale: neither datapath reads it
+
+
+# --- the two datapaths ------------------------------------------------------------------------------
+
+
+def l4lab_side(stack: ExitStack, encap_id: str, lru_size: int, obj: Path | None = None, who: str = "l4lab") -> Side:
+    from balancer.datapath import Datapath, Encap
+
+    path = str(obj or Path(__file__).resolve().parents[1] / "build" / "bpf" / "balancer.o")
+    dp = Datapath.load(path, max_vips=4, max_reals=16, ring_size=RING, lru_size=lru_size, fallback_size=1024)
+    stack.callback(dp.close)
+    dp.set_settings(nexthop_mac=CLIENT_MAC, src4=f"{SRC4}/32", mtu=1500)
+    l4_encap, _ = ENCAPS[encap_id]
+    dp.put_vip(VIP, VIP_PORT, "tcp", vip_num=0, encap=Encap.IPIP if l4_encap == "ipip" else Encap.GUE1)
+    dp.put_vip(VIP, 0, 0, vip_num=1)  # the address-only entry the controller writes for each VIP address
+    for i, addr in enumerate(REALS):
+        dp.put_real(i + 1, addr)
+    dp.write_ring(0, list(ring()))
+
+    def counters() -> dict[str, int]:
+        return {**dp.events(), **dp.reasons()}
+
+    return Side(who, encap_id, dp.programs["balancer_xdp"], counters,
+                {"non-vip": "PASS_NOT_VIP", "session-hit": "LRU_HIT", "new-syn": "SYN_REHASH",
+                 "new-ack": "LRU_MISS"})
+
+
+def katran_side(stack: ExitStack, encap_id: str, obj: Path, lru_size: int) -> Side:
+    kt = K.Katran(obj, lru_size=lru_size).load()
+    stack.callback(kt.close)
+    kt.set_router_mac(CLIENT_MAC)
+    if ENCAPS[encap_id][1] == "gue":
+        kt.set_sources(SRC4, "2001:db8:1b::80")
+    kt.add_vip(VIP, VIP_PORT, socket.IPPROTO_TCP, 0)
+    for i, addr in enumerate(REALS):
+        kt.add_real(i + 1, addr)
+    kt.set_ring(0, list(ring()))
+    def counters() -> dict[str, int]:
+        c = kt.counters()
+        c["LRU hits"] = c["LRU.v1"] - c["LRU.v2"]  # v1 counts every VIP packet, v2 the misses
+        return c
+
+    return Side("katran", encap_id, kt.program, counters,
+                {"non-vip": "XDP_PASS.v1", "session-hit": "LRU hits", "new-syn": "LRU_MISS.v1",
+                 "new-ack": "LRU_MISS.v2"})
+
+
+def ring() -> Any:
+    from balancer import maglev
+
+    return maglev.build_ring({i + 1: (a, 1) for i, a in enumerate(REALS)}, RING)
+
+
+def program_insns(prog: Any) -> tuple[int, int]:
+    """(xlated instructions, verified instructions) of a loaded program, from bpf_prog_info."""
+    from balancer.libbpf import lib
+
+    info = ctypes.create_string_buffer(256)
+    size = ctypes.c_uint32(256)
+    if lib().bpf_obj_get_info_by_fd(prog.fd, info, ctypes.byref(size)) != 0:
+        raise LabError(f"cannot read bpf_prog_info of '{prog.name}'")
+    xlated_len = struct.unpack_from("<I", info.raw, 20)[0]
+    verified = struct.unpack_from("<I", info.raw, 216)[0]  # bpf_prog_info.verified_insns (Linux ≥ 5.16)
+    return xlated_len // 8, verified
+
+
+# --- timing -----------------------------------------------------------------------------------------
+
+
+@contextmanager
+def pinned() -> Iterator[int]:
+    before = os.sched_getaffinity(0)
+    cpu = max(before)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield cpu
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@dataclass
+class Timed:
+    name: str
+    program: Any
+    frame: Callable[[], bytes]
+    action: int
+    side: Side | None = None
+    case: str = ""
+    samples: list[int] = field(default_factory=list)
+
+
+def side_cases(side: Side, flow_base: int) -> list[Timed]:
+    hit_frame = tcp_frame(CLIENT, 45000, VIP, 0x10)
+    for frame in (tcp_frame(CLIENT, 45000, VIP, 0x02), hit_frame):  # SYN creates the session, ACK hits it
+        res = side.program.test_run(frame)
+        if res.retval != XDP_TX:
+            raise LabError(f"{side.who} {side.encap}: priming the session returned {ACTIONS.get(res.retval)}")
+    not_vip = tcp_frame(CLIENT, 45000, NOT_VIP, 0x10)
+    syns, acks = NewFlows(0x02, flow_base), NewFlows(0x10, flow_base + (1 << 23))
+    tag = f"{side.who}:{side.encap}:"
+    cases = [Timed(tag + "session-hit", side.program, lambda: hit_frame, XDP_TX, side, "session-hit"),
+             Timed(tag + "new-syn", side.program, syns.next, XDP_TX, side, "new-syn"),
+             Timed(tag + "new-ack", side.program, acks.next, XDP_TX, side, "new-ack")]
+    if side.encap == "ip4-ipip":
+        cases.insert(0, Timed(f"{side.who}:non-vip", side.program, lambda: not_vip, XDP_PASS, side, "non-vip"))
+    return cases
+
+
+def time_rounds(cases: list[Timed], sides: list[Side], per_round: int, rounds: int,
+                say: Callable[[str], None]) -> None:
+    """Interleaved single test runs; after each round every case's own counter moved by exactly per_round."""
+    for r in range(rounds):
+        before = {id(s): s.counters() for s in sides}
+        for _ in range(per_round):
+            for c in cases:
+                res = c.program.test_run(c.frame())
+                if res.retval != c.action:
+                    raise LabError(f"{c.name}: returned {ACTIONS.get(res.retval, res.retval)}, "
+                                   f"expected {ACTIONS[c.action]}")
+                c.samples.append(res.duration_ns)
+        for s in sides:
+            after = s.counters()
+            delta = {k: after.get(k, 0) - before[id(s)].get(k, 0) for k in after}
+            for c in cases:
+                if c.side is not s:
+                    continue
+                moved = delta.get(s.path_counter[c.case], 0)
+                if moved != per_round:
+                    raise LabError(f"{c.name}: counter {s.path_counter[c.case]} moved by {moved} in a round "
+                                   f"of {per_round} calls: the case did not take its path every time "
+                                   f"(counter changes: { {k: v for k, v in delta.items() if v} })")
+                still = s.not_moved.get(c.case)
+                if still and delta.get(still, 0):
+                    raise LabError(f"{c.name}: counter {still} moved by {delta[still]}: some calls missed")
+        say(f"  round {r + 1}/{rounds}: {per_round} calls per case, actions and path counters checked")
+
+
+# --- the run ----------------------------------------------------------------------------------------
+
+
+def run(opts: Options, say: Callable[[str], None] = print) -> Result:
+    from balancer.libbpf import BpfObject
+
+    checkout = K.Checkout.find(opts.katran)
+    objs = {flavour: K.build(checkout, flavour) for flavour in K.FLAVOURS}
+    say(f"built Katran from {checkout.root}: {', '.join(str(p) for p in objs.values())}")
+    result = Result()
+    started = time.monotonic()
+    with ExitStack() as stack:
+        floor = BpfObject(str(Path(__file__).resolve().parents[1] / "build" / "bpf" / "floor.o"))
+        stack.callback(floor.close)
+        floor.load()
+        frame = tcp_frame(CLIENT, 45000, VIP, 0x10)
+        cases = [Timed("floor:xdp_drop", floor.program("xdp_drop"), lambda: frame, XDP_DROP),
+                 Timed("floor:xdp_tx", floor.program("xdp_tx_swap"), lambda: frame, XDP_TX)]
+        sides: list[Side] = []
+        with pinned() as cpu:
+            for n, encap_id in enumerate(ENCAPS):
+                these = [l4lab_side(stack, encap_id, opts.lru_size),
+                         katran_side(stack, encap_id, objs[ENCAPS[encap_id][1]], opts.lru_size)]
+                if opts.baseline:
+                    these.append(l4lab_side(stack, encap_id, opts.lru_size, opts.baseline, "base"))
+                for side in these:
+                    sides.append(side)
+                    cases += side_cases(side, n << 20)
+            for side in sides:
+                result.insns[f"{side.who}:{side.encap}"] = program_insns(side.program)
+            per_round = max(1, opts.runs // opts.rounds)
+            say(f"timing {len(cases)} cases on CPU {cpu}: {opts.rounds} rounds × {per_round} calls, interleaved")
+            time_rounds(cases, sides, per_round, opts.rounds, say)
+        result.calls = per_round * opts.rounds
+        result.medians = {c.name: float(statistics.median(c.samples)) for c in cases}
+    for line in table(result):
+        say(line)
+    if opts.baseline:
+        for name, ns in result.medians.items():
+            if name.startswith("base:"):
+                say(f"  {name:<28} {ns:8.0f}   l4lab {result.medians['l4lab:' + name[5:]]:8.0f}")
+    if opts.ndr:
+        measure_ndr(opts, objs, result, say)
+    write_results(result, opts)
+    if result.results_file:
+        say(f"wrote {result.results_file}")
+    say(f"side-by-side bench took {time.monotonic() - started:.0f} s")
+    return result
+
+
+def ratio(result: Result, case: str, encap: str | None) -> float:
+    floor = result.medians["floor:xdp_tx"]
+    key = case if encap is None else f"{encap}:{case}"
+    ours, theirs = result.medians[f"l4lab:{key}"], result.medians[f"katran:{key}"]
+    return (ours - floor) / (theirs - floor) if theirs > floor else float("nan")
+
+
+def table(result: Result) -> list[str]:
+    m = result.medians
+    lines = [f"side by side: {result.calls} calls per case, medians in ns (test run, repeat = 1, 69-byte frames)",
+             f"{'case':<24} {'Katran':>8} {'l4lab':>8}   l4lab / Katran, cost above the MAC-swap floor"]
+    rows: list[tuple[str, str, str | None]] = [("non-VIP", "non-vip", None)]
+    for encap_id in ENCAPS:
+        name = "IPIP" if encap_id == "ip4-ipip" else "GUE"
+        rows += [(f"{name} session hit", "session-hit", encap_id),
+                 (f"{name} new flow, SYN", "new-syn", encap_id), (f"{name} new flow, ACK", "new-ack", encap_id)]
+    for label, case, encap in rows:
+        key = f"{encap}:{case}" if encap else case
+        lines.append(f"{label:<24} {m[f'katran:{key}']:>8.0f} {m[f'l4lab:{key}']:>8.0f}   "
+                     f"{ratio(result, case, encap):.2f}")
+    lines.append(f"{'floor XDP_DROP':<24} {m['floor:xdp_drop']:>8.0f}")
+    lines.append(f"{'floor MAC-swap XDP_TX':<24} {m['floor:xdp_tx']:>8.0f}")
+    for encap_id in ENCAPS:
+        k, o = result.insns[f"katran:{encap_id}"], result.insns[f"l4lab:{encap_id}"]
+        lines.append(f"{'verified insns ' + encap_id:<24} {k[1]:>8} {o[1]:>8}   {o[1] / k[1]:.2f} "
+                     f"(xlated {k[0]} / {o[0]})")
+    return lines
+
+
+def measure_ndr(opts: Options, objs: dict[str, Path], result: Result, say: Callable[[str], None]) -> None:
+    """Live-frames NDR at 64 B on the bench veth: the XDP_TX floor, then l4lab and Katran per encap."""
+    from lab import bench as B
+
+    settings = B.Options(quick=True).search_settings()
+    say("live frames on veth, 64 B, NDR search (lab/bench.py testbed):")
+    with B.testbed() as bed:
+        plan: list[tuple[str, str]] = [("floor:xdp_tx", "")]
+        for encap_id in ENCAPS:
+            plan += [(f"l4lab:{encap_id}", encap_id), (f"katran:{encap_id}", encap_id)]
+        for name, encap_id in plan:
+            if not encap_id:
+                prog = bed.lb_floor.program("xdp_tx_swap")
+            elif name.startswith("l4lab"):
+                prog = _l4lab_on(bed, encap_id)
+            else:
+                prog = _katran_on(bed, encap_id, objs, opts)
+            bed.on_lb_program(prog)
+            with B._generator(bed, bed.gen_count) as gen:
+                measured = B.ndr_point(gen, name, 64, 1024, 4, settings)
+            result.ndr[name] = measured.result.ndr_pps / 1e6
+            say(f"  {name:<16} NDR {result.ndr[name]:6.3f} Mpps")
+    floor = result.ndr["floor:xdp_tx"]
+    for encap_id in ENCAPS:
+        ours, theirs = result.ndr[f"l4lab:{encap_id}"], result.ndr[f"katran:{encap_id}"]
+        say(f"  {encap_id}: l4lab {ours / floor:.2f} × XDP_TX floor, Katran {theirs / floor:.2f} ×")
+
+
+def _l4lab_on(bed: Any, encap_id: str) -> Any:
+    from lab import bench as B
+
+    bed.load_balancer()
+    bed.instance.apply(B.lb_config(encap_id))
+    return bed.instance.dp.programs["balancer_xdp"]
+
+
+def _katran_on(bed: Any, encap_id: str, objs: dict[str, Path], opts: Options) -> Any:
+    from lab import bench as B
+
+    kt = K.Katran(objs[ENCAPS[encap_id][1]], lru_size=min(opts.lru_size, 1 << 16)).load()
+    bed.stack.callback(kt.close)
+    kt.set_router_mac(B.GEN_MAC)
+    if ENCAPS[encap_id][1] == "gue":
+        kt.set_sources("198.51.100.128", "2001:db8:1b:80::")
+    kt.add_vip(B.VIP4, B.VIP_PORT, socket.IPPROTO_UDP, 0)
+    reals = {i + 1: (a, 1) for i, a in enumerate(B.REALS4)}
+    for rid, (addr, _) in reals.items():
+        kt.add_real(rid, addr)
+    from balancer import maglev
+
+    kt.set_ring(0, list(maglev.build_ring(reals, RING)))
+    return kt.program
+
+
+def write_results(result: Result, opts: Options) -> None:
+    """One `bench` result (generator test-run): a micro figure per side, case and floor."""
+    from reports.schema import BenchPayload, MicroFigure, case_id, results_dir, write_result
+
+    micro = [MicroFigure(case=name, ns_per_packet=ns) for name, ns in result.medians.items()]
+    payload = BenchPayload(generator="test-run", egress_mtu=1500, micro=micro)
+    result.results_file = write_result("bench", case_id("bench_katran_side_by_side"), payload,
+                                       results_dir(opts.results))

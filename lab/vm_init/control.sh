@@ -1,0 +1,23 @@
+# control.sh: the VM's control channel, sourced by both /init scripts (init.sh, ipvs_init.sh).
+#
+# A shell loop on ttyS1 (a Unix socket on the host: lab/vm.py guest_run) runs "ID COMMAND LINE"
+# requests and answers "L4LAB-BEGIN ID", the command's output, then "L4LAB-DONE ID STATUS".
+# Commands get no terminal on their input (ipvsadm, for one, hangs reading a console).
+
+control() {
+	while IFS= read -r req; do
+		id=${req%% *}
+		echo "L4LAB-BEGIN $id"
+		sh -c "${req#* }" </dev/null 2>&1
+		echo "L4LAB-DONE $id $?"
+	done
+}
+
+# start_control: serve the channel in the background if the VM has a second serial port.
+start_control() {
+	[ -c /dev/ttyS1 ] || return 0
+	# Held open from here on: bytes that arrive before the loop reads are kept, not dropped.
+	exec 3<>/dev/ttyS1
+	run control stty -F /dev/ttyS1 raw -echo
+	control <&3 >&3 2>&1 &
+}

@@ -1,0 +1,127 @@
+"""test_katran_side_by_side.py: the Katran adapter (lab/katran.py) and `l4lab bench --katran` (lab/katranbench.py).
+
+The adapter's tests build Katran from the checkout that L4LAB_KATRAN_SRC names and are skipped,
+saying so, elsewhere. What they check: Katran programmed by our code forwards a flow to a real of
+its ring in IPIP and in GUE (outer UDP checksum valid), its counters tell a new flow from a session
+hit, and the side-by-side bench's path checks hold on every call of a short run.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.utils import checksum
+
+from lab import bench, katran, katranbench
+from lab.errors import LabError
+
+NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="loading BPF programs needs root")
+
+
+@pytest.fixture(scope="module")
+def checkout() -> katran.Checkout:
+    """Name: checkout. Scope: module. Depends: $L4LAB_KATRAN_SRC.
+
+    The user's Katran checkout, or a skip that says how to get one.
+        def test_x(checkout: katran.Checkout) -> None: ...
+    """
+    if not os.environ.get(katran.ENV):
+        pytest.skip(f"{katran.ENV} is not set: {katran.HOW_TO_GET}")
+    return katran.Checkout.find(None)
+
+
+@pytest.fixture(scope="module")
+def objects(checkout: katran.Checkout, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("katran")
+    return {flavour: katran.build(checkout, flavour, out) for flavour in katran.FLAVOURS}
+
+
+@pytest.fixture
+def pinned() -> Iterator[None]:
+    """Test runs execute on the caller's CPU; Katran's session tables are per CPU."""
+    with katranbench.pinned():
+        yield
+
+
+def programmed(obj: Path, gue: bool) -> katran.Katran:
+    kt = katran.Katran(obj, lru_size=1024).load()
+    kt.set_router_mac(katranbench.CLIENT_MAC)
+    if gue:
+        kt.set_sources(katranbench.SRC4)
+    kt.add_vip(katranbench.VIP, katranbench.VIP_PORT, socket.IPPROTO_TCP, 0)
+    for i, addr in enumerate(katranbench.REALS):
+        kt.add_real(i + 1, addr)
+    kt.set_ring(0, list(katranbench.ring()))
+    return kt
+
+
+def test_without_a_checkout_the_bench_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv(katran.ENV, raising=False)
+    with pytest.raises(LabError, match="git clone https://github.com/facebookincubator/katran"):
+        katran.Checkout.find(None)
+    if os.geteuid() == 0 and os.path.ismount("/sys/fs/bpf"):
+        assert bench.main(["--katran"]) == 1
+        assert "no Katran checkout given" in capsys.readouterr().err
+
+
+def test_a_path_that_is_no_checkout_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(LabError, match="is not a Katran checkout"):
+        katran.Checkout.find(tmp_path)
+
+
+@NEEDS_ROOT
+@pytest.mark.parametrize("flavour", list(katran.FLAVOURS))
+def test_katran_programmed_by_us_forwards_new_flows_and_hits_sessions(objects: dict[str, Path], flavour: str,
+                                                                     pinned: None) -> None:
+    gue = flavour == "gue"
+    with programmed(objects[flavour], gue) as kt:
+        syn = katranbench.tcp_frame(katranbench.CLIENT, 45000, katranbench.VIP, 0x02)
+        ack = katranbench.tcp_frame(katranbench.CLIENT, 45000, katranbench.VIP, 0x10)
+        first = kt.program.test_run(syn)
+        assert first.retval == katranbench.XDP_TX
+        assert kt.counter(katran.LRU_MISS_CNTR) == (1, 0), "a SYN is a session miss of a new connection"
+        second = kt.program.test_run(ack)
+        assert second.retval == katranbench.XDP_TX
+        lru = kt.counter(katran.LRU_CNTRS)
+        assert lru == (2, 1), f"two VIP packets, one miss: {lru}"
+        for out in (first.data, second.data):
+            eth = Ether(out)
+            assert eth.dst == katranbench.CLIENT_MAC
+            outer = eth[IP]
+            assert outer.dst in katranbench.REALS
+            if gue:
+                udp = outer[UDP]
+                assert udp.dport == katran.GUE_PORT and outer.src == katranbench.SRC4
+                raw = bytes(outer)
+                pseudo = raw[12:20] + bytes([0, 17]) + len(raw[20:]).to_bytes(2, "big")
+                assert udp.chksum != 0 and checksum(pseudo + raw[20:]) == 0, "Katran computes the UDP checksum"
+            else:
+                assert outer.proto == 4
+            inner = bytes(outer[UDP].payload) if gue else bytes(outer.payload)
+            assert inner == (syn if out is first.data else ack)[14:], "the client's packet, byte for byte"
+        assert Ether(first.data)[IP].dst == Ether(second.data)[IP].dst, "the ACK follows its session"
+        assert sum(kt.real_counter(i + 1)[0] for i in range(len(katranbench.REALS))) == 2
+
+
+@NEEDS_ROOT
+def test_side_by_side_checks_every_path(checkout: katran.Checkout, tmp_path: Path) -> None:
+    """A short run: every call's action and every round's path counters are checked by the bench itself."""
+    opts = katranbench.Options(katran=checkout.root, runs=300, rounds=3, lru_size=4096, ndr=False,
+                               results=tmp_path)
+    lines: list[str] = []
+    result = katranbench.run(opts, lines.append)
+    for encap in katranbench.ENCAPS:
+        for case in ("session-hit", "new-syn", "new-ack"):
+            for who in ("l4lab", "katran"):
+                assert result.medians[f"{who}:{encap}:{case}"] > 0
+        assert result.insns[f"l4lab:{encap}"][1] > 0 and result.insns[f"katran:{encap}"][1] > 0
+    assert sum("actions and path counters checked" in line for line in lines) == 3
+    assert any(line.startswith("IPIP session hit") for line in lines)
+    assert result.results_file is not None and result.results_file.is_file()

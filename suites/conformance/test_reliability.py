@@ -1,0 +1,442 @@
+"""Reliability under live traffic: the controller dies, restarts, upgrades, crashes mid-apply; the LRU evicts.
+
+Topology `default`, IPv4 in IPIP. Every scenario runs CONNS long-lived TCP connections to a line
+echo on the reals (a request on each every INTERVAL_S) and opens a new connection every
+NEW_EVERY_S (suites/conformance/_churn_client.py), and counts, per connection, failed requests
+(reset or timeout) and moves (answered by another real than the first). Unless the scenario moves
+flows on purpose, both must be 0 and every new connection must be answered. Every process of the
+flows is pinned to CPU 0 (see test_churn.py: veth runs XDP on the sender's CPU, sessions are per CPU).
+
+    daemon    `lbctl run` is SIGKILLed and started again while traffic flows: the pinned datapath
+              forwards throughout, and the new daemon adopts it and writes nothing (its start-up
+              apply logs writes = 0, and the VIP, real and ring maps are byte-identical).
+    upgrade   `lbctl upgrade` swaps in another copy of the object behind the XDP link (the
+              interface's program id changes) on the same maps.
+    crash     `lbctl apply` is SIGKILLed (controller.CRASH_AFTER_SLOTS_ENV) after writing part of a
+              VIP's new ring; the next apply, of the old config or the new one, must converge to
+              exactly that config's ring, and the VIP whose config did not change keeps its ring
+              byte for byte.
+    eviction  see test_ring_change_after_lru_eviction.
+    LB fails  topology multi-lb (its own lab, built by this module): two LB nodes announce the VIP by
+              BGP with BFD (3 x 100 ms), the router spreads flows over both by ECMP. lb1 dies as the
+              router sees a dead machine: every packet to or from lb1's link is dropped at the router
+              (iptables in the router's namespace): no carrier change, no BGP withdrawal, only BFD's
+              silence tells the router. Flows that went through lb1 are lost until the router's route
+              leaves only by lb2 (the outage, measured from the failure); then lb2's identical ring
+              sends each to the real it had, and TCP's retransmission carries it on: 0 failed, 0 moved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from balancer import config as cfg
+from balancer.controller import CRASH_AFTER_SLOTS_ENV, Instance
+from lab import frr, netns, topology
+from lab.lbconf import lb_link, real_addresses
+from lab.state import state_dir
+from suites.conformance._churn_client import ChurnClient
+from suites.conformance._counters import changed, counters
+from suites.conformance._owners import owner_changed, ring_owners
+from suites.conformance._tcp_services import Services
+from suites.conftest import REPO, Balancer, Lab
+
+pytestmark = [pytest.mark.topology("default")]
+ENCAP = "ip4-ipip"
+PORT_A, PORT_B = 7021, 7022  # two echo VIPs on the same address: A never changes, B may
+CONNS = 200
+INTERVAL_S = 0.5
+TIMEOUT_S = 3.0
+NEW_EVERY_S = 0.1
+OBSERVE_S = 1.5
+ADDED = "real3"
+CRASH_AFTER = 700  # ring slots an apply writes before it is killed (adding a third real writes ~21800)
+
+
+# ---- the world
+
+
+@pytest.fixture(scope="module")
+def echo(lab: Lab) -> Iterator[Services]:
+    """Name: echo. Scope: module. Depends: lab. The line echo on every real, on both ports of the IPv4 VIP."""
+    with Services(lab, sorted(real_addresses(lab.topology, 4)), "echo",
+                  [f"{_vip(lab)}:{PORT_A}", f"{_vip(lab)}:{PORT_B}"], cpu=0) as services:
+        yield services
+
+
+@pytest.fixture
+def lb(lab: Lab, echo: Services, tmp_path: Path) -> Iterator[Balancer]:
+    """Name: lb. Scope: function. Depends: lab, echo.
+
+    A Balancer handle for the lab's LB node, not loaded yet (the scenario loads it, by lbctl or by
+    the daemon); unloaded afterwards, with no echo connection left on any real::
+
+        def test_x(lb):
+            lb.apply(_config(lb, {PORT_A: None}))
+    """
+    _kill_echo_connections(lab)
+    b = Balancer(lab, "lb", ENCAP, tmp_path / "lb.toml")
+    try:
+        yield b
+    finally:
+        b.lbctl("unload", check=False)
+        _kill_echo_connections(lab)
+
+
+def _kill_echo_connections(lab: Lab) -> None:
+    for node in sorted(real_addresses(lab.topology, 4)):
+        for port in (PORT_A, PORT_B):
+            lab.run(node, ["ss", "-K", "-tn", "state", "connected", "sport", "=", f":{port}"])
+
+
+def _vip(lab: Lab) -> str:
+    return next(str(v.address) for v in lab.topology.vips if v.address.version == 4)
+
+
+def _config(b: Balancer, ports: dict[int, str | None], **datapath: Any) -> cfg.Config:
+    """TCP VIPs on the echo ports, each with every real but the one named (None: all of them)."""
+    conf = b.config_for()
+    first = conf.vips[0]
+    addrs = real_addresses(b.lab.topology, 4)
+    vips = tuple(replace(first, port=port, proto="tcp",
+                         reals=tuple(r for r in first.reals if without is None or str(r.address) != addrs[without]))
+                 for port, without in ports.items())
+    return replace(conf, vips=vips, datapath=replace(conf.datapath, **datapath))
+
+
+def _load(b: Balancer, conf: cfg.Config) -> None:
+    b.config_path.write_text(cfg.dump(conf))
+    b.lbctl("load", "--interface", b.lab.ifname("lb", lb_link(b.lab.topology, "lb")[0]), "--mode", "native",
+            "--config", str(b.config_path))
+
+
+def _client(lab: Lab, port: int, conns: int = CONNS, new_every: float = NEW_EVERY_S) -> ChurnClient:
+    return ChurnClient(lab, "client", _vip(lab), port, "--conns", str(conns), "--interval", str(INTERVAL_S),
+                       "--timeout", str(TIMEOUT_S), "--new-every", str(new_every), "--cpu", "0")
+
+
+def _maps(instance: str) -> dict[str, bytes]:
+    """The bytes of every VIP's ring and of the VIP and real tables: what a controller writes."""
+    inst = Instance.open(instance)
+    try:
+        out = {f"ring {name}": inst.dp.ring_array(num).tobytes() for name, num in inst.state.vip_nums.items()}
+        for m in ("lb_vips", "lb_reals"):
+            out[m] = b"".join(k + v for k, v in sorted(inst.dp.maps[m].items()))
+        return out
+    finally:
+        inst.close()
+
+
+def _ring(instance: str, port: int) -> bytes:
+    return next(v for k, v in _maps(instance).items() if k.startswith("ring ") and k.endswith(f":{port}/tcp"))
+
+
+def _verdict(scenario: str, report: dict[str, Any], *, moved_ok: bool = False, least: int = CONNS) -> dict[str, int]:
+    """Print and assert the scenario's figures: connections, requests, failed, moved, new flows."""
+    conns = report["conns"]
+    failed = [c for c in conns if c["status"] not in ("ok", "moved")]
+    moved = [c for c in conns if c["status"] == "moved" or len(c["nodes"]) > 1]
+    new_failed = [f for f in report["new"] if "error" in f]
+    figures = {"connections": len(conns), "requests": sum(c["answers"] for c in conns) + len(report["new"]),
+               "failed": len(failed) + len(new_failed), "moved": len(moved), "new": len(report["new"])}
+    sys.stdout.write(f"\n{scenario}: {figures['connections']} connections, {figures['requests']} requests "
+                     f"({figures['new']} on new connections), {figures['failed']} failed, "
+                     f"{figures['moved']} moved to another real\n")
+    assert len(conns) >= least, f"{scenario}: only {len(conns)} connections"
+    if not moved_ok:
+        assert not failed and not new_failed, (f"{scenario}: {len(failed)} connections and {len(new_failed)} new "
+                                               f"connections failed: {failed[:3]} {new_failed[:3]}")
+        assert not moved, f"{scenario}: {len(moved)} connections moved to another real: {moved[:3]}"
+    return figures
+
+
+# ---- the daemon
+
+
+class Daemon:
+    """`lbctl run --config FILE` in the LB node; its JSON log lines in a file."""
+
+    def __init__(self, b: Balancer, config: Path, log: Path) -> None:
+        self.log_path = log
+        self.log = log.open("a")
+        self.offset = log.stat().st_size
+        self.proc = subprocess.Popen(b.lab.python_argv(b.node, "balancer.cli", "--instance", b.instance,
+                                                       "run", "--config", str(config)),
+                                     cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
+
+    def events(self) -> list[dict[str, Any]]:
+        with self.log_path.open() as f:
+            f.seek(self.offset)
+            return [json.loads(line) for line in f if line.startswith("{")]
+
+    def wait(self, event: str, timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [e for e in self.events() if e.get("event") == event]
+            if found:
+                return found[0]
+            assert self.proc.poll() is None, \
+                f"lbctl run exited {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
+            time.sleep(0.02)  # polling interval: the loop re-reads the log
+        raise AssertionError(f"lbctl run logged no '{event}' within {timeout:g} s: "
+                             f"{self.log_path.read_text()[-2000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout=15)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.close()
+        return code
+
+
+def test_daemon_killed_and_restarted_keeps_forwarding_and_rewrites_nothing(
+        lab: Lab, lb: Balancer, tmp_path: Path) -> None:
+    conf = _config(lb, {PORT_A: None})
+    lb.config_path.write_text(cfg.dump(conf))
+    log = tmp_path / "lbctl-run.log"
+    log.touch()
+    with contextlib.ExitStack() as stack:
+        first = Daemon(lb, lb.config_path, log)
+        stack.callback(first.stop)
+        first.wait("running")
+        client = stack.enter_context(_client(lab, PORT_A))
+        before = _maps(lb.instance)
+        killed = client.mark("killed")
+        assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+        second = Daemon(lb, lb.config_path, log)
+        stack.callback(second.stop)
+        adopted = second.wait("adopted")
+        applied = second.wait("applied")
+        second.wait("running")
+        back = client.mark("running again")
+        after = _maps(lb.instance)
+        report = client.stop(after=OBSERVE_S)
+    assert applied.get("trigger") == "start" and applied.get("writes") == 0, \
+        f"the restarted daemon wrote to the datapath: {applied}"
+    assert adopted.get("instance") == lb.instance
+    differ = [k for k in before if before[k] != after.get(k)]
+    assert not differ and before.keys() == after.keys(), f"maps changed across the restart: {differ}"
+    gap = [f for f in report["new"] if killed < f["t"] < back]
+    assert gap and all("error" not in f for f in gap), \
+        f"no new connection was answered while no daemon ran ({killed:.2f}..{back:.2f} s): {gap[:3]}"
+    _verdict("lbctl run SIGKILLed and restarted", report)
+    sys.stdout.write(f"no daemon for {back - killed:.2f} s; {len(gap)} new connections answered meanwhile; "
+                     f"the new daemon's apply wrote {applied['writes']} entries\n")
+
+
+def test_upgrade_under_traffic(lab: Lab, lb: Balancer, tmp_path: Path) -> None:
+    _load(lb, _config(lb, {PORT_A: None}))
+    rebuilt = tmp_path / "rebuilt" / "balancer.o"
+    rebuilt.parent.mkdir()
+    shutil.copyfile(REPO / "build" / "bpf" / "balancer.o", rebuilt)
+    with _client(lab, PORT_A) as client:
+        prog_before, maps_before = _prog_id(lb), _maps(lb.instance)
+        client.mark("upgrade")
+        lb.lbctl("upgrade", "--object", str(rebuilt))
+        client.mark("upgraded")
+        prog_after, maps_after = _prog_id(lb), _maps(lb.instance)
+        report = client.stop(after=OBSERVE_S)
+    assert prog_after != prog_before, f"the interface still runs program {prog_before} after the upgrade"
+    assert maps_before == maps_after, "the upgrade changed the VIP, real or ring maps"
+    _verdict("lbctl upgrade", report)
+    sys.stdout.write(f"XDP program {prog_before} -> {prog_after} on the same maps\n")
+
+
+def _prog_id(b: Balancer) -> int:
+    ifname = b.lab.ifname("lb", lb_link(b.lab.topology, "lb")[0])
+    link = json.loads(b.lab.run(b.node, ["ip", "-j", "-d", "link", "show", "dev", ifname]).stdout)[0]
+    return int(link["xdp"]["prog"]["id"])
+
+
+def test_controller_killed_mid_apply_converges(lab: Lab, lb: Balancer, monkeypatch: pytest.MonkeyPatch) -> None:
+    old = _config(lb, {PORT_A: None, PORT_B: ADDED})
+    new = _config(lb, {PORT_A: None, PORT_B: None})  # B gains the third real
+    _load(lb, old)
+    ring_a, ring_b_old = _ring(lb.instance, PORT_A), _ring(lb.instance, PORT_B)
+    steps: list[str] = []
+    with _client(lab, PORT_A) as client_a, _client(lab, PORT_B, conns=100, new_every=0.5) as client_b:
+        for target in (old, new):
+            _crash_apply(lb, new, monkeypatch)
+            half = _ring(lb.instance, PORT_B)
+            written = sum(a != b for a, b in zip(_u32(half), _u32(ring_b_old), strict=True))
+            assert written == CRASH_AFTER, f"the killed apply should have written {CRASH_AFTER} slots, not {written}"
+            lb.apply(target)
+            want = ring_b_old if target is old else _model_ring(lb.instance, PORT_B)
+            got = _ring(lb.instance, PORT_B)
+            wrong = sum(a != b for a, b in zip(_u32(got), _u32(want), strict=True))
+            name = "old" if target is old else "new"
+            assert wrong == 0, (f"after a crash at {CRASH_AFTER} slots, applying the {name} config left {wrong} "
+                                f"slots of the changed VIP's ring unlike that config's ring")
+            assert _ring(lb.instance, PORT_A) == ring_a, "the unchanged VIP's ring changed"
+            steps.append(f"crash after {written} slots, then apply {name}: converged")
+        report_a = client_a.stop(after=OBSERVE_S)
+        report_b = client_b.stop()
+    _verdict("controller killed mid-apply, unchanged VIP (A)", report_a)
+    _verdict("controller killed mid-apply, changed VIP with sessions (B)", report_b, least=100)
+    sys.stdout.write("; ".join(steps) + "\n")
+
+
+def _crash_apply(b: Balancer, conf: cfg.Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    b.config_path.write_text(cfg.dump(conf))
+    with monkeypatch.context() as env:
+        env.setenv(CRASH_AFTER_SLOTS_ENV, str(CRASH_AFTER))
+        done = b.lbctl("apply", str(b.config_path), check=False)
+    assert done.returncode == -signal.SIGKILL, \
+        f"lbctl apply with {CRASH_AFTER_SLOTS_ENV} should die by SIGKILL, exited {done.returncode}: {done.stderr}"
+
+
+def _u32(raw: bytes) -> memoryview:
+    return memoryview(raw).cast("I")
+
+
+def _model_ring(instance: str, port: int) -> bytes:
+    """The ring the controller's model builds from the instance's recorded inputs (its state)."""
+    from balancer.controller import _ring as build
+
+    inst = Instance.open(instance)
+    try:
+        name = next(n for n in inst.state.vip_nums if n.endswith(f":{port}/tcp"))
+        return bytes(build(inst.state.ring_inputs[name], inst.state.real_ids, inst.dp.ring_size).tobytes())
+    finally:
+        inst.close()
+
+
+def test_ring_change_after_lru_eviction(lab: Lab, lb: Balancer) -> None:
+    """A session the LRU evicted no longer holds its flow: the flow's next packet is hashed on the ring
+    as it is *then*. Here the session tables hold LRU_SIZE flows per CPU while CONNS connections
+    and a stream of new ones cross CPU 0, so every established flow is evicted between two of its
+    requests (the LB counts an LRU miss for each). Then the third real joins the VIP: a flow whose
+    ring owner changed goes to the new real, which has no such connection and resets it; a flow
+    whose owner did not change is hashed back to its own real and never notices. So the reset
+    connections are exactly the evicted ones whose owner changed — here, all whose owner changed,
+    as the oracle (the loaded program's ring, asked per connection) predicts.
+    """
+    lru_size = 16
+    _load(lb, _config(lb, {PORT_A: ADDED}, lru_size=lru_size))
+    vip = _vip(lab)
+    with _client(lab, PORT_A) as client:
+        before_owners = ring_owners(lab, lb, vip, PORT_A, client.ready["conns"])
+        mark = counters(lb)
+        client.mark("change")
+        lb.lbctl("real", "add", vip, str(PORT_A), "tcp", real_addresses(lab.topology, 4)[ADDED])
+        report = client.stop(after=OBSERVE_S + TIMEOUT_S)
+        lru = changed(mark, counters(lb))
+    after_owners = ring_owners(lab, lb, vip, PORT_A, report["conns"])
+    wrong = [c["index"] for c in report["conns"] if before_owners[c["index"]] != c["node"]]
+    assert not wrong, f"the oracle named another real than the one that answered for connections {wrong[:5]}"
+    moved = owner_changed(before_owners, after_owners)
+    reset = {c["index"] for c in report["conns"] if c["status"] == "reset"}
+    kinds = {c["status"] for c in report["conns"]}
+    figures = _verdict("ring change after LRU eviction", report, moved_ok=True)
+    sys.stdout.write(f"LRU of {lru_size} per CPU; LB counters over the change: {lru}; {len(moved)} connections "
+                     f"changed ring owner, {len(reset)} were reset\n")
+    assert lru.get("LRU_MISS", 0) >= figures["connections"], f"the LRU did not evict established flows: {lru}"
+    assert kinds <= {"ok", "reset"}, f"an evicted flow that moved should be reset, got {kinds}"
+    assert any(after_owners[i] == ADDED for i in moved), f"adding {ADDED} gave it no connection"
+    assert reset == moved, (f"reset {len(reset)}, ring owner changed {len(moved)}: reset but kept "
+                            f"{sorted(reset - moved)[:5]}, moved but not reset {sorted(moved - reset)[:5]}")
+
+
+
+# ---- an LB node fails (multi-lb, BFD)
+
+FAILOVER_LIMIT_S = 1.0  # BFD detection (300 ms) plus BGP and zebra on a loaded machine
+LBS = ("lb1", "lb2")
+
+
+@pytest.fixture(scope="module")
+def multilb() -> Iterator[Lab]:
+    """Name: multilb. Scope: module. Depends: root, FRR, iptables, the built BPF objects (skips otherwise).
+
+    The multi-lb topology under its own name, the echo on every real and the balancer loaded (IPv4,
+    IPIP, echo VIP) in lb1 and lb2::
+
+        def test_x(multilb):
+            multilb.run("router", ["ip", "route"])
+    """
+    why = frr.missing() or (None if shutil.which("iptables") else "iptables is missing: apt-get install iptables")
+    if why:
+        pytest.skip(why)
+    name = "rl-" + secrets.token_hex(3)
+    topo = topology.load("multi-lb")
+    netns.build(topo, name)
+    lab = Lab(name, topo)
+    loaded: list[Balancer] = []
+    try:
+        vip = _vip(lab)
+        with Services(lab, sorted(real_addresses(topo, 4)), "echo", [f"{vip}:{PORT_A}"], cpu=0):
+            for node in LBS:
+                b = Balancer(lab, node, ENCAP, state_dir(name) / f"{node}.toml")
+                b.config_path.write_text(cfg.dump(_config(b, {PORT_A: None})))
+                b.lbctl("load", "--interface", lb_link(topo, node)[0], "--mode", "native",
+                        "--config", str(b.config_path))
+                loaded.append(b)
+            yield lab
+    finally:
+        for b in loaded:
+            b.lbctl("unload", check=False)
+        netns.teardown(name)
+
+
+def _paths(lab: Lab, vip: str) -> set[str]:
+    """The router's interfaces its route to vip leaves by (several: a multipath route)."""
+    routes = json.loads(lab.run("router", ["ip", "-j", "route", "show", f"{vip}/32"]).stdout or "[]")
+    out: set[str] = set()
+    for r in routes:
+        out |= {h["dev"] for h in r.get("nexthops", [])} | ({r["dev"]} if "dev" in r else set())
+    return out
+
+
+def _wait_paths(lab: Lab, vip: str, want: set[str], timeout: float = 20.0) -> float:
+    """Poll the router until its route to vip leaves by exactly want; when (monotonic) it did."""
+    deadline = time.monotonic() + timeout
+    while (got := _paths(lab, vip)) != want:
+        assert time.monotonic() < deadline, f"after {timeout:g} s the router's route to {vip} leaves by {got}"
+        time.sleep(0.005)  # polling interval: the loop re-reads the routes
+    return time.monotonic()
+
+
+def test_lb_node_failure_detected_by_bfd_keeps_every_connection(multilb: Lab) -> None:
+    lab, vip = multilb, _vip(multilb)
+    _wait_paths(lab, vip, {"rt-lb1", "rt-lb2"})
+    lb1 = Balancer(lab, "lb1", ENCAP, state_dir(lab.name) / "lb1.toml")
+    drop = [["INPUT", "-i", "rt-lb1"], ["OUTPUT", "-o", "rt-lb1"], ["FORWARD", "-i", "rt-lb1"],
+            ["FORWARD", "-o", "rt-lb1"]]
+    with _client(lab, PORT_A) as client:
+        via_lb1 = counters(lb1)["reasons"]["TX_ENCAP"]["packets"]
+        assert via_lb1 > 0, "no connection went through lb1: ECMP did not spread the flows"
+        client.mark("failure")
+        failed_at = time.monotonic()
+        for rule in drop:
+            lab.run("router", ["iptables", "-I", *rule, "-j", "DROP"])
+        try:
+            gone = _wait_paths(lab, vip, {"rt-lb2"}, timeout=10.0)
+            client.mark("route via lb2 only")
+            report = client.stop(after=OBSERVE_S + TIMEOUT_S)
+        finally:
+            for rule in drop:
+                lab.run("router", ["iptables", "-D", *rule, "-j", "DROP"], check=False)
+    outage = gone - failed_at
+    _verdict("lb1 dead (silent at the router), BFD", report)
+    sys.stdout.write(f"the router's route left lb1 {outage * 1000:.0f} ms after the failure "
+                     f"(BFD 3 x 100 ms); {via_lb1} packets had gone through lb1\n")
+    assert outage >= 0.2, f"the route moved {outage:.3f} s after the failure: faster than BFD can tell"
+    assert outage <= FAILOVER_LIMIT_S, f"the route moved {outage:.3f} s after the failure"

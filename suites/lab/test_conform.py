@@ -1,0 +1,65 @@
+"""The conformance matrix of `l4lab conform`: cells from results, findings for foreign DUTs only.
+
+The DUT runs themselves are suites/conformance/test_dut.py (l4lab in the default run, IPVS in
+`make test`'s `l4lab conform --dut ipvs`); here the matrix is built from results written by the
+real schema code, so a wrong label or a lost cell fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lab import conform
+from lab.dut import Capability, IpvsDut, L4labDut, encap_capability
+from lab.lbconf import ENCAP_IDS
+from reports.schema import ConformancePayload, Kind, case_id, load_results, write_result
+
+
+def _write(tmp: Path, test: str, encap: str, dut: str, outcome: str, detail: str = "") -> None:
+    payload = ConformancePayload(test=test, encap=encap, outcome=outcome, dut=dut, detail=detail,  # type: ignore[arg-type]
+                                 duration_s=0.1)
+    write_result(Kind.CONFORMANCE, case_id(test, encap, dut), payload, tmp)
+
+
+def test_matrix_marks_foreign_failures_as_findings_and_names_missing_capabilities(tmp_path: Path) -> None:
+    _write(tmp_path, "test_inner", "ip4-ipip", "l4lab", "pass")
+    _write(tmp_path, "test_inner", "ip4-ipip", "ipvs", "fail", "E   AssertionError: ttl 63 -> 62\n--- ipvs says ---")
+    _write(tmp_path, "test_inner", "ip4-gue1", "l4lab", "fail", "E   AssertionError: broken")
+    _write(tmp_path, "test_inner", "ip4-gue1", "ipvs", "not-applicable", "not applicable: encap:ip4-gue1")
+    matrix = conform.build_matrix(load_results(tmp_path))
+
+    assert matrix[("test_inner", "ip4-ipip")]["l4lab"].label == "pass"
+    assert matrix[("test_inner", "ip4-ipip")]["ipvs"].label == "finding"
+    assert matrix[("test_inner", "ip4-gue1")]["l4lab"].label == "fail"
+    assert matrix[("test_inner", "ip4-gue1")]["ipvs"].label == "n/a: encap:ip4-gue1"
+    text = conform.render_matrix(matrix, ["l4lab", "ipvs"])
+    assert "ipvs test_inner[ip4-ipip]: AssertionError: ttl 63 -> 62" in text
+    assert "l4lab test_inner[ip4-gue1]: AssertionError: broken" in text
+
+
+def test_a_dut_missing_from_a_row_reads_not_run(tmp_path: Path) -> None:
+    _write(tmp_path, "test_dsr", "ip4-ipip", "l4lab", "pass")
+    text = conform.render_matrix(conform.build_matrix(load_results(tmp_path)), ["l4lab", "ipvs"])
+    row = next(line for line in text.splitlines() if line.startswith("test_dsr"))
+    assert row.split()[2:] == ["pass", "not", "run"]
+
+
+def test_capabilities_follow_what_each_dut_can_do(tmp_path: Path) -> None:
+    l4lab = L4labDut(lab=None, workdir=tmp_path)  # type: ignore[arg-type]
+    assert not l4lab.missing([encap_capability(e) for e in ENCAP_IDS])
+    mh = IpvsDut(lab=None, workdir=tmp_path)  # type: ignore[arg-type]
+    assert mh.missing([encap_capability("ip4-gue1")]) == ["encap:ip4-gue1"]  # IPVS's GUE is variant 0
+    assert not mh.missing([Capability.CONSISTENT_HASHING, Capability.WEIGHTS])
+    rr = IpvsDut(lab=None, workdir=tmp_path, scheduler="rr", flags=())  # type: ignore[arg-type]
+    assert rr.missing([Capability.CONSISTENT_HASHING, Capability.WEIGHTS]) == \
+        [Capability.CONSISTENT_HASHING, Capability.WEIGHTS]
+    assert Capability.COUNTERS_PER_REASON in mh.missing([Capability.COUNTERS_PER_REASON])
+
+
+def test_conform_refuses_a_path_without_the_suites(tmp_path: Path) -> None:
+    from lab.errors import UsageError
+
+    with pytest.raises(UsageError, match="cannot find the conformance tests"):
+        conform.main(["--tests", "no/such/tests.py", "--results", str(tmp_path)])
