@@ -783,7 +783,7 @@ def _conformance(results: list[Result]) -> Section:
     )
     rows = [
         {"time": r.time, "test": p.test, "encap": p.encap, "outcome": p.outcome, "duration": p.duration_s}
-        for r, p in of_kind(results, ConformancePayload)
+        for r, p in of_kind(results, ConformancePayload) if p.dut == "l4lab"
     ]
     if not rows:
         section.empty = True
@@ -806,6 +806,60 @@ def _conformance(results: list[Result]) -> Section:
         f"of {len(frame)} test × encap cases."
     )
     section.tables.append(Table("Outcome per test and encap", ["test", *ENCAP_IDS], table_rows))
+    return section
+
+
+_DUT_CELL = {"pass": "pass", "fail": "fail", "finding": "warn", "not-applicable": "skip", "skip": "skip"}
+
+
+def _duts(results: list[Result]) -> Section:
+    """The conformance matrix: each core check × encap against each device under test (l4lab conform)."""
+    section = Section(
+        "duts",
+        "Devices under test",
+        "The same conformance checks against each load balancer (l4lab conform). A foreign DUT's "
+        "failure is a finding about it; 'n/a' names the capability it lacks. Hover a cell for its evidence.",
+    )
+    newest: dict[tuple[str, str, str], ConformancePayload] = {}
+    for _r, p in sorted(of_kind(results, ConformancePayload), key=lambda rp: rp[0].time):
+        newest[(p.test, p.encap or "-", p.dut)] = p
+    duts = sorted({d for _, _, d in newest}, key=lambda d: (d != "l4lab", d))
+    if len(duts) < 2 and not any(d != "l4lab" for d in duts):
+        section.empty = True
+        return section
+    keys = sorted({(t, e) for t, e, _ in newest}, key=lambda k: (k[0], _encap_rank(k[1])))
+    rows: list[list[Cell]] = []
+    for test, encap in keys:
+        cells = [Cell(test, "key"), Cell(encap, "key")]
+        for dut in duts:
+            got = newest.get((test, encap, dut))
+            if got is None:
+                cells.append(Cell("not run", "missing"))
+                continue
+            outcome = "finding" if got.outcome == "fail" and dut != "l4lab" else got.outcome
+            label = ("n/a: " + got.detail.removeprefix("not applicable: ")) if outcome == "not-applicable" else outcome
+            cells.append(Cell(label, _DUT_CELL.get(outcome, ""), got.detail[:1500]))
+        rows.append(cells)
+    section.tables.append(Table("Outcome per check, encap and DUT", ["check", "encap", *duts], rows))
+    figure_rows: list[list[Cell]] = []
+    names = sorted({(t, e, f.name, f.unit) for (t, e, _), p in newest.items() for f in p.figures},
+                   key=lambda k: (k[0], _encap_rank(k[1]), k[2]))
+    for test, encap, name, unit in names:
+        cells = [Cell(test, "key"), Cell(encap, "key"), Cell(f"{name}" + (f" ({unit})" if unit else ""), "key")]
+        for dut in duts:
+            got = newest.get((test, encap, dut))
+            value = next((f.value for f in got.figures if f.name == name), None) if got else None
+            cells.append(Cell("–" if value is None else f"{value:g}", "" if value is not None else "missing"))
+        figure_rows.append(cells)
+    if figure_rows:
+        section.tables.append(Table("Figures each DUT's checks measured and asserted",
+                                    ["check", "encap", "figure", *duts], figure_rows))
+    counts = {d: sum(1 for (_, _, dd), p in newest.items() if dd == d and p.outcome == "pass") for d in duts}
+    section.notes.append("Passed: " + ", ".join(f"{d} {n} of {sum(1 for k in newest if k[2] == d)}"
+                                                 for d, n in counts.items()) + ".")
+    section.notes.append("Throughput is compared only between DUTs on the same substrate: l4lab and Katran "
+                         "run in XDP on the lab's veth; IPVS runs in a TCG-emulated VM, so its speed is not "
+                         "comparable and is not shown.")
     return section
 
 
@@ -1078,7 +1132,9 @@ def _page(sections: list[Section], results: list[Result], source: str, now: date
 
 def render_html(results: list[Result], source: str = "", now: datetime | None = None) -> str:
     """The report page for ``results`` (possibly none) as one HTML string."""
+    matrix = _duts(results)
     sections = [
+        *([matrix] if not matrix.empty else []),
         _summary(results),
         _demo(results),
         _bench(results),

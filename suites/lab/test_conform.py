@@ -63,3 +63,27 @@ def test_conform_refuses_a_path_without_the_suites(tmp_path: Path) -> None:
 
     with pytest.raises(UsageError, match="cannot find the conformance tests"):
         conform.main(["--tests", "no/such/tests.py", "--results", str(tmp_path)])
+
+
+def test_the_report_opens_with_the_dut_matrix_and_the_figures_side_by_side(tmp_path: Path) -> None:
+    from reports import render
+    from reports.schema import ConformanceFigure
+
+    for dut, mtu in (("l4lab", 1480.0), ("ipvs", 1480.0)):
+        payload = ConformancePayload(test="test_upload", encap="ip4-ipip", outcome="pass", dut=dut,  # type: ignore[arg-type]
+                                     duration_s=0.1, figures=[ConformanceFigure("learnt MTU", mtu, "bytes")])
+        write_result(Kind.CONFORMANCE, case_id("test_upload", "ip4-ipip", dut), payload, tmp_path)
+    _write(tmp_path, "test_inner", "ip4-ipip", "ipvs", "fail", "E   AssertionError: ttl 63 -> 62")
+    _write(tmp_path, "test_inner", "ip4-ipip", "l4lab", "pass")
+    page = render.render_html(load_results(tmp_path))
+    assert page.index('id="duts"') < page.index('id="summary"'), "the DUT matrix is not the first section"
+    matrix = page[page.index('id="duts"'):page.index('id="summary"')]
+    assert "finding" in matrix and "ttl 63 -&gt; 62" in matrix
+    assert "learnt MTU (bytes)" in matrix and matrix.count(">1480<") == 2
+
+
+def test_without_a_foreign_dut_the_report_has_no_dut_matrix(tmp_path: Path) -> None:
+    from reports import render
+
+    _write(tmp_path, "test_inner", "ip4-ipip", "l4lab", "pass")
+    assert 'id="duts"' not in render.render_html(load_results(tmp_path))
