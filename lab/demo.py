@@ -397,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topology", default="default")
     ap.add_argument("--requests", type=int, default=16, help="requests per VIP, service and encap")
     ap.add_argument("--encap", action="append", choices=sorted(ENCAP_IDS), help="default: all")
+    ap.add_argument("--nic", action="store_true",
+                    help="also measure the spread on a real NIC: a VM real with a 4-queue virtio-net doing "
+                         "Toeplitz RSS (lab/nicdemo.py; about 45 s more, so not in the one-minute default)")
     args = ap.parse_args(argv)
     _use_suite_helpers()
     topo = topology.load(args.topology)
@@ -445,6 +448,13 @@ def main(argv: list[str] | None = None) -> int:
     if report is not None:
         print(f"\nreport: {os.path.relpath(report, Path.cwd())}")
     held = all(r.held(nreals) for r in runs)
+    if args.nic:
+        from lab import nicdemo
+
+        done = _step("NIC-measured spread: a VM real with a 4-queue virtio-net (qemu's Toeplitz RSS)")
+        spread = nicdemo.nic_spread(flows=48)
+        done()
+        print(nicdemo.table(spread))
     print(f"\ndemo {'held' if held else 'FAILED'} in {time.monotonic() - started:.1f} s: "
           + ("every request answered by the reals directly (0 replies via the LB), spread, PMTU and churn "
              "as expected" if held else "see the rows marked ✗ above"))
