@@ -355,12 +355,13 @@ def for_netns_lab(lab: str, topology: str, directory: Path) -> Path:
 
 
 def for_vagrant(topology: str, directory: Path, ssh_config: str | None = None,
-                env: Mapping[str, str] | None = None) -> Path:
+                env: Mapping[str, str] | None = None, machines: Sequence[str] | None = None) -> Path:
     """Write a target file for the Vagrant lab of `topology` (run from the repository, after `vagrant up`).
 
     `ssh_config` is the output of `vagrant ssh-config` (read by running it when None). Vagrant logs
     in as the vagrant user, so every command runs through `sudo -n`; the checkout is the synced folder.
-    `env` is the environment of `vagrant ssh-config` (default: this process's, with L4LAB_TOPOLOGY)."""
+    `env` is the environment of `vagrant ssh-config` (default: this process's, with L4LAB_TOPOLOGY);
+    `machines` the nodes that are up (default: every node of the topology)."""
     from lab.vagrant import plan
 
     topo = load_topology(topology)
@@ -377,12 +378,13 @@ def for_vagrant(topology: str, directory: Path, ssh_config: str | None = None,
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "ssh_config").write_text(ssh_config)
     hosts = {line.split()[1] for line in ssh_config.splitlines() if line.strip().startswith("Host ")}
-    missing = [n["name"] for n in p["nodes"] if n["name"] not in hosts]
+    nodes = [n for n in p["nodes"] if machines is None or n["name"] in machines]
+    missing = [n["name"] for n in nodes if n["name"] not in hosts]
     if missing:
         raise LabError(f"`vagrant ssh-config` lists no host for {', '.join(missing)}: is every machine up?")
     lines = [f'name = "vagrant-{topo.name}"', f'topology = "{topo.path}"', 'ssh_options = ["-F", "ssh_config"]',
              ""]
-    for n in p["nodes"]:
+    for n in nodes:
         lines += [f"[nodes.{n['name']}]", f'ssh = "{n["name"]}"', f'repo = "{p["synced_folder"]}"', "sudo = true",
                   ""]
     out = directory / "target.toml"

@@ -41,7 +41,7 @@ BOX = "debian/bookworm64"  # Debian 12: its kernel has the ipip, ip6_tunnel and 
 LOCAL_BOX = "l4lab/debian12"  # built by `l4lab vagrant-box` (lab/vagrantbox.py)
 LIBVIRT_PREFIX = "l4lab-vg-"
 MANAGEMENT_NETWORK = "192.168.127.0/24"
-TUNNEL_PORT_BASE = 47000  # UDP ports on 127.0.0.1 of the libvirt links: base + 64 * (topology slot) + 2 * link
+TUNNEL_PORT_BASE = 47000  # UDP ports on 127.0.0.1 of the libvirt links: base + 64 * (lab slot) + 2 * link
 SYNCED_FOLDER = "/vagrant"
 PROVISION_DIR = "lab/provision"
 GUE_PORT = 6080
@@ -62,9 +62,9 @@ def network_name(topo: Topology, index: int) -> str:
     return f"{LIBVIRT_PREFIX}{topo.name}-link{index}"
 
 
-def tunnel_ports(topo: Topology, index: int) -> tuple[int, int]:
-    """The UDP ports on 127.0.0.1 of link `index`'s two ends (a, b) when libvirt joins them by a tunnel."""
-    slot = int.from_bytes(hashlib.sha256(topo.name.encode()).digest()[:2], "big") % 64
+def tunnel_ports(lab: str, index: int) -> tuple[int, int]:
+    """The UDP ports on 127.0.0.1 of link `index`'s two ends (a, b) in lab `lab` (libvirt's tunnels)."""
+    slot = int.from_bytes(hashlib.sha256(lab.encode()).digest()[:2], "big") % 256  # 64 ports a lab, up to 65383
     port = TUNNEL_PORT_BASE + 64 * slot + 2 * index
     return port, port + 1
 
@@ -121,10 +121,10 @@ def sysctls(topo: Topology, node: Node) -> dict[str, str]:
     return out
 
 
-def _networks(topo: Topology, node: Node) -> list[dict[str, Any]]:
+def _networks(topo: Topology, node: Node, lab: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for index, link in enumerate(topo.links):
-        ports = tunnel_ports(topo, index)
+        ports = tunnel_ports(lab, index)
         for side, (mine, peer) in enumerate(((link.a, link.b), (link.b, link.a))):
             if mine.node != node.name:
                 continue
@@ -235,10 +235,10 @@ def _provision(topo: Topology, node: Node, networks: list[dict[str, Any]]) -> li
     return steps
 
 
-def node_plan(topo: Topology, node: Node, box: str = BOX) -> dict[str, Any]:
+def node_plan(topo: Topology, node: Node, box: str = BOX, lab: str | None = None) -> dict[str, Any]:
     """The plan of one machine."""
     cpus, memory = RESOURCES[node.role]
-    networks = _networks(topo, node)
+    networks = _networks(topo, node, lab or topo.name)
     entry: dict[str, Any] = {
         "name": node.name,
         "hostname": f"{topo.name}-{node.name}",
@@ -261,15 +261,15 @@ def node_plan(topo: Topology, node: Node, box: str = BOX) -> dict[str, Any]:
     return entry
 
 
-def libvirt(box: str, driver: str | None = None) -> dict[str, Any]:
-    """The libvirt settings of the plan: driver, name prefix and the management network."""
+def libvirt(box: str, lab: str, driver: str | None = None) -> dict[str, Any]:
+    """The libvirt settings of lab `lab`: driver, domain name prefix and the management network."""
     if driver is None:
         from lab.libvirtd import driver as probe
 
         driver = probe()
     return {
         "driver": driver,
-        "prefix": LIBVIRT_PREFIX,
+        "prefix": f"{LIBVIRT_PREFIX}{lab}-",
         "management_network": {
             "name": f"{LIBVIRT_PREFIX}mgmt",
             "address": MANAGEMENT_NETWORK,
@@ -279,17 +279,21 @@ def libvirt(box: str, driver: str | None = None) -> dict[str, Any]:
     }
 
 
-def plan(topo: Topology, box: str = "public", driver: str | None = None) -> dict[str, Any]:
+def plan(topo: Topology, box: str = "public", driver: str | None = None, lab: str | None = None) -> dict[str, Any]:
     """The whole plan: one entry per node, in the topology's order.
 
-    `box` is "public", "local" or a box name (resolve_box); `driver` the libvirt driver (probed when None)."""
+    `box` is "public", "local" or a box name (resolve_box); `driver` the libvirt driver (probed when
+    None); `lab` names this lab's libvirt domains and tunnel ports (default: the topology's name),
+    so two labs of one topology can run side by side."""
     name = resolve_box(box)
+    lab = lab or topo.name
     return {
         "schema": PLAN_SCHEMA,
         "topology": topo.name,
         "description": topo.description,
         "synced_folder": SYNCED_FOLDER,
+        "lab": lab,
         "box": name,
-        "libvirt": libvirt(name, driver),
-        "nodes": [node_plan(topo, node, name) for node in topo.nodes],
+        "libvirt": libvirt(name, lab, driver),
+        "nodes": [node_plan(topo, node, name, lab) for node in topo.nodes],
     }

@@ -24,19 +24,21 @@ from lab.vagrant import LIBVIRT_PREFIX
 REPO = Path(__file__).resolve().parent.parent
 
 
-def state_dir(topology: str) -> Path:
-    return REPO / "build" / "vagrant" / topology
+def state_dir(lab: str) -> Path:
+    return REPO / "build" / "vagrant" / lab
 
 
-def env(topology: str, box: str = "local") -> dict[str, str]:
-    """The environment of every vagrant command for this lab."""
+def env(topology: str, lab: str | None = None, box: str = "local") -> dict[str, str]:
+    """The environment of every vagrant command for lab `lab` (default: the topology's name)."""
     l4lab = Path(sys.executable).with_name("l4lab")
+    lab = lab or topology
     return {
         **os.environ,
         "L4LAB_TOPOLOGY": topology,
+        "L4LAB_VAGRANT_NAME": lab,
         "L4LAB_BOX": box,
         "VAGRANT_DEFAULT_PROVIDER": "libvirt",
-        "VAGRANT_DOTFILE_PATH": str(state_dir(topology) / "dot"),
+        "VAGRANT_DOTFILE_PATH": str(state_dir(lab) / "dot"),
         "VAGRANT_NO_COLOR": "1",
         **({"L4LAB": str(l4lab)} if l4lab.exists() else {}),
     }
@@ -64,12 +66,15 @@ def _names(argv: Sequence[str]) -> list[str]:
     return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
 
 
-def leftovers(topology: str) -> list[str]:
-    """Every libvirt domain, network and volume and every qemu process this lab's names cover."""
-    prefix = f"{LIBVIRT_PREFIX}{topology}-"
-    found = [f"domain {d}" for d in _names(["virsh", "-q", "list", "--all", "--name"]) if d.startswith(prefix)]
-    found += [f"network {n}" for n in _names(["virsh", "-q", "net-list", "--all", "--name"])
-              if n.startswith(LIBVIRT_PREFIX)]
+def leftovers(lab: str) -> list[str]:
+    """Every libvirt domain and volume and every qemu process of lab `lab`, and the management
+    network when no l4lab Vagrant lab is left to use it."""
+    prefix = f"{LIBVIRT_PREFIX}{lab}-"
+    domains = _names(["virsh", "-q", "list", "--all", "--name"])
+    found = [f"domain {d}" for d in domains if d.startswith(prefix)]
+    if not any(d.startswith(LIBVIRT_PREFIX) for d in domains):
+        found += [f"network {n}" for n in _names(["virsh", "-q", "net-list", "--all", "--name"])
+                  if n.startswith(LIBVIRT_PREFIX)]
     found += [f"volume {v}" for v in _names(["virsh", "-q", "vol-list", "default"]) if v.startswith(prefix)]
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
