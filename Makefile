@@ -10,7 +10,7 @@ BPF_HDR := $(wildcard bpf/include/*.h)
 BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -Wno-unused-function \
 	-I bpf/include -I/usr/include/$(ARCH)-linux-gnu
 
-.PHONY: all deps deps-all bench bpf native abi abi-check check lint demo test clean
+.PHONY: all deps deps-all bench bpf native abi abi-check check lint demo test test-vagrant vagrant-box clean
 
 all: bpf native
 
@@ -53,6 +53,16 @@ demo: deps bpf
 
 test: deps-all bpf abi-check lint
 	$(PY) -m pytest suites/ $(PYTEST_ARGS)
+
+# The local Vagrant box (Debian 12 for libvirt, from Debian's packages; cached under build/vagrant-box).
+vagrant-box: deps-all
+	$(VENV)/bin/l4lab vagrant-box $(BOX_ARGS)
+
+# The Vagrant lab booted for real (libvirt, TCG where KVM runs no guest): vagrant up of the default
+# topology from the local box, the hardware-marked conformance suites over SSH, vagrant destroy.
+# Starts and stops libvirtd itself where no init system runs it. Long: see the README.
+test-vagrant: deps-all bpf
+	$(PY) -m lab.vagrantlab test --topology $(or $(TOPOLOGY),default) -- $(PYTEST_ARGS)
 
 # Benchmarks (root): NDR/PDR per encap and size beside the floors, micro and controller figures.
 bench: deps bpf
