@@ -64,7 +64,7 @@ def network_name(topo: Topology, index: int) -> str:
 
 def tunnel_ports(lab: str, index: int) -> tuple[int, int]:
     """The UDP ports on 127.0.0.1 of link `index`'s two ends (a, b) in lab `lab` (libvirt's tunnels)."""
-    slot = int.from_bytes(hashlib.sha256(lab.encode()).digest()[:2], "big") % 256  # 64 ports a lab, up to 65383
+    slot = int.from_bytes(hashlib.sha256(lab.encode()).digest()[:2], "big") % 64  # 64 ports a lab
     port = TUNNEL_PORT_BASE + 64 * slot + 2 * index
     return port, port + 1
 

@@ -339,6 +339,38 @@ def test_vagrant_validate(name: str, tmp_path: Path) -> None:
     assert not (REPO / ".vagrant").exists(), "vagrant wrote .vagrant/ into the source tree"
 
 
+# ---- the local box and libvirt's driver
+
+
+@pytest.mark.skipif(shutil.which("dpkg") is None or subprocess.run(["dpkg", "-s", "vagrant"], capture_output=True,
+                                                                     check=False).returncode != 0,
+                    reason="vagrant is missing: apt-get install vagrant (its insecure key is part of the box)")
+def test_box_key_covers_every_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lab import vagrantbox
+
+    key = vagrantbox.cache_key()
+    assert key == vagrantbox.cache_key(), "the key of the same inputs changed"
+    assert vagrantbox.cache_key("http://mirror.example/debian") != key
+    monkeypatch.setattr(vagrantbox, "PACKAGES", (*vagrantbox.PACKAGES, "less"))
+    assert vagrantbox.cache_key() != key
+    text = vagrantbox.box_vagrantfile(key)
+    assert f'lv.kernel = "/var/lib/libvirt/boot/l4lab-vg-{key}/vmlinuz"' in text
+    assert "root=/dev/vda" in text
+
+
+def test_libvirt_driver_is_forced_or_probed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from lab import libvirtd
+
+    monkeypatch.setenv("L4LAB_LIBVIRT_DRIVER", "qemu")
+    assert libvirtd.driver() == "qemu"
+    monkeypatch.delenv("L4LAB_LIBVIRT_DRIVER")
+    monkeypatch.setattr(libvirtd, "RUN_DIR", tmp_path)
+    (tmp_path / "kvm").write_text("a KVM guest printed nothing\n")  # the cached answer of this boot
+    assert libvirtd.driver() == "qemu"
+    (tmp_path / "kvm").write_text("\n")
+    assert libvirtd.driver() == "kvm"
+
+
 # ---- the lab booted for real: libvirt (qemu, TCG where KVM runs no guest) and the local box
 
 SMOKE_MACHINES = ("router", "lb", "real1")  # the router is the client: one LB, one real, one DSR request
