@@ -1,7 +1,8 @@
 """The local Vagrant box: Debian 12 for libvirt, built from Debian's packages, cached under build/ and added to Vagrant.
 
 `l4lab vagrant-box` makes the box that `L4LAB_BOX=local vagrant up` boots, for machines that cannot
-reach Vagrant Cloud. The steps, each cached under build/vagrant-box/KEY (KEY hashes every input):
+reach Vagrant Cloud. The steps, cached under build/vagrant-box/ (debootstrap-K1 for step 1, KEY for the box; each key
+hashes every input of what it caches):
 
 1. debootstrap (minbase) of Debian 12 with Debian's cloud kernel, sshd, sudo, rsync (the synced
    folder), and what provisioning needs so that no machine runs apt: clang, libbpf-dev, bpftool,
@@ -121,17 +122,34 @@ def check_tools() -> None:
                        f"(apt-get install {' '.join(missing)})")
 
 
-def _root(work: Path, mirror: str) -> Path:
-    """Stage 1 and 2: the debootstrapped and configured root tree (cached)."""
-    root = work / "root"
-    done = work / "root.done"
+def _debootstrap_key(mirror: str) -> str:
+    h = hashlib.sha256("\0".join((str(BUILDER_VERSION), SUITE, mirror, " ".join(PACKAGES))).encode())
+    return h.hexdigest()[:16]
+
+
+def _debootstrap(mirror: str) -> Path:
+    """Stage 1: the debootstrapped root (cached on its own: box.sh changes do not download again)."""
+    work = REPO / "build" / "vagrant-box" / f"debootstrap-{_debootstrap_key(mirror)}"
+    root, done = work / "root", work / "root.done"
     if done.exists():
         return root
     if root.exists():
         shutil.rmtree(root)
+    work.mkdir(parents=True, exist_ok=True)
     _say(f"debootstrap {SUITE} from {mirror} into {root} (minutes; log {work / 'build.log'})")
     _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), mirror],
          "debootstrap the box's root", log=work / "build.log")
+    done.touch()
+    return root
+
+
+def _root(work: Path, mirror: str) -> Path:
+    """Stage 2: a copy of the debootstrapped root configured by lab/provision/box.sh."""
+    base = _debootstrap(mirror)
+    root = work / "root"
+    if root.exists():
+        shutil.rmtree(root)
+    _run(["cp", "-a", "--reflink=auto", str(base), str(root)], "copy the debootstrapped root")
     shutil.copy(insecure_key(), root / "tmp" / "vagrant.pub")
     shutil.copy(BOX_SCRIPT, root / "tmp" / "box.sh")
     # A private mount namespace: /proc and /dev go away with the process, whatever happens.
@@ -141,7 +159,6 @@ def _root(work: Path, mirror: str) -> Path:
          "configure the box's root (lab/provision/box.sh)", log=work / "build.log")
     for leftover in ("vagrant.pub", "box.sh"):
         (root / "tmp" / leftover).unlink()
-    done.touch()
     return root
 
 
@@ -204,6 +221,7 @@ def build(key: str, mirror: str = MIRROR) -> Path:
             tar.add(work / name, arcname=name)
     img.unlink()
     partial.rename(box)
+    shutil.rmtree(root)
     return box
 
 

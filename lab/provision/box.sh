@@ -36,7 +36,11 @@ printf '/dev/vda\t/\text4\tdefaults,noatime,errors=remount-ro\t0\t1\n' >/etc/fst
 # Only the management NIC is networkd's; the lab NICs (eth1...) belong to common.sh, and routes
 # networkd did not make are left alone when Vagrant restarts it to change the hostname.
 mkdir -p /etc/systemd/network /etc/systemd/networkd.conf.d
-printf '[Match]\nName=eth0\n\n[Network]\nDHCP=ipv4\nIPv6AcceptRA=no\n' >/etc/systemd/network/50-mgmt.network
+printf '[Match]\nName=eth0\n\n[Network]\nDHCP=ipv4\nIPv6AcceptRA=no\n\n[DHCPv4]\nClientIdentifier=mac\n' \
+	>/etc/systemd/network/50-mgmt.network
+# Every machine makes its own machine-id at first boot (one shared id means one shared DHCP lease).
+: >/etc/machine-id
+rm -f /var/lib/dbus/machine-id
 printf '[Network]\nManageForeignRoutes=no\nManageForeignRoutingPolicyRules=no\n' \
 	>/etc/systemd/networkd.conf.d/50-l4lab.conf
 systemctl enable systemd-networkd.service >/dev/null 2>&1
