@@ -1,7 +1,8 @@
 """libvirt for the Vagrant lab: its daemons, run by l4lab where no init system does, and the driver it can use.
 
 On a machine whose init system runs libvirtd (systemd), nothing here starts anything: `start`
-finds the daemon answering and leaves it alone. In CI and in containers nothing runs libvirtd, so
+finds the daemon answering and leaves it alone (and cannot hide a broken /dev/kvm from it: see
+_without_broken_kvm). In CI and in containers nothing runs libvirtd, so
 `start` runs `virtlogd` and `libvirtd` as daemons with their pid files under RUN_DIR, and `stop`
 stops exactly those (never a daemon it did not start).
 
@@ -126,6 +127,29 @@ class Started:
     ours: tuple[str, ...]
 
 
+def _without_broken_kvm(argv: list[str]) -> list[str]:
+    """argv, run where /dev/kvm is an inaccessible empty file when KVM runs no guest here.
+
+    libvirt 9.0 re-probes qemu's capabilities (a qemu run, seconds under load) on every API call
+    when its probe could enable KVM (as root, /dev/kvm opens) but /dev/kvm is not accessible to the
+    qemu user (measured here: "KVM was enabled when probing ..., but it is not available now" on
+    every define and start). In a private mount namespace the daemon sees no usable KVM at all, so
+    its cached capabilities stay valid. libvirt cannot carry that file mount into the mount
+    namespace it makes per domain ("Unable to move ... mount to /dev/kvm"), so the same namespace
+    shows the daemon a qemu.conf that adds `namespaces = []` to the system's."""
+    if not os.path.exists("/dev/kvm") or not kvm_unusable():
+        return argv
+    hidden = RUN_DIR / "kvm-hidden"
+    hidden.touch(mode=0o600)
+    system_conf = Path("/etc/libvirt/qemu.conf")
+    conf = RUN_DIR / "qemu.conf"
+    conf.write_text((system_conf.read_text() if system_conf.exists() else "")
+                    + "\n# l4lab (lab/libvirtd.py): /dev/kvm is hidden from this daemon; no per-domain /dev\n"
+                    + "namespaces = [ ]\n")
+    script = (f'mount --bind "{hidden}" /dev/kvm && mount --bind "{conf}" "{system_conf}" && exec "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", *argv]
+
+
 def start(deadline: float = 60.0) -> Started:
     """Make libvirtd answer on qemu:///system, starting virtlogd and libvirtd when nothing else runs them."""
     if answering():
@@ -138,8 +162,10 @@ def start(deadline: float = 60.0) -> Started:
     ours = []
     for name in DAEMONS:
         if _pid(name) is None:
-            done = subprocess.run([name, "--daemon", "--pid-file", str(RUN_DIR / f"{name}.pid")],
-                                  capture_output=True, text=True, timeout=60, check=False)
+            argv = [name, "--daemon", "--pid-file", str(RUN_DIR / f"{name}.pid")]
+            if name == "libvirtd":
+                argv = _without_broken_kvm(argv)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
             if done.returncode != 0:
                 raise LabError(f"cannot start {name}: {done.stderr.strip()}", command=name, stderr=done.stderr)
         ours.append(name)
