@@ -10,7 +10,8 @@ BPF_HDR := $(wildcard bpf/include/*.h)
 BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -Wno-unused-function \
 	-I bpf/include -I/usr/include/$(ARCH)-linux-gnu
 
-.PHONY: all deps deps-all bench bpf native abi abi-check check lint demo test test-vagrant vagrant-box clean
+.PHONY: all deps deps-all bench bpf native abi abi-check check lint demo test test-vagrant test-vagrant-smoke \
+	vagrant-box clean
 
 all: bpf native
 
@@ -63,6 +64,10 @@ vagrant-box: deps-all
 # Starts and stops libvirtd itself where no init system runs it. Long: see the README.
 test-vagrant: deps-all bpf
 	$(PY) -m lab.vagrantlab test --topology $(or $(TOPOLOGY),default) -- $(PYTEST_ARGS)
+
+# One LB and one real from the local box, one DSR request, destroy (the smoke of the above).
+test-vagrant-smoke: deps-all bpf
+	L4LAB_VAGRANT_SMOKE=1 $(PY) -m pytest suites/lab/test_vagrant.py -k smoke $(PYTEST_ARGS)
 
 # Benchmarks (root): NDR/PDR per encap and size beside the floors, micro and controller figures.
 bench: deps bpf

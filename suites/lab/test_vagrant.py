@@ -405,6 +405,9 @@ def smoke_lab() -> Iterator[Any]:
     """
     from lab import libvirtd, target, vagrantbox, vagrantlab
 
+    if os.environ.get("L4LAB_VAGRANT_SMOKE") != "1":
+        pytest.skip("the Vagrant smoke boots three TCG machines (minutes, more than the default run affords): "
+                    "make test-vagrant-smoke, or L4LAB_VAGRANT_SMOKE=1")
     why = _vagrant_libvirt_missing()
     if why:
         pytest.skip(why)
