@@ -99,7 +99,9 @@ def added_key() -> str | None:
 def _run(argv: Sequence[str], what: str, *, log: Path | None = None, timeout: float = 3600) -> None:
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
     try:
-        done = subprocess.run(list(argv), stdout=out, stderr=subprocess.PIPE, timeout=timeout, check=False)
+        # Not from the repository: vagrant would make .vagrant/ beside its Vagrantfile.
+        done = subprocess.run(list(argv), stdout=out, stderr=subprocess.PIPE, timeout=timeout, check=False,
+                              cwd=vagrant_home().parent if vagrant_home().parent.is_dir() else "/")
     finally:
         if log:
             out.close()  # type: ignore[union-attr]
