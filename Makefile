@@ -10,7 +10,8 @@ BPF_HDR := $(wildcard bpf/include/*.h)
 BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -Wno-unused-function \
 	-I bpf/include -I/usr/include/$(ARCH)-linux-gnu
 
-.PHONY: all deps deps-all bench bpf native abi abi-check check lint demo test soak clean
+.PHONY: all deps deps-all bench bpf native abi abi-check check lint demo test soak test-vagrant \
+	test-vagrant-smoke vagrant-box clean
 
 all: bpf native
 
@@ -63,6 +64,20 @@ SOAK_FRAMES ?= 1000000
 soak: deps bpf
 	L4LAB_FUZZ_FRAMES=$(SOAK_FRAMES) L4LAB_FUZZ_SEED=$(SOAK_SEED) \
 		$(PY) -m pytest suites/datapath/test_fuzz.py -k test_fuzz_volume -s -q $(PYTEST_ARGS)
+
+# The local Vagrant box (Debian 12 for libvirt, from Debian's packages; cached under build/vagrant-box).
+vagrant-box: deps-all
+	$(VENV)/bin/l4lab vagrant-box $(BOX_ARGS)
+
+# The Vagrant lab booted for real (libvirt, TCG where KVM runs no guest): vagrant up of the default
+# topology from the local box, the hardware-marked conformance suites over SSH, vagrant destroy.
+# Starts and stops libvirtd itself where no init system runs it. Long: see the README.
+test-vagrant: deps-all bpf
+	$(PY) -m lab.vagrantlab test --topology $(or $(TOPOLOGY),default) -- $(PYTEST_ARGS)
+
+# One LB and one real from the local box, one DSR request, destroy (the smoke of the above).
+test-vagrant-smoke: deps-all bpf
+	L4LAB_VAGRANT_SMOKE=1 $(PY) -m pytest suites/lab/test_vagrant.py -k smoke $(PYTEST_ARGS)
 
 # Benchmarks (root): NDR/PDR per encap and size beside the floors, micro and controller figures.
 bench: deps bpf

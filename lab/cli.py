@@ -177,6 +177,12 @@ def _run_trace(args: argparse.Namespace) -> int:
 def _add_vagrant_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("topology", nargs="?", default="default", help="a name from lab/topologies or a path")
     parser.add_argument("--lb-config", metavar="NODE", help="print LB node NODE's balancer config (TOML) instead")
+    parser.add_argument("--box", default=os.environ.get("L4LAB_BOX") or "public",
+                        help="public (debian/bookworm64, the default), local (built by `l4lab vagrant-box`) "
+                             "or a box name; default $L4LAB_BOX")
+    parser.add_argument("--name", default=os.environ.get("L4LAB_VAGRANT_NAME") or None,
+                        help="the lab's name in libvirt (domains l4lab-vg-NAME-NODE); default $L4LAB_VAGRANT_NAME "
+                             "or the topology's name")
 
 
 def _run_vagrant_plan(args: argparse.Namespace) -> int:
@@ -188,7 +194,7 @@ def _run_vagrant_plan(args: argparse.Namespace) -> int:
             raise UsageError(f"l4lab vagrant-plan: node '{args.lb_config}' of topology '{topo.name}' is no LB")
         print(vagrant.lb_config(topo, args.lb_config), end="")
     else:
-        print(json.dumps(vagrant.plan(topo), indent=1))
+        print(json.dumps(vagrant.plan(topo, args.box, lab=args.name), indent=1))
     return 0
 
 
@@ -216,7 +222,7 @@ def _add_passthrough(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="options of the verb (see VERB --help)")
 
 
-PASSTHROUGH = ("demo", "report", "bench", "nic-queues", "conform")
+PASSTHROUGH = ("demo", "report", "bench", "nic-queues", "conform", "vagrant-box")
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -241,6 +247,12 @@ def _run_conform(args: argparse.Namespace) -> int:
     from lab import conform
 
     return conform.main(args.args)
+
+
+def _run_vagrant_box(args: argparse.Namespace) -> int:
+    from lab import vagrantbox
+
+    return vagrantbox.main(args.args)
 
 
 def _run_report(args: argparse.Namespace) -> int:
@@ -270,6 +282,8 @@ VERBS: dict[str, Verb] = {
                    _add_target, _run_target),
     "vagrant-plan": Verb("print the Vagrant machines a topology implies, as JSON (read by the Vagrantfile)",
                          _add_vagrant_plan, _run_vagrant_plan),
+    "vagrant-box": Verb("build the local Debian 12 libvirt box (no Vagrant Cloud needed) and add it to Vagrant",
+                        _add_passthrough, _run_vagrant_box),
 }
 
 

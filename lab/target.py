@@ -354,20 +354,23 @@ def for_netns_lab(lab: str, topology: str, directory: Path) -> Path:
     return out
 
 
-def for_vagrant(topology: str, directory: Path, ssh_config: str | None = None) -> Path:
+def for_vagrant(topology: str, directory: Path, ssh_config: str | None = None,
+                env: Mapping[str, str] | None = None, machines: Sequence[str] | None = None) -> Path:
     """Write a target file for the Vagrant lab of `topology` (run from the repository, after `vagrant up`).
 
     `ssh_config` is the output of `vagrant ssh-config` (read by running it when None). Vagrant logs
-    in as the vagrant user, so every command runs through `sudo -n`; the checkout is the synced folder."""
+    in as the vagrant user, so every command runs through `sudo -n`; the checkout is the synced folder.
+    `env` is the environment of `vagrant ssh-config` (default: this process's, with L4LAB_TOPOLOGY);
+    `machines` the nodes that are up (default: every node of the topology)."""
     from lab.vagrant import plan
 
     topo = load_topology(topology)
-    p = plan(topo)
+    p = plan(topo, driver="")
     if ssh_config is None:
         if shutil.which("vagrant") is None:
             raise LabError("vagrant not found: install it (scripts/setup.sh --vagrant) and `vagrant up` first")
         done = subprocess.run(["vagrant", "ssh-config"], capture_output=True, text=True, cwd=REPO, check=False,
-                              env={**os.environ, "L4LAB_TOPOLOGY": topology})
+                              env={**(env if env is not None else os.environ), "L4LAB_TOPOLOGY": topology})
         if done.returncode != 0:
             raise LabError(f"`vagrant ssh-config` failed (is the lab up? `L4LAB_TOPOLOGY={topology} vagrant up`): "
                            f"{done.stderr.strip()}")
@@ -375,12 +378,13 @@ def for_vagrant(topology: str, directory: Path, ssh_config: str | None = None) -
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "ssh_config").write_text(ssh_config)
     hosts = {line.split()[1] for line in ssh_config.splitlines() if line.strip().startswith("Host ")}
-    missing = [n["name"] for n in p["nodes"] if n["name"] not in hosts]
+    nodes = [n for n in p["nodes"] if machines is None or n["name"] in machines]
+    missing = [n["name"] for n in nodes if n["name"] not in hosts]
     if missing:
         raise LabError(f"`vagrant ssh-config` lists no host for {', '.join(missing)}: is every machine up?")
     lines = [f'name = "vagrant-{topo.name}"', f'topology = "{topo.path}"', 'ssh_options = ["-F", "ssh_config"]',
              ""]
-    for n in p["nodes"]:
+    for n in nodes:
         lines += [f"[nodes.{n['name']}]", f'ssh = "{n["name"]}"', f'repo = "{p["synced_folder"]}"', "sudo = true",
                   ""]
     out = directory / "target.toml"

@@ -13,6 +13,14 @@ that differ from the netns lab, because these are whole machines:
 - Reals always decapsulate with the kernel (tunl0, ip6tnl0 in mode any, `ip fou add port P gue`).
 - The LB's next-hop MAC is known in advance (it is the router's derived MAC), so the balancer
   config is complete in the plan (`lb_config`, also printed by `l4lab vagrant-plan --lb-config`).
+- The box is Debian's public `debian/bookworm64`, or with `--box local` (L4LAB_BOX=local) the box
+  `l4lab vagrant-box` builds from Debian's packages (lab/vagrantbox.py): everything provisioning
+  needs is inside it, so its machines need no network but their own, and with it the management
+  network is isolated (libvirt mode "none"; the public box keeps NAT for apt).
+- On libvirt every lab link is a UDP tunnel between the two machines' NICs (qemu sockets on
+  127.0.0.1): no host bridge, no host address on the lab's subnets, nothing else can reach them.
+  Every libvirt name (domains, the management network) starts with `l4lab-vg-`; the driver is
+  "kvm" only where a KVM guest really boots (lab/libvirtd.py), else "qemu" (TCG).
 """
 
 from __future__ import annotations
@@ -30,12 +38,17 @@ from lab.topology import TOPOLOGY_DIR, IpNetwork, Node, Topology
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLAN_SCHEMA = 1
 BOX = "debian/bookworm64"  # Debian 12: its kernel has the ipip, ip6_tunnel and fou modules
+LOCAL_BOX = "l4lab/debian12"  # built by `l4lab vagrant-box` (lab/vagrantbox.py)
+LIBVIRT_PREFIX = "l4lab-vg-"
+MANAGEMENT_NETWORK = "192.168.127.0/24"
+TUNNEL_PORT_BASE = 47000  # UDP ports on 127.0.0.1 of the libvirt links: base + 64 * (lab slot) + 2 * link
 SYNCED_FOLDER = "/vagrant"
 PROVISION_DIR = "lab/provision"
 GUE_PORT = 6080
 LB_ENCAP = {4: "ipip", 6: "ipip"}
-# (cpus, memory MiB) per role: the LB builds the datapath (clang) and runs it.
-RESOURCES = {"client": (1, 512), "router": (1, 512), "lb": (2, 2048), "real": (1, 512)}
+# (cpus, memory MiB) per role: small enough for six machines on 2 vCPUs; the LB builds the datapath
+# (clang, ~150 MB) and runs it on two CPUs (per-CPU maps, more than one RX path).
+RESOURCES = {"client": (1, 256), "router": (1, 256), "lb": (2, 384), "real": (1, 256)}
 
 
 def mac_for(topology: str, node: str, ifname: str) -> str:
@@ -46,7 +59,19 @@ def mac_for(topology: str, node: str, ifname: str) -> str:
 
 def network_name(topo: Topology, index: int) -> str:
     """The private network of link `index`: unique per topology and link."""
-    return f"l4lab-{topo.name}-link{index}"
+    return f"{LIBVIRT_PREFIX}{topo.name}-link{index}"
+
+
+def tunnel_ports(lab: str, index: int) -> tuple[int, int]:
+    """The UDP ports on 127.0.0.1 of link `index`'s two ends (a, b) in lab `lab` (libvirt's tunnels)."""
+    slot = int.from_bytes(hashlib.sha256(lab.encode()).digest()[:2], "big") % 64  # 64 ports a lab
+    port = TUNNEL_PORT_BASE + 64 * slot + 2 * index
+    return port, port + 1
+
+
+def resolve_box(box: str) -> str:
+    """The Vagrant box name for `box`: "public" (the default), "local" (l4lab vagrant-box) or a box name."""
+    return {"public": BOX, "local": LOCAL_BOX, "": BOX}.get(box, box)
 
 
 def _lab_networks(topo: Topology) -> list[IpNetwork]:
@@ -96,10 +121,11 @@ def sysctls(topo: Topology, node: Node) -> dict[str, str]:
     return out
 
 
-def _networks(topo: Topology, node: Node) -> list[dict[str, Any]]:
+def _networks(topo: Topology, node: Node, lab: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for index, link in enumerate(topo.links):
-        for mine, peer in ((link.a, link.b), (link.b, link.a)):
+        ports = tunnel_ports(lab, index)
+        for side, (mine, peer) in enumerate(((link.a, link.b), (link.b, link.a))):
             if mine.node != node.name:
                 continue
             addresses = mine.all_addresses
@@ -120,6 +146,7 @@ def _networks(topo: Topology, node: Node) -> list[dict[str, Any]]:
                 "netmask": str(primary.netmask) if primary.version == 4 else str(primary.network.prefixlen),
                 "addresses": [str(a) for a in addresses],
                 "offloads": {k: v for k, v in mine.offloads},
+                "tunnel": {"local_port": ports[side], "peer_port": ports[1 - side]},
             })
     return out
 
@@ -208,15 +235,15 @@ def _provision(topo: Topology, node: Node, networks: list[dict[str, Any]]) -> li
     return steps
 
 
-def node_plan(topo: Topology, node: Node) -> dict[str, Any]:
+def node_plan(topo: Topology, node: Node, box: str = BOX, lab: str | None = None) -> dict[str, Any]:
     """The plan of one machine."""
     cpus, memory = RESOURCES[node.role]
-    networks = _networks(topo, node)
+    networks = _networks(topo, node, lab or topo.name)
     entry: dict[str, Any] = {
         "name": node.name,
         "hostname": f"{topo.name}-{node.name}",
         "role": node.role,
-        "box": BOX,
+        "box": box,
         "cpus": cpus,
         "memory": memory,
         "networks": networks,
@@ -234,12 +261,39 @@ def node_plan(topo: Topology, node: Node) -> dict[str, Any]:
     return entry
 
 
-def plan(topo: Topology) -> dict[str, Any]:
-    """The whole plan: one entry per node, in the topology's order."""
+def libvirt(box: str, lab: str, driver: str | None = None) -> dict[str, Any]:
+    """The libvirt settings of lab `lab`: driver, domain name prefix and the management network."""
+    if driver is None:
+        from lab.libvirtd import driver as probe
+
+        driver = probe()
+    return {
+        "driver": driver,
+        "prefix": f"{LIBVIRT_PREFIX}{lab}-",
+        "management_network": {
+            "name": f"{LIBVIRT_PREFIX}mgmt",
+            "address": MANAGEMENT_NETWORK,
+            # The local box needs nothing from outside: its management network is isolated.
+            "mode": "none" if box == LOCAL_BOX else "nat",
+        },
+    }
+
+
+def plan(topo: Topology, box: str = "public", driver: str | None = None, lab: str | None = None) -> dict[str, Any]:
+    """The whole plan: one entry per node, in the topology's order.
+
+    `box` is "public", "local" or a box name (resolve_box); `driver` the libvirt driver (probed when
+    None); `lab` names this lab's libvirt domains and tunnel ports (default: the topology's name),
+    so two labs of one topology can run side by side."""
+    name = resolve_box(box)
+    lab = lab or topo.name
     return {
         "schema": PLAN_SCHEMA,
         "topology": topo.name,
         "description": topo.description,
         "synced_folder": SYNCED_FOLDER,
-        "nodes": [node_plan(topo, node) for node in topo.nodes],
+        "lab": lab,
+        "box": name,
+        "libvirt": libvirt(name, lab, driver),
+        "nodes": [node_plan(topo, node, name, lab) for node in topo.nodes],
     }

@@ -3,7 +3,9 @@
 #
 #   client.sh [--repo DIR]
 #
-# Installs only what is missing (needs the machine's management network). Idempotent.
+# Installs only what is missing (needs the machine's management network). With --repo, DIR/.venv is
+# the Python the suites run there (`lab.traffic`): the local box's /opt/l4lab/venv, or a venv of
+# the system's python3. Idempotent.
 set -euo pipefail
 
 die() { echo "client.sh: $*" >&2; exit 1; }
@@ -25,5 +27,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 	apt-get -q update >/dev/null || die "apt-get update failed (is the management network up?)"
 	apt-get -q -y install --no-install-recommends "${missing[@]}" >/dev/null \
 		|| die "cannot install ${missing[*]}"
+fi
+if [ -n "$repo" ] && [ ! -e "$repo/.venv/bin/python" ]; then
+	if [ -x /opt/l4lab/venv/bin/python ]; then
+		ln -sfn /opt/l4lab/venv "$repo/.venv"
+	else
+		python3 -m venv --without-pip --system-site-packages "$repo/.venv" || die "cannot make $repo/.venv"
+	fi
 fi
 echo "client.sh: curl and python3 present${repo:+; the repository is in $repo}"

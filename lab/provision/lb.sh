@@ -5,7 +5,9 @@
 #
 # Runs DIR/scripts/setup.sh (packages, venv, bpffs), `make bpf`, writes the balancer config that
 # `l4lab vagrant-plan TOPOLOGY --lb-config NODE` prints to /etc/l4lab/NODE.toml, then
-# `lbctl load` (once) and `lbctl apply` (every run: it reconciles). Idempotent.
+# `lbctl load` (once) and `lbctl apply` (every run: it reconciles). On the local box (`l4lab
+# vagrant-box`) the packages and Python modules are already there: DIR/.venv becomes its
+# /opt/l4lab/venv and nothing is installed. Prints the XDP mode the datapath got. Idempotent.
 set -euo pipefail
 
 die() { echo "lb.sh: $*" >&2; exit 1; }
@@ -25,16 +27,31 @@ fi
 [ -f "$repo/scripts/setup.sh" ] || die "$repo/scripts/setup.sh does not exist: is --repo the l4lab repository?"
 
 cd "$repo"
-bash scripts/setup.sh || die "scripts/setup.sh failed (see above)"
+box_venv=/opt/l4lab/venv
+if [ -x "$box_venv/bin/python" ]; then
+	[ -e .venv ] || ln -s "$box_venv" .venv
+	mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf || die "cannot mount bpffs on /sys/fs/bpf"
+else
+	bash scripts/setup.sh || die "scripts/setup.sh failed (see above)"
+fi
+py=.venv/bin/python
 make bpf >/dev/null || die "make bpf failed: run it in $repo to see why"
 
 mkdir -p /etc/l4lab
 config=/etc/l4lab/$node.toml
-.venv/bin/l4lab vagrant-plan "$topo" --lb-config "$node" >"$config.tmp" || die "cannot generate the config of $node"
+"$py" -m lab.cli vagrant-plan "$topo" --lb-config "$node" >"$config.tmp" \
+	|| die "cannot generate the config of $node"
 mv "$config.tmp" "$config"
 
-if ! .venv/bin/lbctl status >/dev/null 2>&1; then
-	.venv/bin/lbctl load --config "$config" || die "lbctl load --config $config failed"
+if ! "$py" -m balancer.cli status >/dev/null 2>&1; then
+	"$py" -m balancer.cli load --config "$config" || die "lbctl load --config $config failed"
 fi
-.venv/bin/lbctl apply "$config" || die "lbctl apply $config failed"
-echo "lb.sh: $node balances with $config"
+"$py" -m balancer.cli apply "$config" || die "lbctl apply $config failed"
+ifname=$(sed -n 's/^interfaces = \["\([^"]*\)".*/\1/p' "$config")
+mode=$(ip -d link show dev "$ifname" | grep -o 'xdp[a-z]*' | head -n 1)
+case "$mode" in
+xdp) echo "lb.sh: $node balances with $config in native XDP on $ifname" ;;
+xdpgeneric) echo "lb.sh: $node balances with $config in generic XDP on $ifname (the driver refused native:" \
+	"see dmesg; virtio-net needs its guest offloads off and enough queues)" ;;
+*) die "no XDP program on $ifname after lbctl load" ;;
+esac

@@ -9,7 +9,8 @@
 # (IPIP, module ipip), ip6tnl0 in mode any (6in6 and 4in6, module ip6_tunnel) when a VIP is IPv6,
 # and `ip fou add port PORT gue` (module fou, and fou6 for IPv6) for GUE. The services are
 # `python3 -m lab.services` from the repository DIR, as in the netns lab; their pid, log and ready
-# file go to $L4LAB_RUN_DIR (default /run/l4lab-real).
+# file go to $L4LAB_RUN_DIR (default /run/l4lab-real). DIR/.venv, the Python the suites run there,
+# is the local box's /opt/l4lab/venv or a venv of the system's python3.
 #
 # Exit 0 when done, 1 on a failed step, 3 when a kernel module the decap needs is missing (the
 # message names it). Idempotent: a second run changes nothing and succeeds.
@@ -88,6 +89,13 @@ if [ ${#http[@]} -gt 0 ] || [ ${#udp_echo[@]} -gt 0 ]; then
 	[ -n "$repo" ] || die "--repo DIR (the l4lab repository) is required to run the services"
 	[ -f "$repo/lab/services.py" ] || die "$repo/lab/services.py does not exist: is --repo the l4lab repository?"
 	command -v python3 >/dev/null || die "python3 is missing: apt-get install python3"
+	if [ ! -e "$repo/.venv/bin/python" ] && [ -w "$repo" ]; then
+		if [ -x /opt/l4lab/venv/bin/python ]; then
+			ln -sfn /opt/l4lab/venv "$repo/.venv"
+		else
+			python3 -m venv --without-pip --system-site-packages "$repo/.venv" || die "cannot make $repo/.venv"
+		fi
+	fi
 	run=${L4LAB_RUN_DIR:-/run/l4lab-real}
 	mkdir -p "$run"
 	args=(-m lab.services --lab vagrant --node "$name" --ready-file "$run/services.ready")

@@ -144,6 +144,31 @@ def test_plan_lb_config_balances_the_vips_over_the_reals(name: str) -> None:
             assert vip.reals and {str(r.address) for r in vip.reals} <= reals
 
 
+@pytest.mark.parametrize("name", TOPOLOGIES)
+def test_plan_links_are_udp_tunnels_whose_ends_meet(name: str) -> None:
+    topo = topology.load(name)
+    plan = vagrant.plan(topo, driver="qemu")
+    ends = {(e["name"], n["ifname"]): n["tunnel"] for e in plan["nodes"] for n in e["networks"]}
+    ports = [t["local_port"] for t in ends.values()]
+    assert len(set(ports)) == len(ports), "two NICs listen on one UDP port"
+    for link in topo.links:
+        a, b = ends[(link.a.node, link.a.ifname)], ends[(link.b.node, link.b.ifname)]
+        assert (a["peer_port"], b["peer_port"]) == (b["local_port"], a["local_port"])
+    assert all(vagrant.TUNNEL_PORT_BASE <= p < 65536 for p in ports)
+
+
+def test_plan_local_box_is_isolated_and_named_for_the_lab() -> None:
+    topo = topology.load("default")
+    public, local = vagrant.plan(topo, driver="qemu"), vagrant.plan(topo, "local", driver="qemu", lab="x1")
+    assert {n["box"] for n in public["nodes"]} == {vagrant.BOX}
+    assert {n["box"] for n in local["nodes"]} == {vagrant.LOCAL_BOX}
+    assert public["libvirt"]["management_network"]["mode"] == "nat"
+    assert local["libvirt"]["management_network"]["mode"] == "none"
+    assert local["libvirt"]["prefix"] == "l4lab-vg-x1-" and public["libvirt"]["prefix"] == "l4lab-vg-default-"
+    assert local["libvirt"]["driver"] == "qemu"
+    assert all(256 <= n["memory"] <= 384 for n in local["nodes"])
+
+
 def test_cli_prints_the_plan_and_the_lb_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["vagrant-plan", "default"]) == 0
     assert json.loads(capsys.readouterr().out) == vagrant.plan(topology.load("default"))
@@ -312,3 +337,131 @@ def test_vagrant_validate(name: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Vagrantfile validated successfully" in done.stdout
     assert not (REPO / ".vagrant").exists(), "vagrant wrote .vagrant/ into the source tree"
+
+
+# ---- the local box and libvirt's driver
+
+
+@pytest.mark.skipif(shutil.which("dpkg") is None or subprocess.run(["dpkg", "-s", "vagrant"], capture_output=True,
+                                                                     check=False).returncode != 0,
+                    reason="vagrant is missing: apt-get install vagrant (its insecure key is part of the box)")
+def test_box_key_covers_every_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lab import vagrantbox
+
+    key = vagrantbox.cache_key()
+    assert key == vagrantbox.cache_key(), "the key of the same inputs changed"
+    assert vagrantbox.cache_key("http://mirror.example/debian") != key
+    monkeypatch.setattr(vagrantbox, "PACKAGES", (*vagrantbox.PACKAGES, "less"))
+    assert vagrantbox.cache_key() != key
+    text = vagrantbox.box_vagrantfile(key)
+    assert f'lv.kernel = "/var/lib/libvirt/boot/l4lab-vg-{key}/vmlinuz"' in text
+    assert "root=/dev/vda" in text
+
+
+def test_libvirt_driver_is_forced_or_probed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from lab import libvirtd
+
+    monkeypatch.setenv("L4LAB_LIBVIRT_DRIVER", "qemu")
+    assert libvirtd.driver() == "qemu"
+    monkeypatch.delenv("L4LAB_LIBVIRT_DRIVER")
+    monkeypatch.setattr(libvirtd, "RUN_DIR", tmp_path)
+    (tmp_path / "kvm").write_text("a KVM guest printed nothing\n")  # the cached answer of this boot
+    assert libvirtd.driver() == "qemu"
+    (tmp_path / "kvm").write_text("\n")
+    assert libvirtd.driver() == "kvm"
+
+
+# ---- the lab booted for real: libvirt (qemu, TCG where KVM runs no guest) and the local box
+
+SMOKE_MACHINES = ("router", "lb", "real1")  # the router is the client: one LB, one real, one DSR request
+LIBVIRT_PACKAGES = {"vagrant": "vagrant", "libvirtd": "libvirt-daemon-system", "virsh": "libvirt-clients",
+                    "qemu-img": "qemu-utils", "debootstrap": "debootstrap", "dnsmasq": "dnsmasq-base",
+                    "qemu-system-x86_64": "qemu-system-x86"}
+
+
+def _vagrant_libvirt_missing() -> str | None:
+    """Why the Vagrant lab cannot boot here (None when it can)."""
+    if os.geteuid() != 0:
+        return "the Vagrant lab needs root (libvirt's system daemon, debootstrap)"
+    missing = sorted({pkg for tool, pkg in LIBVIRT_PACKAGES.items() if shutil.which(tool) is None})
+    if not list(Path("/usr/share").glob("rubygems-integration/all/gems/vagrant-libvirt-*")) and \
+            not list((Path.home() / ".vagrant.d" / "gems").glob("*/gems/vagrant-libvirt-*")):
+        missing.append("vagrant-libvirt")
+    if missing:
+        return f"missing {', '.join(missing)}: scripts/setup.sh --extra vagrant"
+    return None
+
+
+@pytest.fixture
+def smoke_lab() -> Iterator[Any]:
+    """Name: smoke_lab. Scope: function. Depends: root, vagrant-libvirt, libvirt, debootstrap (skips otherwise).
+
+    router, lb and real1 of the default topology booted from the local box as lab `smoke-<hex>`
+    (libvirt domains l4lab-vg-smoke-<hex>-*), as a lab.target.Target; destroyed after, and the
+    test fails if anything of it is left::
+
+        def test_x(smoke_lab):
+            smoke_lab.run("router", ["curl", "http://198.51.100.100/"])
+    """
+    from lab import libvirtd, target, vagrantbox, vagrantlab
+
+    if os.environ.get("L4LAB_VAGRANT_SMOKE") != "1":
+        pytest.skip("the Vagrant smoke boots three TCG machines (minutes, more than the default run affords): "
+                    "make test-vagrant-smoke, or L4LAB_VAGRANT_SMOKE=1")
+    why = _vagrant_libvirt_missing()
+    if why:
+        pytest.skip(why)
+    lab = f"smoke-{secrets.token_hex(3)}"
+    environ = vagrantlab.env("default", lab)
+    log = vagrantlab.state_dir(lab) / "vagrant.log"
+    started = libvirtd.start()
+    try:
+        vagrantbox.ensure()
+        try:
+            vagrantlab.vagrant(["up", "--no-tty", *SMOKE_MACHINES], environ, log, timeout=2400)
+            path = target.for_vagrant("default", vagrantlab.state_dir(lab) / "target", env=environ,
+                                      machines=SMOKE_MACHINES)
+            yield target.load(path)
+        finally:
+            vagrantlab.vagrant(["destroy", "-f"], environ, log, timeout=900)
+        left = vagrantlab.leftovers(lab)
+        assert not left, f"`vagrant destroy -f` left {', '.join(left)} (see {log})"
+    finally:
+        if started.ours:
+            libvirtd.stop()
+
+
+def _tunl0_rx(tgt: Any, node: str) -> int:
+    link = json.loads(tgt.run(node, ["ip", "-j", "-s", "link", "show", "dev", "tunl0"]).stdout)[0]
+    return int(link["stats64"]["rx"]["packets"])
+
+
+@pytest.mark.timeout(3600)
+def test_vagrant_smoke_one_dsr_request_through_the_local_box(smoke_lab: Any) -> None:
+    from dataclasses import replace
+
+    from lab.lbconf import real_addresses
+
+    tgt = smoke_lab
+    topo = tgt.topology
+    vip = next(v for v in topo.vips if v.address.version == 4)
+    port = next(p.port for p in vip.ports if p.service == "http")
+    real1 = ipaddress.ip_address(real_addresses(topo, 4)["real1"])
+    # Only real1 is up: the VIP's ring holds it alone.
+    conf = cfg.loads(vagrant.lb_config(topo, "lb"), file="vagrant lb config")
+    conf = replace(conf, vips=tuple(replace(v, reals=tuple(r for r in v.reals if r.address == real1))
+                                    for v in conf.vips if v.address.version == 4))
+    tgt.write("lb", "/tmp/l4lab-smoke.toml", cfg.dump(conf))
+    tgt.run("lb", tgt.python_argv("lb", "balancer.cli", "apply", "/tmp/l4lab-smoke.toml"), timeout=300)
+
+    def encapsulated() -> int:
+        stats = json.loads(tgt.run("lb", tgt.python_argv("lb", "balancer.cli", "stats", "--json"), timeout=300).stdout)
+        return int(stats["reasons"]["TX_ENCAP"]["packets"])
+
+    encap0, decap0 = encapsulated(), _tunl0_rx(tgt, "real1")
+    done = tgt.run("router", ["curl", "-sS", "--max-time", "60", f"http://{vip.address}:{port}/"], timeout=120)
+    assert done.stdout.strip() == "real1", f"the VIP answered {done.stdout!r}, not real1's HTTP service"
+    assert encapsulated() > encap0, "the LB's XDP program encapsulated nothing"
+    assert _tunl0_rx(tgt, "real1") > decap0, "real1's kernel (tunl0) decapsulated nothing"
+    xdp = tgt.run("lb", ["ip", "-d", "link", "show", "dev", "lb-rt"]).stdout
+    assert " xdp " in xdp, f"no native XDP program on the LB's virtio NIC:\n{xdp}"

@@ -1,0 +1,164 @@
+"""The Vagrant lab on libvirt, driven from here: up, target file, hardware suites, destroy, nothing left behind.
+
+`make test-vagrant` runs `python -m lab.vagrantlab test`: libvirtd (lab/libvirtd.py) and the local
+box (lab/vagrantbox.py) first, then `vagrant up` of the topology, `l4lab target --vagrant`, the
+balancer lb.sh loaded is unloaded (each test loads its own), `pytest suites/conformance --target`,
+`vagrant destroy -f`, and a check that no libvirt domain, network or volume and no qemu process
+named `l4lab-vg-<topology>-` remains. Vagrant's state and logs go to build/vagrant/<topology>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab.errors import LabError
+from lab.vagrant import LIBVIRT_PREFIX
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def state_dir(lab: str) -> Path:
+    return REPO / "build" / "vagrant" / lab
+
+
+def env(topology: str, lab: str | None = None, box: str = "local") -> dict[str, str]:
+    """The environment of every vagrant command for lab `lab` (default: the topology's name)."""
+    l4lab = Path(sys.executable).with_name("l4lab")
+    lab = lab or topology
+    return {
+        **os.environ,
+        "L4LAB_TOPOLOGY": topology,
+        "L4LAB_VAGRANT_NAME": lab,
+        "L4LAB_BOX": box,
+        "VAGRANT_DEFAULT_PROVIDER": "libvirt",
+        "VAGRANT_DOTFILE_PATH": str(state_dir(lab) / "dot"),
+        "VAGRANT_NO_COLOR": "1",
+        **({"L4LAB": str(l4lab)} if l4lab.exists() else {}),
+    }
+
+
+def vagrant(args: Sequence[str], environ: Mapping[str, str], log: Path, timeout: float) -> None:
+    """Run `vagrant ARGS` from the repository, appending its output to `log`; raise LabError with its tail."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        out.write(f"\n$ vagrant {' '.join(args)}\n".encode())
+        out.flush()
+        try:
+            done = subprocess.run(["vagrant", *args], cwd=REPO, env=dict(environ), stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise LabError(f"`vagrant {' '.join(args)}` did not finish within {timeout:g} s; see {log}") from None
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+        raise LabError(f"`vagrant {' '.join(args)}` exited {done.returncode}; see {log}:\n" + "\n".join(tail),
+                       command=f"vagrant {' '.join(args)}")
+
+
+def _names(argv: Sequence[str]) -> list[str]:
+    done = subprocess.run(list(argv), capture_output=True, text=True, check=False, timeout=60)
+    return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
+
+
+def leftovers(lab: str) -> list[str]:
+    """Every libvirt domain and volume and every qemu process of lab `lab`, and the management
+    network when no l4lab Vagrant lab is left to use it."""
+    prefix = f"{LIBVIRT_PREFIX}{lab}-"
+    domains = _names(["virsh", "-q", "list", "--all", "--name"])
+    found = [f"domain {d}" for d in domains if d.startswith(prefix)]
+    if not any(d.startswith(LIBVIRT_PREFIX) for d in domains):
+        found += [f"network {n}" for n in _names(["virsh", "-q", "net-list", "--all", "--name"])
+                  if n.startswith(LIBVIRT_PREFIX)]
+    found += [f"volume {v}" for v in _names(["virsh", "-q", "vol-list", "default"]) if v.startswith(prefix)]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline and cmdline[0].endswith(b"qemu-system-x86_64") and any(
+                arg.startswith(f"guest={prefix}".encode()) for arg in cmdline):
+            found.append(f"qemu process {proc.name}")
+    return found
+
+
+@dataclass
+class Timings:
+    """Seconds per phase, in order."""
+
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, phase: str, since: float) -> float:
+        self.phases[phase] = time.monotonic() - since
+        print(f"vagrant-lab: {phase} took {self.phases[phase]:.0f} s", file=sys.stderr, flush=True)
+        return time.monotonic()
+
+
+def unload_provisioned(target_file: Path) -> None:
+    """Unload the balancer lb.sh loaded on every LB host: the suites load their own, one per test."""
+    from lab import target as targets
+
+    tgt = targets.load(target_file)
+    for node in tgt.topology.nodes_with_role("lb"):
+        tgt.run(node.name, tgt.python_argv(node.name, "balancer.cli", "unload"), check=False, timeout=120)
+
+
+def run_suites(topology: str, pytest_args: Sequence[str], keep: bool = False) -> int:
+    """The whole round trip; returns pytest's exit status (LabError when a lab step fails)."""
+    from lab import libvirtd, target, vagrantbox
+
+    log = state_dir(topology) / "vagrant.log"
+    environ = env(topology)
+    t = Timings()
+    start = time.monotonic()
+    started = libvirtd.start()
+    try:
+        now = t.mark("libvirtd", start)
+        vagrantbox.ensure()
+        now = t.mark("box", now)
+        status = 1
+        try:
+            vagrant(["up", "--no-tty"], environ, log, timeout=3600)
+            now = t.mark("vagrant up", now)
+            path = target.for_vagrant(topology, state_dir(topology) / "target", env=environ)
+            unload_provisioned(path)
+            status = subprocess.run([sys.executable, "-m", "pytest", "suites/conformance", "--target", str(path),
+                                     *pytest_args], cwd=REPO, check=False).returncode
+            now = t.mark("hardware suites", now)
+        finally:
+            if not keep:
+                vagrant(["destroy", "-f"], environ, log, timeout=900)
+                now = t.mark("vagrant destroy", now)
+                left = leftovers(topology)
+                if left:
+                    raise LabError(f"`vagrant destroy -f` left {', '.join(left)}")
+        return status
+    finally:
+        if not keep and started.ours:
+            libvirtd.stop()
+        t.mark("total", start)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab.vagrantlab", description=__doc__.splitlines()[0])
+    p.add_argument("action", choices=("test",))
+    p.add_argument("--topology", default="default")
+    p.add_argument("--keep", action="store_true", help="leave the machines and libvirtd running afterwards")
+    p.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
+    args = p.parse_args(argv)
+    try:
+        return run_suites(args.topology, args.pytest_args, args.keep)
+    except LabError as exc:
+        print(f"vagrant-lab: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
