@@ -112,8 +112,9 @@ def balancer_cases(b: Balancer, tag: str, runs: int) -> list[Case]:
         hit("ip6-gue1"),
         # A SYN from a new client address every run (ip4-ipip VIP): session miss, ring, insert.
         Case(f"{tag}new-flow", prog, new_flow_frames(runs), 3, b, ("TX_ENCAP", "SYN_REHASH")),
-        # An ACK of a flow never seen, a new client address every run: a session miss.
-        Case(f"{tag}new-flow-ack", prog, new_flow_frames(runs, flags="A", base=1 << 16), 3, b,
+        # An ACK of a flow never seen, a new client address every run: a session miss. Its own source
+        # port: the 2^17 client addresses wrap, and must not meet the SYN case's sessions.
+        Case(f"{tag}new-flow-ack", prog, new_flow_frames(runs, flags="A", base=1 << 16, sport=45003), 3, b,
              ("TX_ENCAP", "LRU_MISS")),
         Case(f"{tag}syn-rehash-ip4-ipip", prog, (bytes(P.tcp_to(P.VIP4, sport=45001, flags="S")),), 3, b,
              ("TX_ENCAP", "SYN_REHASH")),
@@ -123,13 +124,13 @@ def balancer_cases(b: Balancer, tag: str, runs: int) -> list[Case]:
     ]
 
 
-def new_flow_frames(n: int, flags: str = "S", base: int = 0) -> tuple[bytes, ...]:
+def new_flow_frames(n: int, flags: str = "S", base: int = 0, sport: int = 45001) -> tuple[bytes, ...]:
     """n TCP segments to VIP4 from new_client(base..base+n-1): one scapy frame, its source and checksums
     patched per copy.
 
     Building 100,000 frames with scapy takes over a minute here; patching takes well under a second.
     """
-    template = bytes(P.tcp_to(P.VIP4, sport=45001, flags=flags, src=new_client(base)))
+    template = bytes(P.tcp_to(P.VIP4, sport=sport, flags=flags, src=new_client(base)))
     if template[12:14] != b"\x08\x00" or template[14] != 0x45 or template[23] != 6:
         raise ValueError("the new-flow template must be Ethernet + IPv4 without options + TCP")
     old_src = int.from_bytes(template[26:30], "big")
