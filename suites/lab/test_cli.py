@@ -117,7 +117,7 @@ def test_exec_without_a_command_is_a_usage_error(capsys: pytest.CaptureFixture[s
         (
             ["up", "nope"],
             "l4lab: unknown topology 'nope'; shipped topologies: default, dual-stack, kernel-decap, many-reals, "
-            "mtu, multi-lb, pmtu",
+            "mtu, multi-lb, nic-rss, pmtu",
         ),
         (["up", "--name", "Bad_Name"], "l4lab: lab name 'Bad_Name' is invalid"),
         (["status", "--bogus"], "l4lab: unrecognized arguments: --bogus"),
