@@ -51,7 +51,7 @@ ERRORS = [
      "nodes[2].routes must be absent on a VM (it routes via its tap and sets its own sysctls) but got []"),
     ("node-key", ('routes = [{ dst = "default", via = "10.0.0.1" }]',
                       'routes = [{ dst = "default", via = "10.0.0.1" }]\nrole2 = 1'),
-     "nodes[1].role2 must be absent (known keys: name, role, kind, sysctls, routes, decap, bgp_asn) but got 1"),
+     "nodes[1].role2 must be absent (known keys: name, role, kind, sysctls, routes, decap, bgp_asn, nic) but got 1"),
     ("gue-port", ('decap = { mode = "kernel" }', 'decap = { mode = "kernel", gue_port = 0 }'),
      "nodes[2].decap.gue_port must be an integer 1..65535 but got 0"),
     ("vm-two-v4", ('"10.0.1.2/30", "2001:db8:2::2/64"', '"10.0.1.2/30", "10.0.1.3/30"'),
