@@ -1,8 +1,27 @@
-# control.sh: the VM's control channel, sourced by both /init scripts (init.sh, ipvs_init.sh).
+# control.sh: what both /init scripts (init.sh, ipvs_init.sh) share: failing in one console line,
+# running a step, the pseudo filesystems, and the VM's control channel.
+#
+# fail STEP OUTPUT: report "L4LAB-FAILED name=NAME step=STEP: OUTPUT" on the console and power off.
+# run STEP COMMAND...: run COMMAND; on failure report STEP with the command's output.
 #
 # A shell loop on ttyS1 (a Unix socket on the host: lab/vm.py guest_run) runs "ID COMMAND LINE"
 # requests and answers "L4LAB-BEGIN ID", the command's output, then "L4LAB-DONE ID STATUS".
 # Commands get no terminal on their input (ipvsadm, for one, hangs reading a console).
+
+fail() {
+	echo "L4LAB-FAILED name=$name step=$1: $2" >/dev/console
+	poweroff -f
+}
+
+run() {
+	step=$1
+	shift
+	out=$("$@" 2>&1) || fail "$step" "'$*': $out"
+}
+
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
 
 control() {
 	while IFS= read -r req; do

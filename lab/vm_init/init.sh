@@ -20,21 +20,8 @@ ip() { /usr/sbin/ip "$@"; }
 
 name=vm gw= addr= vips= gue=6080 fou=0 addr6= gw6= http=80 echo=9000 queues=1 rsskey=
 
-fail() {
-	echo "L4LAB-FAILED name=$name step=$1: $2" >/dev/console
-	poweroff -f
-}
-
-# run STEP COMMAND...: runs COMMAND, and on failure reports STEP with the command's output.
-run() {
-	step=$1
-	shift
-	out=$("$@" 2>&1) || fail "$step" "'$*': $out"
-}
-
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
+# fail, run, the pseudo filesystems and the control channel (start_control, below).
+. /etc/l4lab/control.sh
 
 for w in $(cat /proc/cmdline); do
 	case "$w" in
@@ -107,7 +94,6 @@ echo "l4lab real server $name" >/www/index.html
 run httpd httpd -p "$http" -h /www
 udp_echo "$echo" &
 
-. /etc/l4lab/control.sh
 start_control
 
 read -r up _ </proc/uptime

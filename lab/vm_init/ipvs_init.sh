@@ -13,20 +13,8 @@ ip() { /usr/sbin/ip "$@"; }
 
 name=ipvs gw= addr= vips= addr6= gw6=
 
-fail() {
-	echo "L4LAB-FAILED name=$name step=$1: $2" >/dev/console
-	poweroff -f
-}
-
-run() {
-	step=$1
-	shift
-	out=$("$@" 2>&1) || fail "$step" "'$*': $out"
-}
-
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
+# fail, run, the pseudo filesystems and the control channel (start_control, below).
+. /etc/l4lab/control.sh
 
 for w in $(cat /proc/cmdline); do
 	case "$w" in
@@ -68,7 +56,6 @@ for v in $(echo "$vips" | tr ',' ' '); do
 	esac
 done
 
-. /etc/l4lab/control.sh
 start_control
 up=$(cut -d' ' -f1 /proc/uptime)
 echo "L4LAB-READY name=$name uptime=$up" >/dev/console

@@ -202,16 +202,13 @@ def check_paths(b: Balancer, cases: list[Case], calls: int, before: dict[str, in
 def pinned_cpu() -> Iterator[int]:
     """Name: pinned_cpu. Scope: function. Depends: nothing.
 
-    Pins the process to one CPU: session tables are per CPU and test runs execute on the caller's.
+    Pins the process to one CPU: test runs execute on the caller's CPU, and timings stay on one core.
         def test_x(pinned_cpu: int) -> None: ...
     """
-    before = os.sched_getaffinity(0)
-    cpu = max(before)
-    os.sched_setaffinity(0, {cpu})
-    try:
+    from lab.katranbench import pinned
+
+    with pinned() as cpu:
         yield cpu
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 def table(medians: dict[str, float], floor: str) -> str:
