@@ -303,7 +303,8 @@ VERBS: dict[str, Verb] = {
     "vagrant-box": Verb("build the local Debian 12 libvirt box (no Vagrant Cloud needed) and add it to Vagrant",
                         _add_passthrough, _run_vagrant_box, ("l4lab vagrant-box --help",)),
     "completion": Verb("print a shell completion script", _add_completion, _run_completion,
-                       ("source <(l4lab completion bash)",), root=False),
+                       ("l4lab completion bash >/etc/bash_completion.d/l4lab", "source <(l4lab completion bash)"),
+                       root=False),
 }
 
 
