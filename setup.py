@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -34,4 +34,12 @@ class BuildWithObjects(build_py):
                 shutil.copy2(f, dest / f.name)
 
 
-setup(cmdclass={"build_py": BuildWithObjects})
+class PlatformDistribution(Distribution):
+    """The wheel holds a native library (and objects built against this machine's headers): tag it
+    for this platform, not py3-none-any."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+setup(cmdclass={"build_py": BuildWithObjects}, distclass=PlatformDistribution)
