@@ -7,6 +7,7 @@ Usage and configuration errors print one line on stderr and exit 2; runtime erro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -157,7 +158,6 @@ def _add_trace(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_trace(args: argparse.Namespace) -> int:
-    import contextlib
     import threading
 
     from lab.trace import Tracer
@@ -283,13 +283,16 @@ VERBS: dict[str, Verb] = {
                  ("l4lab exec client -- ping -c1 203.0.113.18", "l4lab exec lb -- lbctl stats")),
     "shell": Verb("open a shell in a node", _add_shell, _run_shell, ("l4lab shell real1",)),
     "demo": Verb("balance real traffic through the default lab in every encap mode", _add_passthrough,
-                 _run_demo, ("l4lab demo", "l4lab demo --help")),
+                 _run_demo, ("l4lab demo", "l4lab demo --encap ip4-gue1 --requests 200")),
     "bench": Verb("NDR/PDR per encap and frame size beside the XDP_TX/XDP_DROP floors; micro and "
-                  "controller benchmarks", _add_passthrough, _run_bench, ("l4lab bench", "l4lab bench --help")),
+                  "controller benchmarks", _add_passthrough, _run_bench,
+                  ("l4lab bench", "l4lab bench --quick --encap ip4-ipip")),
     "nic-queues": Verb("per-queue RX packets of a NIC over an interval and their spread (RSS on hardware)",
-                       _add_passthrough, _run_nic_queues, ("l4lab nic-queues --help",), root=False),
+                       _add_passthrough, _run_nic_queues,
+                       ("l4lab nic-queues eth0 --seconds 10", "l4lab nic-queues r1-rt --name l4lab --node real1"),
+                       root=False),
     "report": Verb("render results JSON into one HTML report", _add_passthrough, _run_report,
-                   ("l4lab report", "l4lab report --help"), root=False),
+                   ("l4lab report", "l4lab report --compare HEAD~1 HEAD"), root=False),
     "conform": Verb("run the conformance checks against each device under test (l4lab, ipvs) and print "
                     "the matrix", _add_passthrough, _run_conform, ("l4lab conform --dut ipvs --no-report",)),
     "trace": Verb("count XDP exceptions, XDP bulk-TX errors and drop reasons per node", _add_trace,
@@ -301,7 +304,7 @@ VERBS: dict[str, Verb] = {
                          _add_vagrant_plan, _run_vagrant_plan,
                          ("l4lab vagrant-plan default", "l4lab vagrant-plan default --lb-config lb"), root=False),
     "vagrant-box": Verb("build the local Debian 12 libvirt box (no Vagrant Cloud needed) and add it to Vagrant",
-                        _add_passthrough, _run_vagrant_box, ("l4lab vagrant-box --help",)),
+                        _add_passthrough, _run_vagrant_box, ("l4lab vagrant-box",)),
     "completion": Verb("print a shell completion script", _add_completion, _run_completion,
                        ("l4lab completion bash >/etc/bash_completion.d/l4lab", "source <(l4lab completion bash)"),
                        root=False),
@@ -319,10 +322,13 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
     sub.required = True
     for name, verb in VERBS.items():
-        epilog = "examples:\n" + "\n".join(f"  {e}" for e in verb.examples)
-        verb.add_arguments(sub.add_parser(name, help=verb.help, description=verb.help, epilog=epilog,
+        verb.add_arguments(sub.add_parser(name, help=verb.help, description=verb.help, epilog=_examples(verb),
                                           formatter_class=argparse.RawDescriptionHelpFormatter))
     return top
+
+
+def _examples(verb: Verb) -> str:
+    return "examples:\n" + "\n".join(f"  {e}" for e in verb.examples)
 
 
 def _require_root(verb: str) -> None:
@@ -344,9 +350,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args_list and args_list[0] in PASSTHROUGH:
             # Verbs with options of their own: everything after the verb is theirs.
-            if not {"-h", "--help"} & set(args_list[1:]):
-                _require_root(args_list[0])
-            return VERBS[args_list[0]].run(argparse.Namespace(args=args_list[1:]))
+            verb = VERBS[args_list[0]]
+            if {"-h", "--help"} & set(args_list[1:]):  # the verb's own help, then l4lab's examples of it
+                with contextlib.suppress(SystemExit):
+                    verb.run(argparse.Namespace(args=args_list[1:]))
+                print("\n" + _examples(verb))
+                return 0
+            _require_root(args_list[0])
+            return verb.run(argparse.Namespace(args=args_list[1:]))
         args = parser().parse_args(head)
         args.command = tail
         _require_root(args.verb)

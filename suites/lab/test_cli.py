@@ -216,6 +216,18 @@ def test_every_argument_has_help_and_every_verb_examples(capsys: pytest.CaptureF
     assert code == 0 and all(f"  l4lab {v}" in out for v in cli.VERBS)  # one example per verb
 
 
+@pytest.mark.parametrize("verb", cli.PASSTHROUGH)
+def test_verbs_with_their_own_options_show_examples_that_use_them(verb: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`l4lab VERB --help` is the verb's own help (no root needed), then l4lab's examples of it."""
+    code, out, err = run(capsys, verb, "--help")
+    assert code == 0 and err == "", err
+    assert out.startswith(f"usage: l4lab {verb}") and f"\nexamples:\n  l4lab {verb}" in out
+    for example in cli.VERBS[verb].examples:
+        for option in (w for w in shlex.split(example) if w.startswith("--")):
+            assert f"{option} " in out.split("examples:")[0], f"`{example}` uses {option}, which l4lab {verb} lacks"
+
+
 def test_bash_completion_follows_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
     code, script, _ = run(capsys, "completion", "bash")
     assert code == 0 and script.rstrip().endswith("complete -F _l4lab l4lab")
