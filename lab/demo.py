@@ -394,7 +394,7 @@ def _step(what: str) -> Callable[[], None]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="l4lab demo", description="Compare the encap modes on real traffic.")
     ap.add_argument("--name", default="l4lab", help="lab name (default l4lab)")
-    ap.add_argument("--topology", default="default")
+    ap.add_argument("--topology", default="default", help="a name from lab/topologies or a path (default %(default)s)")
     ap.add_argument("--requests", type=int, default=16, help="requests per VIP, service and encap")
     ap.add_argument("--encap", action="append", choices=sorted(ENCAP_IDS), help="default: all")
     ap.add_argument("--nic", action="store_true",
