@@ -46,6 +46,17 @@ class Family(IntEnum):
     INET6 = 6
 
 
+class Gue(IntEnum):
+    """enum lb_gue"""
+
+    HDR_LEN = 4
+    VERSION_SHIFT = 6
+    C_BIT = 32
+    HLEN_MASK = 31
+    SPORT_BASE = 49152
+    SPORT_MASK = 16383
+
+
 class Limits(IntEnum):
     """enum lb_limits"""
 
@@ -57,6 +68,12 @@ class Limits(IntEnum):
     DEFAULT_GUE_PORT = 6080
     DEFAULT_UDP_TIMEOUT_S = 30
     DEFAULT_MTU = 1500
+
+
+class Outer(IntEnum):
+    """enum lb_outer"""
+
+    TTL = 64
 
 
 class RealFlag(IntFlag):
@@ -262,7 +279,7 @@ RODATA = {
         "cfg_udp_timeout_ns": (40, 8),
     },
     "decap": {
-        "cfg_gue_port": (36, 2),
+        "cfg_gue_port": (44, 2),
     },
     "floor": {
     },
@@ -283,10 +300,10 @@ RODATA = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "ecc8f81b216cc6396016980cb809a94e",
-    "decap": "8f52b826095bcbab57dab88ef945f742",
+    "balancer": "b92abdabe14f7b17a2cf322146c6673e",
+    "decap": "b7fffaf11ef392dc00ed5a96b4d24508",
     "floor": "b83480fea9390bb1bc108ed748e95d52",
-    "healthcheck": "64731e3caf10cc57a0bbc36ee9302c70",
+    "healthcheck": "d4fad83352cccf10e6e8068ba2a79f89",
     "pass": "b83480fea9390bb1bc108ed748e95d52",
     "trafficgen": "100a1822ecfbcb7052857bff0c3da047",
     "xdp_exception": "b83480fea9390bb1bc108ed748e95d52",
