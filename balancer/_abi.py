@@ -298,13 +298,47 @@ RODATA = {
     },
 }
 
+# The maps each object defines, by name: what the loader opens, pins and reopens.
+MAPS = {
+    "balancer": (
+        "lb_counts",
+        "lb_real_stats",
+        "lb_reals",
+        "lb_ring",
+        "lb_scratch",
+        "lb_sessions",
+        "lb_settings",
+        "lb_vip_stats",
+        "lb_vips",
+    ),
+    "decap": (
+        "dc_local",
+        "dc_reasons",
+    ),
+    "floor": (
+        "fl_count",
+    ),
+    "healthcheck": (
+        "lb_hc_reals",
+    ),
+    "pass": (
+    ),
+    "trafficgen": (
+        "tg_egress",
+        "tg_seq",
+    ),
+    "xdp_exception": (
+        "xe_count",
+    ),
+}
+
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "b92abdabe14f7b17a2cf322146c6673e",
-    "decap": "b7fffaf11ef392dc00ed5a96b4d24508",
-    "floor": "b83480fea9390bb1bc108ed748e95d52",
-    "healthcheck": "d4fad83352cccf10e6e8068ba2a79f89",
-    "pass": "b83480fea9390bb1bc108ed748e95d52",
-    "trafficgen": "100a1822ecfbcb7052857bff0c3da047",
-    "xdp_exception": "b83480fea9390bb1bc108ed748e95d52",
+    "balancer": "4a88f33d2cd5133cec6cd796147e9c21",
+    "decap": "3b99ef49a0cbcf6c101709dce1ee8d9a",
+    "floor": "626723075fb6dd5a2eeb2decf7deb831",
+    "healthcheck": "561b5a9b02762f10745ce4be0d0e4cf1",
+    "pass": "8f39d9f24e7339db28876547ef6a9879",
+    "trafficgen": "37e8064bdb28e3f638edcbfe03b2332f",
+    "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",
 }
