@@ -43,9 +43,8 @@ VipFlag = _abi.VipFlag
 
 PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
 XDP_ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
-BALANCER_MAPS = ("lb_vips", "lb_reals", "lb_ring", "lb_settings", "lb_sessions",
-                 "lb_vip_stats", "lb_real_stats", "lb_counts")
-DECAP_MAPS = ("dc_local", "dc_reasons")
+BALANCER_MAPS = _abi.MAPS["balancer"]  # every map the object defines, read from its BTF by abigen
+DECAP_MAPS = _abi.MAPS["decap"]
 # lb_vips holds, per VIP, its own entry and one address-only entry (port 0, proto 0) for its address;
 # an apply adds the new entries before it removes the old ones, so a config that replaces every VIP
 # needs twice that for a moment. max_vips counts VIPs (VIP numbers, rings, VIP counters).

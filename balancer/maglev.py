@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from balancer import objects
+from balancer import _abi, objects
 from balancer.errors import RingError
 
 __all__ = [
@@ -59,8 +59,8 @@ __all__ = [
     "slot_counts",
 ]
 
-DEFAULT_RING_SIZE = 65537
-"""The default ring size (prime), the same as the datapath's ``LB_DEFAULT_RING_SIZE``."""
+DEFAULT_RING_SIZE = int(_abi.Limits.DEFAULT_RING_SIZE)
+"""The default ring size (prime): the datapath's ``LB_DEFAULT_RING_SIZE``, read from the ABI."""
 
 NO_REAL = 0
 """The id written into slots that no real owns; real ids given by callers start at 1."""
