@@ -239,10 +239,10 @@ type = "udp"
     def env(self) -> dict[str, str]:
         return dict(os.environ, LBCTL_STATE_ROOT=str(self.state_root), PYTHONPATH=str(REPO))
 
-    def start_daemon(self, config: Path) -> int:
+    def start_daemon(self, config: Path, env_extra: dict[str, str] | None = None) -> int:
         """Start the daemon; returns the log line index from which its own lines start."""
         mark = len(self.logs())
-        env = self.env()
+        env = self.env() | (env_extra or {})
         with open(self.log_path, "ab") as log:
             self.daemon = subprocess.Popen(
                 ["nsenter", f"--net=/run/netns/{self.lb}", PY, "-m", "balancer.cli", "--instance",
@@ -679,6 +679,58 @@ def test_killed_daemon_leaves_forwarding_and_a_restart_adopts_it(world: World) -
     world.wait_event("stopped", mark, SETTLE_S)
     assert world.prog_id() == prog  # a clean stop leaves the datapath loaded too
     assert world.flow_real(sport) == first
+
+
+def _notifications(sock: socket.socket, until: str, timeout: float) -> list[dict[str, str]]:
+    """The sd_notify datagrams that arrive on `sock`, parsed, up to the first with the line `until`."""
+    got: list[dict[str, str]] = []
+    deadline = time.monotonic() + timeout
+    while not got or until not in [f"{k}={v}" for k, v in got[-1].items()]:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"no {until} from the daemon after {timeout:g} s; got {got}")
+        sock.settimeout(remaining)
+        with contextlib.suppress(TimeoutError):
+            got.append(dict(line.split("=", 1) for line in sock.recv(4096).decode().splitlines()))
+    return got
+
+
+def test_under_systemd_it_notifies_ready_after_the_maps_are_programmed(world: World, tmp_path: Path) -> None:
+    """`lbctl run` speaks sd_notify(3) to the socket in NOTIFY_SOCKET (the unit is Type=notify):
+    READY=1 once the datapath is loaded and the config applied, RELOADING=1 then READY=1 around a
+    SIGHUP, WATCHDOG=1 from its event loop when WATCHDOG_USEC asks, STOPPING=1 on SIGTERM."""
+    for addr in REALS:
+        world.start_server(addr)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    world.stack.callback(sock.close)
+    sock.bind(str(tmp_path / "notify.sock"))
+    mark = world.start_daemon(world.write_config(REALS),
+                              {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "400000"})
+    assert world.daemon is not None
+
+    before = _notifications(sock, "READY=1", SETTLE_S)
+    # The moment READY=1 arrives the ring already holds both reals, and the log says so first.
+    assert world.ring_ids(TCP_VIP) == {world.real_id(a) for a in REALS}
+    events = [r["event"] for r in world.logs()[mark:]]
+    assert events.index("applied") < events.index("running")
+    assert len(before) == 1, f"notifications before READY=1: {before}"
+    ready = before[-1]
+    assert ready["MAINPID"] == str(world.daemon.pid)  # nsenter execs: the daemon is the process we started
+    assert ready["STATUS"] == f"forwarding 2 VIPs; metrics at 127.0.0.1:{METRICS_PORT}"
+
+    # Watchdog period 0.4 s: pings at least every 0.2 s while nothing happens.
+    pings = _notifications(sock, "WATCHDOG=1", SETTLE_S) + _notifications(sock, "WATCHDOG=1", SETTLE_S)
+    assert all(p == {"WATCHDOG": "1"} for p in pings), pings
+
+    world.daemon.send_signal(signal.SIGHUP)
+    reload = [n for n in _notifications(sock, "READY=1", SETTLE_S) if n != {"WATCHDOG": "1"}]
+    assert [sorted(n) for n in reload] == [["MONOTONIC_USEC", "RELOADING"], ["READY", "STATUS"]], reload
+    assert int(reload[0]["MONOTONIC_USEC"]) > 0
+
+    world.daemon.send_signal(signal.SIGTERM)
+    stop = [n for n in _notifications(sock, "STOPPING=1", SETTLE_S) if n != {"WATCHDOG": "1"}]
+    assert stop == [{"STOPPING": "1", "STATUS": "stopping; the datapath stays loaded"}]
+    assert world.daemon.wait(timeout=10) == 0
 
 
 def test_a_config_it_cannot_run_is_refused_at_start(world: World) -> None:
