@@ -797,6 +797,12 @@ def test_install_script_installs_into_a_root_and_is_idempotent(tmp_path: Path) -
     assert "ExecStart=/opt/l4lab/bin/lbctl run --config /etc/l4lab/lb.toml\n" in text
     assert "Restart=on-failure\n" in text
     assert "ExecReload=/bin/kill -HUP $MAINPID\n" in text
+    assert "Type=notify\n" in text and "WatchdogSec=" in text  # lbctl run sends READY=1, WATCHDOG=1
+    assert "CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_NET_ADMIN CAP_SYS_ADMIN\n" in text
+    for hardening in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
+                      "ReadWritePaths=/sys/fs/bpf", "RuntimeDirectory=lbctl", "RuntimeDirectoryPreserve=yes"):
+        assert f"{hardening}\n" in text, hardening
+    assert ".venv" not in text
     assert conf.read_text() == (REPO / "packaging" / "lb.toml").read_text()
     health.require_supported(cfg.load(conf), str(conf))  # the example is a valid config
     if shutil.which("systemd-analyze"):  # the unit as systemd reads it, with an lbctl that exists
@@ -820,3 +826,17 @@ def test_install_script_installs_into_a_root_and_is_idempotent(tmp_path: Path) -
     bad = subprocess.run(["bash", str(script), "--root", str(root), "--lbctl", "lbctl"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "must be an absolute path" in bad.stderr
+
+    # Without --lbctl: the installed lbctl on PATH, never the one in this source tree.
+    installed = tmp_path / "bin" / "lbctl"
+    installed.parent.mkdir()
+    installed.write_text("#!/bin/sh\n")
+    installed.chmod(0o755)
+    path_env = dict(os.environ, PATH=f"{installed.parent}:/usr/bin:/bin")
+    subprocess.run(["bash", str(script), "--root", str(root)], env=path_env, check=True, capture_output=True)
+    assert f"ExecStart={installed} run --config" in unit.read_text()
+    in_tree = REPO / ".venv" / "bin"
+    if (in_tree / "lbctl").exists():
+        refused = subprocess.run(["bash", str(script), "--root", str(root)], capture_output=True, text=True,
+                                 env=dict(os.environ, PATH=f"{in_tree}:/usr/bin:/bin"))
+        assert refused.returncode == 1 and "lives in the source tree" in refused.stderr, refused.stderr
