@@ -46,7 +46,7 @@ from balancer import config as cfg
 from balancer.controller import DEFAULT_OBJECT, Instance
 from balancer.errors import ConfigError, LbError, crash_report
 from balancer.logs import Logger
-from balancer.metrics import MetricsServer, instance_families, render
+from balancer.metrics import MetricsServer, Snapshot, registry_for
 from balancer.sdnotify import Notifier
 
 __all__ = ["Daemon", "run"]
@@ -84,6 +84,8 @@ class Daemon:
         self.config = cfg.Config()
         self.monitor = health.Monitor(self.events.put)
         self.metrics: MetricsServer | None = None
+        self.registry = registry_for(self.scrape)
+        self.last_reload: tuple[bool, float] = (False, 0.0)  # the last start/SIGHUP apply: ok, when it last was
         self.tunnel: health.TunnelEncap | None = None
         self.loaded = False  # whether this start loaded the instance (rather than adopting it)
 
@@ -95,7 +97,7 @@ class Daemon:
         touched; a datapath this start loaded itself is unloaded again if a later step fails."""
         self.config = self._read_config()
         m = self.config.metrics
-        self.metrics = MetricsServer(m.host, m.port, self.scrape, self._scrape_failed)  # a taken port: refused here
+        self.metrics = MetricsServer(m.host, m.port, self.registry, self._scrape_failed)  # a taken port: refused here
         inst = self._load_or_adopt(interfaces, mode, obj, force_reload)
         self.instance = inst
         try:
@@ -171,7 +173,7 @@ class Daemon:
         return health.targets_of(config, self.tunnel.mark)
 
     def _serve_metrics(self, m: cfg.MetricsConfig) -> MetricsServer:
-        server = MetricsServer(m.host, m.port, self.scrape, self._scrape_failed)
+        server = MetricsServer(m.host, m.port, self.registry, self._scrape_failed)
         server.start()
         return server
 
@@ -289,11 +291,13 @@ class Daemon:
     def _count(self, trigger: str, ok: bool) -> None:
         with self.lock:
             self.applies[(trigger, ok)] = self.applies.get((trigger, ok), 0) + 1
+            if trigger in ("start", "reload"):  # loads of the config file (health applies are not)
+                self.last_reload = (ok, time.time() if ok else self.last_reload[1])
 
     # -- metrics -------------------------------------------------------------------------------
 
-    def scrape(self) -> str:
-        """The metrics text: counters read from the maps now, health and weights as applied."""
+    def scrape(self) -> Snapshot:
+        """What the metrics show: counters read from the maps now, health and weights as applied."""
         inst = self.instance
         assert inst is not None
         status = {(s.target.vip, s.target.address): s for s in self.monitor.snapshot()}
@@ -302,6 +306,7 @@ class Daemon:
             config = self.config
             applied_down = {vip: set(addrs) for vip, addrs in inst.state.down.items()}
             applies = dict(self.applies)
+            last_reload = self.last_reload
         reals: list[dict[str, Any]] = []
         for vip in config.vips:
             for r in vip.reals:
@@ -314,8 +319,8 @@ class Daemon:
                     "checks_ok": st.checks_ok if st else 0, "checks_failed": st.checks_failed if st else 0,
                 })
         build = {"version": _version(), "abi_digest": _abi.DIGESTS.get("balancer", ""),
-                 "python": platform.python_version(), "instance": self.name}
-        return render(instance_families(stats, reals, applies, build))
+                 "python": platform.python_version(), "lb_instance": self.name}
+        return Snapshot(stats, reals, applies, last_reload, build)
 
     # -- stop ----------------------------------------------------------------------------------
 

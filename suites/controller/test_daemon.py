@@ -456,8 +456,13 @@ FAMILIES = {
     "l4lab_health_checks_total": ("counter", {"vip", "real", "result"}),
     "l4lab_applies_total": ("counter", {"trigger"}),
     "l4lab_apply_errors_total": ("counter", {"trigger"}),
-    "l4lab_build_info": ("gauge", {"version", "abi_digest", "python", "instance"}),
+    "l4lab_last_reload_success": ("gauge", set()),
+    "l4lab_last_reload_success_timestamp_seconds": ("gauge", set()),
+    "l4lab_build_info": ("gauge", {"version", "abi_digest", "python", "lb_instance"}),
 }
+# prometheus_client's process metrics of the daemon (Linux), beside ours.
+PROCESS_FAMILIES = {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_virtual_memory_bytes",
+                    "process_start_time_seconds", "process_open_fds", "process_max_fds"}
 
 
 def _get(samples: Samples, name: str, **labels: str) -> float:
@@ -559,8 +564,10 @@ def test_metrics_parse_with_the_prometheus_parser_and_match_lbctl_stats(world: W
 
     # Every family: its TYPE, a HELP text, and exactly its label names on every sample.
     families = _families(text)
-    assert set(families) == set(FAMILIES)
+    assert set(families) == set(FAMILIES) | PROCESS_FAMILIES
     for name, fam in families.items():
+        if name in PROCESS_FAMILIES:
+            continue
         kind, label_names = FAMILIES[name]
         assert fam.type == kind, f"{name} is typed {fam.type}, expected {kind}"
         assert (kind == "counter") == name.endswith("_total"), name
@@ -582,7 +589,12 @@ def test_metrics_parse_with_the_prometheus_parser_and_match_lbctl_stats(world: W
     assert _get(s, "l4lab_apply_errors_total", trigger="start") == 0
     (info,) = families["l4lab_build_info"].samples
     assert info.value == 1
-    assert info.labels["instance"] == world.instance
+    assert info.labels["lb_instance"] == world.instance
+    assert not [(n, k) for n, k in s if "instance" in dict(k)], "a label named instance clashes with Prometheus's"
+    assert _get(s, "l4lab_last_reload_success") == 1
+    assert time.time() - 600 < _get(s, "l4lab_last_reload_success_timestamp_seconds") <= time.time()
+    assert _get(s, "process_open_fds") > 3  # the daemon's own: maps, sockets, the log
+    assert _get(s, "process_start_time_seconds") <= time.time()
     assert world.scrape("/")[0] == 404
 
 
@@ -599,6 +611,9 @@ def test_sighup_applies_a_changed_config_and_keeps_state_on_a_bad_one(world: Wor
     world.daemon.send_signal(signal.SIGHUP)
     world.wait_event("applied", mark, 10.0, match=lambda r: r["trigger"] == "reload")
     id_c = world.real_id(EXTRA_REAL)
+    reloaded = _samples(world.scrape()[2])
+    assert _get(reloaded, "l4lab_last_reload_success") == 1
+    good_at = _get(reloaded, "l4lab_last_reload_success_timestamp_seconds")
     assert world.ring_ids(TCP_VIP) == ids | {id_c}
     assert world.ring_ids(UDP_VIP) == ids | {id_c}
     wait_for(lambda: _get(_samples(world.scrape()[2]), "l4lab_health_checks_total", vip=TCP_VIP,
@@ -637,6 +652,8 @@ def test_sighup_applies_a_changed_config_and_keeps_state_on_a_bad_one(world: Wor
     s = _samples(world.scrape()[2])
     assert _get(s, "l4lab_applies_total", trigger="reload") == 1
     assert _get(s, "l4lab_apply_errors_total", trigger="reload") == 3
+    assert _get(s, "l4lab_last_reload_success") == 0  # the last SIGHUP was refused ...
+    assert _get(s, "l4lab_last_reload_success_timestamp_seconds") == good_at  # ... the good one stays the last
     assert _get(s, "l4lab_real_up", vip=TCP_VIP, real=EXTRA_REAL) == 1  # probes still run
 
 
