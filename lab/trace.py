@@ -184,13 +184,11 @@ def kernel_headers() -> Path | None:
     """
     if (kernel_build_dir() / "build").exists() or os.environ.get("BCC_KERNEL_SOURCE"):
         return None
+    missing = headers_missing()
+    if missing:
+        raise LabError(f"{missing}; run `{SETUP_HINT}`")
     arch = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
     common = sorted(Path("/usr/src").glob("linux-headers-*-common"))
-    if not arch or not common:
-        raise LabError(
-            f"BCC needs kernel headers: {kernel_build_dir()}/build is missing and no "
-            f"linux-headers-*-amd64 / -common is installed under /usr/src; run `{SETUP_HINT}`"
-        )
     merged = HEADERS_ROOT / arch[-1].name
     if (merged / "include").is_dir():
         return merged
@@ -211,6 +209,17 @@ def kernel_headers() -> Path | None:
             f"{exc.strerror or exc}; run as root"
         ) from exc
     return merged
+
+
+def headers_missing() -> str | None:
+    """Why BCC has no kernel headers to compile against (None when it has some); reads only."""
+    if (kernel_build_dir() / "build").exists() or os.environ.get("BCC_KERNEL_SOURCE"):
+        return None
+    src = Path("/usr/src")
+    if not any(src.glob("linux-headers-*-amd64")) or not any(src.glob("linux-headers-*-common")):
+        return (f"BCC needs kernel headers: {kernel_build_dir()}/build is missing and no "
+                "linux-headers-*-amd64 / -common is installed under /usr/src")
+    return None
 
 
 def compile_bcc(text: bytes, cflags: Sequence[str] = ()) -> Any:
@@ -246,7 +255,7 @@ def bcc_missing() -> str | None:
         _bcc()
     except LabError as exc:
         return exc.message
-    return None
+    return headers_missing()
 
 
 def lab_nodes(lab: str) -> dict[str, str]:
