@@ -130,7 +130,7 @@ def module_load_order(modules_dir: Path, wanted: tuple[str, ...] = WANTED_MODULE
         if name not in by_name:
             raise ImageError(
                 f"kernel module '{name}' is neither built in nor in {modules_dir}/modules.dep; "
-                f"the VM needs a kernel with it (reinstall linux-image-cloud-amd64: `{SETUP_HINT}`)"
+                f"the VM needs a kernel with it (unpack the cloud kernel package again: `{SETUP_HINT}`)"
             )
         visit(by_name[name])
     return order
