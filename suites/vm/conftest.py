@@ -55,7 +55,7 @@ def vm_lab(request: pytest.FixtureRequest) -> Iterator[VmLab]:
 
     Name: vm_lab
     Scope: module (one boot serves the module's tests)
-    Depends: root, qemu, linux-image-cloud-amd64 (skips otherwise)
+    Depends: root, qemu, the cloud kernel unpacked in build/vm/kernel/ (skips otherwise)
 
         def test_x(vm_lab):
             with entered(vm_lab.netns):
