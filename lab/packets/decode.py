@@ -173,12 +173,12 @@ class Encapsulated:
 
 
 def _gue_inner(datagram: bytes) -> tuple[bytes, bytes] | None:
-    """(variant-0 header, inner bytes) of a GUE datagram's payload; None for control and unknown versions."""
+    """(variant-0 header, inner bytes) of a GUE datagram's payload; None when it carries no IP packet."""
     layer = GUE(datagram)
     if isinstance(layer, IP | IPv6):
         return b"", datagram  # variant 1: the payload is the IP packet
-    if not isinstance(layer, GUE) or layer.control:
-        return None
+    if not isinstance(layer, GUE) or layer.control or layer.proto not in (PROTO_IPIP, PROTO_IPV6):
+        return None  # a control message, an unknown version or protocol: no IP packet to take out
     size = 4 + (layer.hlen or 0) * 4
     return datagram[:size], datagram[size:]
 
@@ -205,7 +205,9 @@ def decapsulate(frame: Frame | bytes, gue_port: int) -> Encapsulated | None:
         return None
     gue, rest = parts
     inner = parse_ip(rest)
-    return Encapsulated(f, outer, inner, udp, gue) if inner is not None else None
+    if inner is None or (gue and gue[1] != (PROTO_IPIP if inner.version == 4 else PROTO_IPV6)):
+        return None
+    return Encapsulated(f, outer, inner, udp, gue)
 
 
 def decapsulate_ip(packet: bytes, gue_port: int) -> Encapsulated | None:

@@ -9,7 +9,8 @@ IPv6) are what tells it from variant 0.
 Building:  IP(...)/UDP(dport=port)/GUE()/IP(...)   variant 0, proto filled in from the payload
            IP(...)/UDP(dport=port)/IP(...)         variant 1
 Dissecting a UDP datagram to the bound port gives GUE/IP, GUE/IPv6 (variant 0), IP or IPv6
-(variant 1), or Raw for anything else (versions 2 and 3, a variant-1 nibble that is not 4 or 6).
+(variant 1), or Raw for anything else (versions 2 and 3, a variant-1 nibble that is not 4 or 6, a
+header cut short).
 
 `bind_gue(port)` is the one place the UDP binding is made: at import on the datapath's default
 GUE port (`_abi.Limits.DEFAULT_GUE_PORT`); a lab or test configured with another port calls it
@@ -47,14 +48,14 @@ class GUE(Packet):
     def dispatch_hook(cls, _pkt: bytes | None = None, *args: Any, **kargs: Any) -> type[Packet]:
         if not _pkt:
             return cls
-        version = _pkt[0] >> 6
-        if version == 0:
-            return cls
-        if version == 1 and _pkt[0] >> 4 == 4:
-            return IP
-        if version == 1 and _pkt[0] >> 4 == 6:
-            return IPv6
-        return Raw
+        first = _pkt[0] >> 4
+        if first >> 2 == 0:
+            return cls if len(_pkt) >= 4 else Raw
+        if first == 4:
+            return IP if len(_pkt) >= 20 else Raw
+        if first == 6:
+            return IPv6 if len(_pkt) >= 40 else Raw
+        return Raw  # versions 2 and 3, and variant 1 with an IP version that is neither 4 nor 6
 
     def post_build(self, pkt: bytes, pay: bytes) -> bytes:
         if self.hlen is None:
