@@ -174,10 +174,13 @@ class Encapsulated:
 
 def _gue_inner(datagram: bytes) -> tuple[bytes, bytes] | None:
     """(variant-0 header, inner bytes) of a GUE datagram's payload; None when it carries no IP packet."""
-    layer = GUE(datagram)
-    if isinstance(layer, IP | IPv6):
+    kind = GUE.dispatch_hook(datagram)
+    if kind in (IP, IPv6):
         return b"", datagram  # variant 1: the payload is the IP packet
-    if not isinstance(layer, GUE) or layer.control or layer.proto not in (PROTO_IPIP, PROTO_IPV6):
+    if kind is not GUE:
+        return None
+    layer = GUE(datagram[:4])  # the fixed part only: what follows is parsed as IP below, not by scapy
+    if layer.control or layer.proto not in (PROTO_IPIP, PROTO_IPV6):
         return None  # a control message, an unknown version or protocol: no IP packet to take out
     size = 4 + (layer.hlen or 0) * 4
     return datagram[:size], datagram[size:]

@@ -14,10 +14,10 @@ import pytest
 from scapy.config import conf
 from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6
-from scapy.layers.l2 import Ether
+from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Packet, Raw
 
-from lab.packets.decode import decapsulate
+from lab.packets.decode import decapsulate, decapsulate_ip
 from lab.packets.gue import GUE, bind_gue, bound_port
 
 from . import packets as P
@@ -141,3 +141,15 @@ def test_bind_gue_moves_the_binding_to_another_port() -> None:
     finally:
         bind_gue(default)
     assert GUE in IP(bytes(IP() / UDP(sport=50000, dport=default) / Raw(bytes([0, 4, 0, 0]) + INNER4)))
+
+
+def test_decoder_reads_through_vlan_tags_and_bare_ip_packets(strict_dissector: None) -> None:
+    tagged = bytes(Ether() / Dot1Q(vlan=3) / Dot1Q(vlan=7) / IP(src="192.0.2.1", dst="192.0.2.11")
+                   / UDP(sport=50000) / GUE() / IP(INNER4))
+    enc = decapsulate(tagged, P.GUE_PORT)
+    assert enc is not None and enc.kind == "gue0" and enc.inner.raw == INNER4
+    assert enc.gue_layer is not None and enc.gue_layer.proto == 4
+    bare = decapsulate_ip(bytes(IPv6(src="2001:db8::1", dst="2001:db8::2") / IP(INNER4)), P.GUE_PORT)
+    assert bare is not None and bare.kind == "ip4ip6" and bare.frame.dst_mac == "" and bare.inner.raw == INNER4
+    wrong = bytes(IP(src="192.0.2.1", dst="192.0.2.11") / UDP(sport=50000) / GUE(proto=41) / IP(INNER4))
+    assert decapsulate_ip(wrong, P.GUE_PORT) is None, "variant 0 naming IPv6 around an IPv4 packet"
