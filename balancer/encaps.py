@@ -77,7 +77,7 @@ class EncapCase(str):
         return by_id, (str(self),)  # copies and pickles are the catalogue's own object
 
     def __repr__(self) -> str:
-        return f"EncapCase({str(self)!r})"
+        return repr(str(self))  # as its id: messages (argparse's choices, f"{x!r}") show 'ip4-gue1'
 
     @property
     def id(self) -> str:

@@ -53,7 +53,7 @@ def test_modes_are_the_abi_enum_and_the_config_names() -> None:
 
 def test_a_case_is_its_id_everywhere() -> None:
     case = encaps.IP4_GUE0
-    assert case == "ip4-gue0" and {"ip4-gue0": 1}[case] == 1 and f"{case}" == "ip4-gue0"
+    assert case == "ip4-gue0" and {"ip4-gue0": 1}[case] == 1 and f"{case} {case!r}" == "ip4-gue0 'ip4-gue0'"
     assert json.dumps({case: case}) == '{"ip4-gue0": "ip4-gue0"}'
     assert copy.deepcopy(case) is case and pickle.loads(pickle.dumps(case)) is case
     assert encaps.by_id("ip4-gue0") is case and type(case.id) is str
