@@ -25,7 +25,7 @@ id in EncapId, and the tests that are new. Importing this module loads nothing (
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from balancer._abi import Encap
 
@@ -38,6 +38,7 @@ __all__ = [
     "IP6_GUE1",
     "IP6_IP4IP6",
     "IP6_IP6IP6",
+    "ModeName",
     "SAME_FAMILY",
     "EncapCase",
     "EncapId",
@@ -52,6 +53,9 @@ UDP_HEADER: Final = 8  # RFC 768
 GUE0_HEADER: Final = 4  # GUE variant 0 base header (draft-ietf-intarea-gue); variant 1 has none
 
 IpVersion = Literal[4, 6]
+
+#: The modes as configs name them (`encap = "gue1"`): `_abi.Encap`'s members, lower case.
+ModeName = Literal["ipip", "gue1", "gue0"]
 
 #: Every case's id, in catalogue order (mypy checks ids against it; a test checks it equals IDS).
 EncapId = Literal["ip4-ipip", "ip4-gue1", "ip4-gue0", "ip6-ip6ip6", "ip6-gue1", "ip6-ip4ip6"]
@@ -90,9 +94,9 @@ class EncapCase(str):
         return self.mode in (Encap.GUE1, Encap.GUE0)
 
     @property
-    def config_name(self) -> str:
+    def config_name(self) -> ModeName:
         """The mode as balancer configs write it (`encap = "gue1"` in lb.toml, `lbctl vip add --encap`)."""
-        return self.mode.name.lower()
+        return cast(ModeName, self.mode.name.lower())
 
     @property
     def overhead(self) -> int:

@@ -204,7 +204,6 @@ def run_spread(topo: topology.Topology, run: EncapRun) -> None:
     """The NIC model's queues for the outer headers the balancer program writes (no lab traffic)."""
     import numpy as np
 
-    from balancer import _abi
     from lab.rss import Toeplitz, indirection_table, queues_of, spread
     from suites.conformance._emitted import emit_flows
 
@@ -216,9 +215,8 @@ def run_spread(topo: topology.Topology, run: EncapRun) -> None:
     src6 = next(str(p) for p in topo.lb_source_prefixes if p.version == 6)
     hasher, reta = Toeplitz(), indirection_table(NQUEUES)
     obj = str(REPO / "build" / "bpf" / "balancer.o")
-    encap = {"ipip": _abi.Encap.IPIP, "gue1": _abi.Encap.GUE1, "gue0": _abi.Encap.GUE0}[mode]
     for outer_src in ("fixed", "flow"):
-        out = emit_flows(obj, vip=vip, port=80, reals=reals, encap=encap, flow_src=outer_src == "flow",
+        out = emit_flows(obj, vip=vip, port=80, reals=reals, encap=case.mode, flow_src=outer_src == "flow",
                          src4=src4, src6=src6, flows=SPREAD_FLOWS, real=reals[0])
         # IPIP carries no ports a NIC parses: it is hashed on addresses whatever the NIC's setting.
         for fields in (("sd",) if mode == "ipip" else ("sd", "sdfn")):

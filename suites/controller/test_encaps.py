@@ -44,6 +44,7 @@ def test_the_literal_type_lists_the_catalogue() -> None:
 
 def test_modes_are_the_abi_enum_and_the_config_names() -> None:
     assert {c.mode for c in encaps.CASES} == set(_abi.Encap), "every datapath mode has a case"
+    assert get_args(encaps.ModeName) == tuple(m.name.lower() for m in _abi.Encap)
     assert {c.config_name for c in encaps.CASES} == set(get_args(config.EncapName))
     assert all(encaps.mode_of(c.config_name) is c.mode for c in encaps.CASES)
     assert all(_abi.Family(c.vip_family) and _abi.Family(c.outer_family) for c in encaps.CASES)
