@@ -19,8 +19,9 @@ its facts as attributes::
     (True, 32, 'gue0')
 
 Facts of one use (a bench's target ratio, a DUT's capabilities, a test's VIP address) stay with
-that use, keyed by the case. Adding a mode: its `_abi.Encap` member (C), a row in CASES and the
-id in EncapId, and the tests that are new. Importing this module loads nothing (no libbpf).
+that use, keyed by the case. Adding a mode: its `_abi.Encap` member (C), its name in ModeName, a
+row in CASES and its id in EncapId (suites/controller/test_encaps.py checks they agree), and the
+tests that are new. Importing this module loads nothing (no libbpf).
 """
 
 from __future__ import annotations
