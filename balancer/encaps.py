@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal, cast
 
-from balancer._abi import Encap
+from balancer._abi import Encap, Gue
 
 __all__ = [
     "CASES",
@@ -51,7 +51,7 @@ __all__ = [
 IPV4_HEADER: Final = 20  # RFC 791
 IPV6_HEADER: Final = 40  # RFC 8200
 UDP_HEADER: Final = 8  # RFC 768
-GUE0_HEADER: Final = 4  # GUE variant 0 base header (draft-ietf-intarea-gue); variant 1 has none
+GUE0_HEADER: Final = int(Gue.HDR_LEN)  # GUE variant 0 base header (bpf/include/gue.h); variant 1 has none
 
 IpVersion = Literal[4, 6]
 
