@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar, cast, get_args
 
-from balancer import _abi
+from balancer import _abi, encaps
 from balancer.errors import ConfigError, show_value
 from balancer.maglev import is_prime
 
@@ -45,7 +45,7 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 Mode = Literal["native", "generic", "auto"]
 Proto = Literal["tcp", "udp"]
-EncapName = Literal["ipip", "gue1", "gue0"]
+EncapName = encaps.ModeName  # the catalogue's (balancer/encaps.py)
 HashName = Literal["5tuple", "no-sport", "dport-only"]
 OuterSrc = Literal["flow", "fixed"]
 GueCsum = Literal["compute", "zero"]

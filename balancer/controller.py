@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from balancer import _abi, maglev, objects
+from balancer import _abi, encaps, maglev, objects
 from balancer import config as cfg
 from balancer.datapath import Datapath, real_bytes, settings_bytes, vip_key
 from balancer.errors import DatapathError, LbError
@@ -40,8 +40,6 @@ STATE_ROOT = os.environ.get("LBCTL_STATE_ROOT", "/run/lbctl")
 CRASH_AFTER_SLOTS_ENV = "LBCTL_TEST_CRASH_AFTER_SLOTS"
 # A bare name: searched by balancer/objects.py ($L4LAB_BUILD_DIR, the installed package, build/bpf).
 DEFAULT_OBJECT = "balancer.o"
-
-_ENCAPS = {"ipip": _abi.Encap.IPIP, "gue1": _abi.Encap.GUE1, "gue0": _abi.Encap.GUE0}
 
 
 def vip_flags(vip: cfg.Vip) -> int:
@@ -321,7 +319,7 @@ class Instance:
                         self._ring_unsure(vname, new_down)
                         txn.ring(self.dp, num, slots, old_ring, new_ring)
                         report.ring_slots += len(slots)
-                meta = bytes(_abi.VipMeta(vip_num=num, flags=vip_flags(vip), encap=int(_ENCAPS[vip.encap])))
+                meta = bytes(_abi.VipMeta(vip_num=num, flags=vip_flags(vip), encap=int(encaps.mode_of(vip.encap))))
                 key = vip_key(str(vip.address), vip.port, vip.proto)
                 if self.dp.maps["lb_vips"].lookup(key) != meta:
                     txn.put(self.dp.maps["lb_vips"], key, meta)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from balancer import _abi
+from balancer import _abi, encaps
 from balancer import config as cfg
 from balancer.datapath import real_bytes, verify_abi
 from balancer.errors import ConfigError, DatapathError
@@ -255,13 +255,11 @@ def targets_of(config: cfg.Config, marks: Callable[[str, str], int] | None = Non
 
 # ------------------------------------------------------------------------------------ tunnel encap
 
-_ENCAP_IDS = {"ipip": _abi.Encap.IPIP, "gue1": _abi.Encap.GUE1, "gue0": _abi.Encap.GUE0}
-
 
 def hc_target_bytes(address: str, encap: str, gue_port: int) -> bytes:
     """The lb_hc_reals value for a probe of the real at `address` wrapped as `encap`."""
     real = _abi.Real.from_buffer_copy(real_bytes(address, _abi.RealFlag.PRESENT))
-    return bytes(_abi.HcTarget(real=real, encap=int(_ENCAP_IDS[encap]), gue_port=socket.htons(gue_port)))
+    return bytes(_abi.HcTarget(real=real, encap=int(encaps.mode_of(encap)), gue_port=socket.htons(gue_port)))
 
 
 

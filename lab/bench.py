@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from balancer.encaps import IP4_GUE0, IP4_GUE1, IP4_IPIP, IP6_GUE1, IP6_IP6IP6, SAME_FAMILY, EncapCase
 from lab.errors import LabError, UsageError
 from lab.gen.base import Family, FrameSpec, Generator, Latency, check_frame_spec, mean_frame_size
 from lab.ndr import SearchResult, SearchSettings, latency_rates, search
@@ -63,23 +64,9 @@ REALS6 = tuple(f"2001:db8:e{i}::2" for i in (1, 2, 3, 4))
 XDP_TX = 3
 
 
-@dataclass(frozen=True)
-class EncapCase:
-    """How one encap id is configured: VIP family, encap name and the bytes it adds to each frame."""
-
-    family: Family
-    encap: str  # ipip | gue1 | gue0 (balancer/config.py)
-    overhead: int
-    target: float  # NDR ÷ XDP_TX floor the issue aims for
-
-
-ENCAPS: dict[str, EncapCase] = {
-    "ip4-ipip": EncapCase(4, "ipip", 20, 0.85),
-    "ip4-gue1": EncapCase(4, "gue1", 28, 0.8),
-    "ip4-gue0": EncapCase(4, "gue0", 32, 0.8),
-    "ip6-ip6ip6": EncapCase(6, "ipip", 40, 0.85),
-    "ip6-gue1": EncapCase(6, "gue1", 48, 0.8),
-}
+# The encap cases benched (id -> case, from balancer/encaps.py) and the NDR ÷ XDP_TX floor each aims for.
+ENCAPS: dict[str, EncapCase] = {c.id: c for c in SAME_FAMILY}
+TARGETS: dict[str, float] = {IP4_IPIP: 0.85, IP4_GUE1: 0.8, IP4_GUE0: 0.8, IP6_IP6IP6: 0.85, IP6_GUE1: 0.8}
 PARTS = ("ndr", "micro", "controller")
 FULL_SIZES: tuple[FrameSpec, ...] = (64, 128, 256, 512, 1024, 1280, 1518, "imix")
 QUICK_SIZES: tuple[FrameSpec, ...] = (64,)
@@ -196,7 +183,7 @@ class Testbed:
         from balancer.controller import Instance
 
         if self.instance is None:
-            self.instance = Instance.load(self.instance_name, [], config=lb_config("ip4-ipip"),
+            self.instance = Instance.load(self.instance_name, [], config=lb_config(IP4_IPIP),
                                           obj=_object("balancer.o"))
             self.stack.callback(self.instance.unload)
 
@@ -252,13 +239,13 @@ def lb_config(case: str, vips: int = 1, reals: int = 4, weight_bump: int = 0, ma
     from balancer import config as cfg
 
     c = ENCAPS[case]
-    base = VIP4 if c.family == 4 else VIP6
-    addrs = _real_addresses(c.family, reals)
+    base = VIP4 if c.vip_family == 4 else VIP6
+    addrs = _real_addresses(c.vip_family, reals)
     vip_list = []
     for v in range(vips):
         entries = [{"address": a, "weight": 1 + (weight_bump if (v, i) == (0, 0) else 0)}
                    for i, a in enumerate(addrs)]
-        vip_list.append({"address": base, "port": VIP_PORT + v, "proto": "udp", "encap": c.encap,
+        vip_list.append({"address": base, "port": VIP_PORT + v, "proto": "udp", "encap": c.config_name,
                          "reals": entries})
     return cfg.parse({
         "datapath": {"interfaces": [ifname], "mtu": mtu, "max_vips": max(max_vips, vips + 1),
@@ -295,7 +282,7 @@ def _generator(bed: Testbed, sink: Callable[[], int]) -> Any:
 def measure_ndr(bed: Testbed, opts: Options, report: Report, say: Callable[[str], None]) -> None:
     """Floors and every encap, per frame size, in this one run."""
     plan: list[tuple[str, str, Family]] = [("xdp_drop", "xdp_drop", 4), ("xdp_tx", "xdp_tx_swap", 4)]
-    plan += [(case, "balancer", ENCAPS[case].family) for case in opts.encaps]
+    plan += [(case, "balancer", ENCAPS[case].vip_family) for case in opts.encaps]
     progress = BenchProgress(len(plan) * len(opts.sizes), opts.search_settings().max_trials)
     for size in opts.sizes:
         max_rate = opts.max_rate_pps * min(1.0, 256 / max(256.0, mean_frame_size(size)) * 2)
@@ -352,7 +339,7 @@ def measure_micro(bed: Testbed, opts: Options, report: Report) -> None:
     bed.load_balancer()
     for case in opts.encaps:
         bed.instance.apply(lb_config(case))
-        frame = build_frame(64, ENCAPS[case].family, ep)
+        frame = build_frame(64, ENCAPS[case].vip_family, ep)
         report.micro_ns[case] = _ns_per_packet(bed.instance.dp.programs["balancer_xdp"], frame, runs, XDP_TX)
 
 
@@ -386,15 +373,15 @@ def measure_controller(opts: Options, report: Report) -> None:
     vips, reals_n = 8, 100
     name = f"{PREFIX}{os.getpid()}-ctl"
     size: dict[str, Any] = {"max_vips": 16, "max_reals": 256}
-    inst = Instance.load(name, [], config=lb_config("ip4-ipip", vips=1, reals=1, **size),
+    inst = Instance.load(name, [], config=lb_config(IP4_IPIP, vips=1, reals=1, **size),
                          obj=_object("balancer.o"))
     try:
-        full = lb_config("ip4-ipip", vips=vips, reals=reals_n, **size)
+        full = lb_config(IP4_IPIP, vips=vips, reals=reals_n, **size)
         t0 = time.perf_counter()
         full_report = inst.apply(full)
         t_full = time.perf_counter() - t0
         t0 = time.perf_counter()
-        inc_report = inst.apply(lb_config("ip4-ipip", vips=vips, reals=reals_n, weight_bump=1, **size))
+        inc_report = inst.apply(lb_config(IP4_IPIP, vips=vips, reals=reals_n, weight_bump=1, **size))
         t_inc = time.perf_counter() - t0
     finally:
         inst.unload()
@@ -466,9 +453,9 @@ def summary_lines(report: Report, opts: Options) -> list[str]:
                 if m is None:
                     continue
                 ratio = m.result.ndr_pps / floor if floor else float("nan")
-                case = ENCAPS.get(name)
-                target = f"{case.target:.2f}" if case else "-"
-                met = ("yes" if ratio >= case.target else "no") if case and floor else "-"
+                goal = TARGETS.get(name)
+                target = f"{goal:.2f}" if goal else "-"
+                met = ("yes" if ratio >= goal else "no") if goal and floor else "-"
                 lines.append(f"{name:<11} {label:>5} {m.result.ndr_pps / 1e6:9.3f} "
                              f"{m.result.pdr_pps / 1e6:9.3f} {ratio:9.2f} {target:>7}  {met}")
         with_latency = [(key, m) for key, m in report.ndr.items() if m.latency]

@@ -39,10 +39,11 @@ from typing import Any
 
 from balancer import _abi
 from balancer import config as cfg
+from balancer.encaps import SAME_FAMILY, by_id
 from lab import netns, topology
 from lab.capture import Capture, classify_lb_link
 from lab.errors import LabError
-from lab.lbconf import ENCAP_IDS, balancer_config, lb_link, peer_mac, real_addresses
+from lab.lbconf import balancer_config, lb_link, peer_mac, real_addresses
 from lab.nsexec import nsenter_argv
 from lab.state import netns_name, state_dir
 
@@ -148,8 +149,9 @@ def _delta(before: dict[str, Any], after: dict[str, Any], reason: str) -> int:
 
 def run_traffic(lab: str, topo: topology.Topology, run: EncapRun, requests: int, work: Path) -> None:
     """HTTP and UDP through the VIPs of the encap's family, with the LB's link captured (works, DSR)."""
-    fam, encap = ENCAP_IDS[run.encap_id]
-    conf = balancer_config(topo, lab, encaps={fam: encap})
+    case = by_id(run.encap_id)
+    fam = case.vip_family
+    conf = balancer_config(topo, lab, encaps={fam: case.config_name})
     _apply(lab, conf, work, run.encap_id)
     vips = {str(v.address) for v in conf.vips}
     clients = {str(a.ip) for link in topo.links for ep in link.endpoints if ep.node == "client"
@@ -202,20 +204,19 @@ def run_spread(topo: topology.Topology, run: EncapRun) -> None:
     """The NIC model's queues for the outer headers the balancer program writes (no lab traffic)."""
     import numpy as np
 
-    from balancer import _abi
     from lab.rss import Toeplitz, indirection_table, queues_of, spread
     from suites.conformance._emitted import emit_flows
 
-    fam, mode = ENCAP_IDS[run.encap_id]
+    case = by_id(run.encap_id)
+    fam, mode = case.vip_family, case.config_name
     vip = next(str(v.address) for v in topo.vips if v.address.version == fam)
     reals = sorted(real_addresses(topo, fam).values(), key=lambda a: ipaddress.ip_address(a).packed)
     src4 = next(str(p) for p in topo.lb_source_prefixes if p.version == 4)
     src6 = next(str(p) for p in topo.lb_source_prefixes if p.version == 6)
     hasher, reta = Toeplitz(), indirection_table(NQUEUES)
     obj = str(REPO / "build" / "bpf" / "balancer.o")
-    encap = {"ipip": _abi.Encap.IPIP, "gue1": _abi.Encap.GUE1, "gue0": _abi.Encap.GUE0}[mode]
     for outer_src in ("fixed", "flow"):
-        out = emit_flows(obj, vip=vip, port=80, reals=reals, encap=encap, flow_src=outer_src == "flow",
+        out = emit_flows(obj, vip=vip, port=80, reals=reals, encap=case.mode, flow_src=outer_src == "flow",
                          src4=src4, src6=src6, flows=SPREAD_FLOWS, real=reals[0])
         # IPIP carries no ports a NIC parses: it is hashed on addresses whatever the NIC's setting.
         for fields in (("sd",) if mode == "ipip" else ("sd", "sdfn")):
@@ -235,9 +236,7 @@ def run_spread(topo: topology.Topology, run: EncapRun) -> None:
 
 def run_pmtu(lab: str, topo: topology.Topology, run: EncapRun) -> None:
     """One DF datagram of PMTU_SIZE bytes to the VIP: the LB's ICMP and the MTU the client learnt."""
-    from lab.bench import ENCAPS
-
-    fam, _ = ENCAP_IDS[run.encap_id]
+    fam = by_id(run.encap_id).vip_family
     vip = next(str(v.address) for v in topo.vips if v.address.version == fam)
     flush = ["sh", "-c", "ip -4 route flush cache && ip -6 route flush cache"]
     _in_node(lab, "client", flush)  # each encap starts from the link's MTU
@@ -248,7 +247,7 @@ def run_pmtu(lab: str, topo: topology.Topology, run: EncapRun) -> None:
         run.errors.append(f"pmtu probe: {done.stderr.strip()[-300:]}")
         return
     probe = json.loads(done.stdout)
-    run.pmtu = {"sent_bytes": PMTU_SIZE, "expected_mtu": PMTU_SIZE - ENCAPS[run.encap_id].overhead,
+    run.pmtu = {"sent_bytes": PMTU_SIZE, "expected_mtu": PMTU_SIZE - by_id(run.encap_id).overhead,
                 "learnt_mtu": probe["mtu_learnt"] if probe["mtu_learnt"] < PMTU_SIZE else None,
                 "lb_too_big": _delta(before, _stats(lab), "TX_ICMP_TOO_BIG"), "resend": probe["resend"]}
 
@@ -289,8 +288,9 @@ def run_churn(lab: str, topo: topology.Topology, run: EncapRun, work: Path) -> N
     """CHURN_CONNS live connections to the echo VIP, then MOVED removed from it with `lbctl real del`."""
     from suites.conformance._churn_client import ChurnClient
 
-    fam, encap = ENCAP_IDS[run.encap_id]
-    conf = balancer_config(topo, lab, encaps={fam: encap})
+    case = by_id(run.encap_id)
+    fam = case.vip_family
+    conf = balancer_config(topo, lab, encaps={fam: case.config_name})
     first: dict[Any, cfg.Vip] = {}
     for v in conf.vips:
         first.setdefault(v.address, v)
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="l4lab", help="lab name (default l4lab)")
     ap.add_argument("--topology", default="default", help="a name from lab/topologies or a path (default %(default)s)")
     ap.add_argument("--requests", type=int, default=16, help="requests per VIP, service and encap")
-    ap.add_argument("--encap", action="append", choices=sorted(ENCAP_IDS), help="default: all")
+    ap.add_argument("--encap", action="append", choices=sorted(SAME_FAMILY), help="default: all")
     ap.add_argument("--nic", action="store_true",
                     help="also measure the spread on a real NIC: a VM real with a 4-queue virtio-net doing "
                          "Toeplitz RSS (lab/nicdemo.py; about 45 s more, so not in the one-minute default)")
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(lbctl, args.name, ["unload"], False)
         print("  " + lbctl(args.name, ["status"]).stdout.strip().splitlines()[1])
         stack.enter_context(echo_services(args.name, topo))
-        runs = [EncapRun(encap_id) for encap_id in args.encap or list(ENCAP_IDS)]
+        runs = [EncapRun(encap_id) for encap_id in args.encap or list(SAME_FAMILY)]
         # The RSS model needs no lab: it runs beside the lab traffic, which mostly waits on sockets.
         spreads = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="demo-spread"))
         spread_t0 = time.monotonic()

@@ -31,8 +31,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from balancer import encaps
 from lab.errors import LabError
-from lab.lbconf import ENCAP_IDS, balancer_config, lb_link, real_addresses
+from lab.lbconf import balancer_config, lb_link, real_addresses
 from lab.topology import Topology
 
 DUT_NAMES = ("l4lab", "ipvs", "katran")
@@ -110,7 +111,7 @@ class Dut(abc.ABC):
     def family(self) -> int:
         if self.encap_id is None:
             raise LabError(f"DUT {self.name} is not configured: call configure(encap) first")
-        return ENCAP_IDS[self.encap_id][0]
+        return encaps.by_id(self.encap_id).vip_family
 
     def vips(self) -> list[str]:
         return sorted({str(v.address) for v in self.lab.topology.vips if v.address.version == self.family})
@@ -169,7 +170,7 @@ class L4labDut(Dut):
 
     name = "l4lab"
     capabilities = frozenset({
-        *(encap_capability(e) for e in ENCAP_IDS), Capability.IPV6, Capability.WEIGHTS,
+        *(encap_capability(e) for e in encaps.SAME_FAMILY), Capability.IPV6, Capability.WEIGHTS,
         Capability.CONSISTENT_HASHING, Capability.PMTU_GENERATION, Capability.ICMP_STEERING,
         Capability.COUNTERS, Capability.COUNTERS_PER_REASON, Capability.HITLESS_RESTART,
     })
@@ -198,7 +199,8 @@ class L4labDut(Dut):
         from balancer import config as cfg
 
         assert self.encap_id is not None
-        fam, mode = ENCAP_IDS[self.encap_id]
+        case = encaps.by_id(self.encap_id)
+        fam, mode = case.vip_family, case.config_name
         config = balancer_config(self.lab.topology, self.lab.name, encaps={fam: mode}, lb=self.node,
                                  weights=self.weights, reals=set(self.weights))
         first = {v.address: v for v in reversed(config.vips)}
@@ -275,7 +277,7 @@ class IpvsDut(Dut):
     name = "ipvs"
     # GUE in IPVS is variant 0 (a 4-byte header) only; its IPv6 form carries proto 41, not an id we name.
     capabilities = frozenset({
-        encap_capability("ip4-ipip"), encap_capability("ip4-gue0"), encap_capability("ip6-ip6ip6"),
+        encap_capability(encaps.IP4_IPIP), encap_capability(encaps.IP4_GUE0), encap_capability(encaps.IP6_IP6IP6),
         Capability.IPV6, Capability.WEIGHTS, Capability.CONSISTENT_HASHING, Capability.PMTU_GENERATION,
         Capability.ICMP_STEERING, Capability.COUNTERS,
     })
@@ -350,7 +352,7 @@ class IpvsDut(Dut):
 
     def _tunnel(self) -> str:
         assert self.encap_id is not None
-        return "gue" if ENCAP_IDS[self.encap_id][1].startswith("gue") else "ipip"
+        return "gue" if encaps.by_id(self.encap_id).gue else "ipip"
 
     def configure(self, encap_id: str, weights: Mapping[str, int] | None = None,
                   extra_ports: Sequence[tuple[int, str]] = ()) -> None:
@@ -423,8 +425,8 @@ class KatranDut(Dut):
 
     name = "katran"
     capabilities = frozenset({
-        encap_capability("ip4-ipip"), encap_capability("ip6-ip6ip6"), encap_capability("ip4-gue1"),
-        encap_capability("ip6-gue1"), Capability.IPV6, Capability.WEIGHTS, Capability.CONSISTENT_HASHING,
+        encap_capability(encaps.IP4_IPIP), encap_capability(encaps.IP6_IP6IP6), encap_capability(encaps.IP4_GUE1),
+        encap_capability(encaps.IP6_GUE1), Capability.IPV6, Capability.WEIGHTS, Capability.CONSISTENT_HASHING,
         Capability.ICMP_STEERING, Capability.COUNTERS,
     })
     node = "lb"
@@ -486,7 +488,7 @@ class KatranDut(Dut):
         vips = [(str(v.address), port, protos[proto]) for v in self.lab.topology.vips
                 if v.address.version == self.family
                 for port, proto in [(p.port, p.proto) for p in v.ports] + list(self.extra_ports)]
-        flavour = "gue" if ENCAP_IDS[encap_id][1].startswith("gue") else "ipip"
+        flavour = "gue" if encaps.by_id(encap_id).gue else "ipip"
         # Load afresh for every configuration: sessions and VIP numbers start clean, as after a restart.
         self._load(flavour, len(vips))
         self._index = {n: i + 1 for i, n in enumerate(sorted(self.reals()))}

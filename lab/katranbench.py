@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from balancer import encaps
 from lab import katran as K
 from lab.checksum import inet_checksum
 from lab.errors import LabError
@@ -50,7 +51,8 @@ VIP, VIP_PORT, NOT_VIP = "198.51.100.100", 80, "198.51.100.99"
 CLIENT = "192.0.2.10"
 REALS = ("203.0.113.18", "203.0.113.34", "203.0.113.50", "203.0.113.66")
 SRC4 = "198.51.100.128"
-ENCAPS = {"ip4-ipip": ("ipip", "ipip"), "ip4-gue1": ("gue1", "gue")}  # id -> (l4lab encap, Katran flavour)
+# The cases benched side by side, each with the Katran build (flavour) that encapsulates it.
+ENCAPS: dict[str, str] = {encaps.IP4_IPIP: "ipip", encaps.IP4_GUE1: "gue"}
 CASES = ("non-vip", "session-hit", "new-syn", "new-ack")
 PAYLOAD = b"l4lab bench 69B"  # 14 + 20 + 20 + 15 = 69-byte frames
 RING = K.RING_SIZE
@@ -73,7 +75,7 @@ class Side:
     """One datapath instance (l4lab or Katran) serving one encap, with its path counters."""
 
     who: str                      # "l4lab" | "katran"
-    encap: str                    # ip4-ipip | ip4-gue1
+    encap: str                    # a case of ENCAPS
     program: Any
     counters: Callable[[], dict[str, int]]
     path_counter: dict[str, str]  # case -> the counter only that case moves
@@ -135,14 +137,13 @@ class NewFlows:
 
 
 def l4lab_side(stack: ExitStack, encap_id: str, lru_size: int, obj: Path | None = None, who: str = "l4lab") -> Side:
-    from balancer.datapath import Datapath, Encap
+    from balancer.datapath import Datapath
 
     path = str(obj or Path(__file__).resolve().parents[1] / "build" / "bpf" / "balancer.o")
     dp = Datapath.load(path, max_vips=4, max_reals=16, ring_size=RING, lru_size=lru_size, fallback_size=1024)
     stack.callback(dp.close)
     dp.set_settings(nexthop_mac=CLIENT_MAC, src4=f"{SRC4}/32", mtu=1500)
-    l4_encap, _ = ENCAPS[encap_id]
-    dp.put_vip(VIP, VIP_PORT, "tcp", vip_num=0, encap=Encap.IPIP if l4_encap == "ipip" else Encap.GUE1)
+    dp.put_vip(VIP, VIP_PORT, "tcp", vip_num=0, encap=encaps.by_id(encap_id).mode)
     dp.put_vip(VIP, 0, 0, vip_num=1)  # the address-only entry the controller writes for each VIP address
     for i, addr in enumerate(REALS):
         dp.put_real(i + 1, addr)
@@ -160,7 +161,7 @@ def katran_side(stack: ExitStack, encap_id: str, obj: Path, lru_size: int) -> Si
     kt = K.Katran(obj, lru_size=lru_size).load()
     stack.callback(kt.close)
     kt.set_router_mac(CLIENT_MAC)
-    if ENCAPS[encap_id][1] == "gue":
+    if ENCAPS[encap_id] == "gue":
         kt.set_sources(SRC4, "2001:db8:1b::80")
     kt.add_vip(VIP, VIP_PORT, socket.IPPROTO_TCP, 0)
     for i, addr in enumerate(REALS):
@@ -232,7 +233,7 @@ def side_cases(side: Side, flow_base: int) -> list[Timed]:
     cases = [Timed(tag + "session-hit", side.program, lambda: hit_frame, XDP_TX, side, "session-hit"),
              Timed(tag + "new-syn", side.program, syns.next, XDP_TX, side, "new-syn"),
              Timed(tag + "new-ack", side.program, acks.next, XDP_TX, side, "new-ack")]
-    if side.encap == "ip4-ipip":
+    if side.encap == encaps.IP4_IPIP:
         cases.insert(0, Timed(f"{side.who}:non-vip", side.program, lambda: not_vip, XDP_PASS, side, "non-vip"))
     return cases
 
@@ -288,7 +289,7 @@ def run(opts: Options, say: Callable[[str], None] = print) -> Result:
         with pinned() as cpu:
             for n, encap_id in enumerate(ENCAPS):
                 these = [l4lab_side(stack, encap_id, opts.lru_size),
-                         katran_side(stack, encap_id, objs[ENCAPS[encap_id][1]], opts.lru_size)]
+                         katran_side(stack, encap_id, objs[ENCAPS[encap_id]], opts.lru_size)]
                 if opts.baseline:
                     these.append(l4lab_side(stack, encap_id, opts.lru_size, opts.baseline, "base"))
                 for side in these:
@@ -329,7 +330,7 @@ def table(result: Result) -> list[str]:
              f"{'case':<24} {'Katran':>8} {'l4lab':>8}   l4lab / Katran, cost above the MAC-swap floor"]
     rows: list[tuple[str, str, str | None]] = [("non-VIP", "non-vip", None)]
     for encap_id in ENCAPS:
-        name = "IPIP" if encap_id == "ip4-ipip" else "GUE"
+        name = "GUE" if encaps.by_id(encap_id).gue else "IPIP"
         rows += [(f"{name} session hit", "session-hit", encap_id),
                  (f"{name} new flow, SYN", "new-syn", encap_id), (f"{name} new flow, ACK", "new-ack", encap_id)]
     for label, case, encap in rows:
@@ -384,10 +385,10 @@ def _l4lab_on(bed: Any, encap_id: str) -> Any:
 def _katran_on(bed: Any, encap_id: str, objs: dict[str, Path], opts: Options) -> Any:
     from lab import bench as B
 
-    kt = K.Katran(objs[ENCAPS[encap_id][1]], lru_size=min(opts.lru_size, 1 << 16)).load()
+    kt = K.Katran(objs[ENCAPS[encap_id]], lru_size=min(opts.lru_size, 1 << 16)).load()
     bed.stack.callback(kt.close)
     kt.set_router_mac(B.GEN_MAC)
-    if ENCAPS[encap_id][1] == "gue":
+    if ENCAPS[encap_id] == "gue":
         kt.set_sources("198.51.100.128", "2001:db8:1b:80::")
     kt.add_vip(B.VIP4, B.VIP_PORT, socket.IPPROTO_UDP, 0)
     reals = {i + 1: (a, 1) for i, a in enumerate(B.REALS4)}

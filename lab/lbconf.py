@@ -18,15 +18,6 @@ from lab.nsexec import entered
 from lab.state import netns_name
 from lab.topology import Topology
 
-# Encap ids (outer stack to inner) and the balancer setting each one needs.
-ENCAP_IDS = {
-    "ip4-ipip": (4, "ipip"),
-    "ip4-gue1": (4, "gue1"),
-    "ip4-gue0": (4, "gue0"),
-    "ip6-ip6ip6": (6, "ipip"),
-    "ip6-gue1": (6, "gue1"),
-}
-
 
 def lb_link(topo: Topology, lb: str = "lb") -> tuple[str, str, str]:
     """(LB interface, peer node, peer interface) of the LB node's link."""

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from balancer import config as cfg
+from balancer.encaps import SAME_FAMILY, by_id
 from lab import netns, topology, vmnodes
 from lab.errors import LabError
-from lab.lbconf import ENCAP_IDS, balancer_config, lb_link, real_addresses
+from lab.lbconf import balancer_config, lb_link, real_addresses
 from lab.nic import deltas, flow_hash_fields, queue_counters, spread_verdict
 from lab.nsexec import entered, nsenter_argv
 from lab.state import netns_name, state_dir
@@ -43,7 +44,7 @@ ATTEMPTS = 3  # per setting, while a window counts more frames than flows
 class NicSpread:
     """Packets per receive queue of the real's NIC for one encap and setting, and what they show."""
 
-    encap: str  # ip4-ipip, ip4-gue1, ...
+    encap: str  # a case id of balancer/encaps.py
     outer_src: str  # fixed, flow
     fields: str  # the NIC's rx-flow-hash for udp4/udp6: sd, sdfn
     queue_counts: tuple[int, ...]
@@ -108,14 +109,15 @@ def _await_echoes(socks: list[socket.socket], timeout: float = 3.0) -> None:
 
 
 def measure(lab: str, topo: topology.Topology, flows: int, work: Path,
-            encaps: Sequence[str] = tuple(ENCAP_IDS)) -> list[NicSpread]:
+            encaps: Sequence[str] = SAME_FAMILY) -> list[NicSpread]:
     """Every encap (of `encaps`) x setting on a running nic-rss lab with the balancer loaded as
     instance `<lab>-lb` (see the module)."""
     nic = topo.vm_link(REAL)[0].ifname
     results: list[NicSpread] = []
     index = 0
     for encap_id in encaps:
-        fam, mode = ENCAP_IDS[encap_id]
+        case = by_id(encap_id)
+        fam, mode = case.vip_family, case.config_name
         vip = next(str(v.address) for v in topo.vips if v.address.version == fam)
         port = next(p.port for v in topo.vips for p in v.ports if p.service == "udp-echo")
         proto = "udp4" if fam == 4 else "udp6"

@@ -401,7 +401,7 @@ def measure(lb: LbHost, trex: TrexPorts, opts: Options, report: Report, make: Ge
         phase.callback(gen.close)
         for case in opts.encaps:
             balancer.apply(bench_config(case, lb, trex))
-            _measure(gen, case, ENCAPS[case].family, opts, rates, report, say, progress)
+            _measure(gen, case, ENCAPS[case].vip_family, opts, rates, report, say, progress)
 
 
 def bench_trex(opts: Options, say: Callable[[str], None] = print, make: GeneratorFactory | None = None) -> Report:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from balancer import encaps
 from reports.schema import (
     ENCAP_IDS,
     FRAME_SIZES,
@@ -64,25 +65,16 @@ SAMPLE_COMMIT = hashlib.sha1(b"l4lab synthetic sample results").hexdigest()
 SAMPLE_OLDER_COMMIT = hashlib.sha1(b"l4lab synthetic sample results, an older commit").hexdigest()
 _START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
-#: Bytes each encap adds to a frame (outer IPv4 20, IPv6 40, UDP 8, GUE variant-0 header 4).
-OVERHEAD = {
-    "ip4-ipip": 20,
-    "ip4-gue1": 28,
-    "ip4-gue0": 32,
-    "ip6-ip6ip6": 40,
-    "ip6-gue1": 48,
-    "ip6-ip4ip6": 40,
-}
 
 # Invented shape: the XDP_TX floor per frame size (Mpps) and each encap's share of it.
 _TX_FLOOR = {64: 3.95, 128: 3.9, 256: 3.75, 512: 3.55, 1024: 3.15, 1280: 3.0, 1518: 2.85, "imix": 3.45}
-_ENCAP_SHARE = {
-    "ip4-ipip": 0.84,
-    "ip4-gue1": 0.80,
-    "ip4-gue0": 0.78,
-    "ip6-ip6ip6": 0.76,
-    "ip6-gue1": 0.72,
-    "ip6-ip4ip6": 0.77,
+_ENCAP_SHARE: dict[str, float] = {
+    encaps.IP4_IPIP: 0.84,
+    encaps.IP4_GUE1: 0.80,
+    encaps.IP4_GUE0: 0.78,
+    encaps.IP6_IP6IP6: 0.76,
+    encaps.IP6_GUE1: 0.72,
+    encaps.IP6_IP4IP6: 0.77,
 }
 
 # Katran's figures for removing one of n equal-weight reals from its 65537-slot ring: the numbers of
@@ -135,15 +127,15 @@ def bench_payload(rng: random.Random) -> BenchPayload:
                     ndr_mpps=ndr,
                     pdr_mpps=max(pdr, ndr),
                     floor=Floor(xdp_tx_mpps=round(tx, 4), xdp_drop_mpps=round(drop, 4)),
-                    egress_overhead_bytes=OVERHEAD[encap],
+                    egress_overhead_bytes=encaps.by_id(encap).overhead,
                     trials=ndr_trials + pdr_trials,
                     versus=[Versus(program="katran", ndr_mpps=round(ndr * 0.93, 4), pdr_mpps=round(pdr * 0.93, 4))]
-                    if size == 64 and encap in ("ip4-ipip", "ip6-ip6ip6") else [],
+                    if size == 64 and encap in (encaps.IP4_IPIP, encaps.IP6_IP6IP6) else [],
                 )
             )
     micro = [MicroFigure(case=c, ns_per_packet=ns) for c, ns in
-             (("xdp_drop", 110.0), ("xdp_tx", 140.0), ("ip4-ipip", 431.0), ("ip4-gue1", 441.0),
-              ("ip6-ip6ip6", 450.0), ("ip6-gue1", 581.0))]
+             (("xdp_drop", 110.0), ("xdp_tx", 140.0), (encaps.IP4_IPIP, 431.0), (encaps.IP4_GUE1, 441.0),
+              (encaps.IP6_IP6IP6, 450.0), (encaps.IP6_GUE1, 581.0))]
     controller = [ControllerFigure(name=f"Maglev ring build, {n} reals", ms=ms) for n, ms in ((10, 27.0), (100, 39.0))]
     controller.append(ControllerFigure(name="full apply", ms=410.0, ring_slots=524296))
     return BenchPayload(generator="xdp-live", egress_mtu=1500, points=points, micro=micro, controller=controller)
@@ -152,7 +144,7 @@ def bench_payload(rng: random.Random) -> BenchPayload:
 def trex_bench_payload(rng: random.Random) -> BenchPayload:
     """A hardware run (TRex, a 25G NIC) of two encaps at two sizes, with latency at 10/50/90 % of PDR."""
     points = []
-    for encap, share in (("ip4-ipip", 0.86), ("ip4-gue1", 0.81)):
+    for encap, share in ((encaps.IP4_IPIP, 0.86), (encaps.IP4_GUE1, 0.81)):
         for size, line_rate in ((64, 37.2), (1518, 2.03)):
             tx = min(line_rate, 24.0) * rng.uniform(0.98, 1.0)
             ndr = round(min(line_rate, tx * share), 4)
@@ -170,7 +162,7 @@ def trex_bench_payload(rng: random.Random) -> BenchPayload:
                 ndr_mpps=ndr,
                 pdr_mpps=pdr,
                 floor=Floor(xdp_tx_mpps=round(tx, 4), xdp_drop_mpps=round(min(line_rate, tx * 1.2), 4)),
-                egress_overhead_bytes=OVERHEAD[encap],
+                egress_overhead_bytes=encaps.by_id(encap).overhead,
                 trials=[Trial(rate_mpps=round(line_rate, 4), loss=round(max(0.0, 1 - ndr / line_rate), 6),
                               duration_s=0.5)],
                 latency=latency,
@@ -233,7 +225,7 @@ def pmtu_payload(encap: str, rng: random.Random) -> PmtuPayload:
                 name="icmp",
                 completed=True,
                 seconds=round(rng.uniform(0.2, 0.6), 3),
-                route_mtu=1500 - OVERHEAD[encap],
+                route_mtu=1500 - encaps.by_id(encap).overhead,
             ),
             PmtuScenario(name="mss-clamp", completed=True, seconds=round(rng.uniform(0.1, 0.3), 3)),
             PmtuScenario(name="blackhole", completed=False, seconds=10.0, expected_completed=False),
@@ -291,26 +283,26 @@ def failover_payloads() -> dict[str, FailoverPayload]:
 
 
 def _conformance_outcome(test: str, encap: str) -> str:
-    if test == "test_pmtu_too_big" and encap == "ip6-ip4ip6":
+    if test == "test_pmtu_too_big" and encap == encaps.IP6_IP4IP6:
         return "skip"
-    if test == "test_syn_rehash" and encap == "ip6-gue1":
+    if test == "test_syn_rehash" and encap == encaps.IP6_GUE1:
         return "fail"
     return "pass"
 
 
 def demo_payload() -> DemoPayload:
-    encaps = []
-    for encap in ENCAP_IDS:
-        v6_outer = encap.startswith("ip6")
+    runs = []
+    for encap in encaps.CASES:
+        v6_outer = encap.outer_family == 6
         reals = [f"2001:db8:2::{i}" if v6_outer else f"198.51.100.{i}" for i in (11, 12, 13)]
-        gue = "gue" in encap
+        gue = encap.gue
         spread = [DemoSpread(name="fixed-src-sd", queues_used=1, nqueues=8, max_over_mean=8.0, held=True),
                   *([DemoSpread(name="fixed-src-sdfn", queues_used=8, nqueues=8, max_over_mean=1.06, held=True)]
                     if gue else []),
                   DemoSpread(name="flow-src-sd", queues_used=8, nqueues=8, max_over_mean=1.05, held=True),
                   *([DemoSpread(name="flow-src-sdfn", queues_used=8, nqueues=8, max_over_mean=1.04, held=True)]
                     if gue else [])]
-        encaps.append(
+        runs.append(
             DemoEncap(
                 encap=encap,  # type: ignore[arg-type]
                 requests=60,
@@ -319,19 +311,19 @@ def demo_payload() -> DemoPayload:
                 lb_saw_only_client_to_vip=True,
                 to_lb=170, from_lb=170, replies_via_lb=0,
                 spread=spread,
-                pmtu=DemoPmtu(sent_bytes=1500, expected_mtu=1500 - OVERHEAD[encap],
-                              learnt_mtu=1500 - OVERHEAD[encap], lb_too_big=1, resend="EMSGSIZE"),
+                pmtu=DemoPmtu(sent_bytes=1500, expected_mtu=1500 - encap.overhead,
+                              learnt_mtu=1500 - encap.overhead, lb_too_big=1, resend="EMSGSIZE"),
                 churn=DemoChurn(connections=60, on_removed=20, reset=20, collateral=0, new_flows=30,
                                 new_to_removed=0, new_failed=0, ring_collateral_slots=15, ring_size=_RING),
             )
         )
-    return DemoPayload(encaps=encaps)
+    return DemoPayload(encaps=runs)
 
 
 def rss_model_and_nic(rng: random.Random) -> dict[str, RssPayload]:
     """The model's and a virtio NIC's queues for the same flows of two encaps (the NIC disagrees once)."""
     out = {}
-    for encap in ("ip4-gue1", "ip4-ipip"):
+    for encap in (encaps.IP4_GUE1, encaps.IP4_IPIP):
         for source in ("model", "nic:virtio"):
             scenarios = []
             for outer, fields in (("fixed", "sd"), ("flow", "sd")) + ((("fixed", "sdfn"),) if "gue" in encap else ()):

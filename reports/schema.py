@@ -50,6 +50,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
+from balancer import encaps
+
 __all__ = [
     "ENCAP_IDS",
     "FRAME_SIZES",
@@ -98,9 +100,10 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 
-#: Encapsulation ids, named outer to inner: the one name of a case everywhere (DESIGN decision 11).
-ENCAP_IDS: tuple[str, ...] = ("ip4-ipip", "ip4-gue1", "ip4-gue0", "ip6-ip6ip6", "ip6-gue1", "ip6-ip4ip6")
-EncapId = Literal["ip4-ipip", "ip4-gue1", "ip4-gue0", "ip6-ip6ip6", "ip6-gue1", "ip6-ip4ip6"]
+#: Encapsulation ids, named outer to inner: the one name of a case everywhere (DESIGN decision 11),
+#: read from the catalogue (balancer/encaps.py: pure data, loads no BPF).
+ENCAP_IDS: tuple[str, ...] = encaps.IDS
+EncapId = encaps.EncapId
 
 #: The frame sizes a benchmark reports, in bytes of Ethernet frame without FCS, plus the IMIX mix.
 FRAME_SIZES: tuple[int | str, ...] = (64, 128, 256, 512, 1024, 1280, 1518, "imix")
@@ -293,7 +296,7 @@ class BenchPoint:
 class MicroFigure:
     """BPF_PROG_TEST_RUN time of one path (64-byte frames, repeat = 1), beside the floors of the same run."""
 
-    case: str = field(metadata=_rule(_non_empty))  # xdp_drop, xdp_tx, ip4-ipip, ...
+    case: str = field(metadata=_rule(_non_empty))  # xdp_drop, xdp_tx or an encap id (balancer/encaps.py)
     ns_per_packet: float = field(metadata=_rule(_at_least(0)))
 
 

@@ -31,10 +31,10 @@ from typing import Any
 
 import pytest
 
+from balancer.encaps import SAME_FAMILY, EncapCase, by_id
 from suites.vm.conftest import vm_lab  # noqa: E402,F401 - the VM fixture, for vm_real everywhere
 
 REPO = Path(__file__).resolve().parent.parent
-ENCAP_IDS = ("ip4-ipip", "ip4-gue1", "ip4-gue0", "ip6-ip6ip6", "ip6-gue1")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -304,16 +304,19 @@ def vm_real(vm_lab: Any) -> Any:  # noqa: F811 - vm_lab is the fixture imported 
     return vm_lab.vm
 
 
-@pytest.fixture(params=ENCAP_IDS)
-def encap(request: pytest.FixtureRequest) -> str:
+@pytest.fixture(params=SAME_FAMILY)
+def encap(request: pytest.FixtureRequest) -> EncapCase:
     """Name: encap. Scope: function. Depends: -.
 
-    Each encap id in turn (outer stack to inner): ip4-ipip, ip4-gue1, ip4-gue0, ip6-ip6ip6, ip6-gue1::
+    Each case of balancer/encaps.py whose reals are reached in the VIP's family, in turn: a str equal
+    to its id (the test id: ip4-ipip, ip4-gue1, ip4-gue0, ip6-ip6ip6, ip6-gue1) with the case's facts.
+    `@pytest.mark.parametrize("encap", [IP4_IPIP], indirect=True)` picks cases::
 
         def test_x(balancer, encap):
-            assert balancer.encap_id == encap
+            assert balancer.encap_id == encap and encap.overhead >= 20
     """
-    return str(request.param)
+    case: EncapCase = by_id(request.param)  # indirect parametrize may pass the id as a plain str
+    return case
 
 
 @dataclass
@@ -351,10 +354,10 @@ class Balancer:
         self.lbctl("apply", self.config_file)
 
     def config_for(self, encap_id: str | None = None, **kwargs: Any) -> Any:
-        from lab.lbconf import ENCAP_IDS as IDS
         from lab.lbconf import balancer_config, lb_link
 
-        fam, mode = IDS[encap_id or self.encap_id]
+        case = by_id(encap_id or self.encap_id)
+        fam, mode = case.vip_family, case.config_name
         if self.lab.target is not None:
             lb_if, peer, peer_if = lb_link(self.lab.topology, self.node)
             kwargs.setdefault("ifname", self.lab.ifname(self.node, lb_if))
@@ -363,9 +366,7 @@ class Balancer:
 
     @property
     def family(self) -> int:
-        from lab.lbconf import ENCAP_IDS as IDS
-
-        return IDS[self.encap_id][0]
+        return by_id(self.encap_id).vip_family
 
 
 @pytest.fixture

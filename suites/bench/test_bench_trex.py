@@ -267,9 +267,9 @@ def test_remote_balancer_loads_applies_every_encap_and_unloads_clean(target: Tar
             balancer.apply(bench_config(case, lb, target.trex))
             status = balancer.status()
             assert status["interfaces"] == {"lb-rt": "native"}
-            vip = bench.VIP4 if c.family == 4 else f"[{bench.VIP6}]"
+            vip = bench.VIP4 if c.vip_family == 4 else f"[{bench.VIP6}]"
             (entry,) = status["vips"]
-            assert (entry["vip"], entry["encap"]) == (f"{vip}:{bench.VIP_PORT}/udp", c.encap), (case, entry)
+            assert (entry["vip"], entry["encap"]) == (f"{vip}:{bench.VIP_PORT}/udp", c.config_name), (case, entry)
             assert len(entry["reals"]) == 4
             assert _nexthop_mac(target) == RX_MAC, case
         assert _xdp(target)["prog"]["name"] == "balancer_xdp"  # type: ignore[index]

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from balancer import config as cfg
+from balancer.encaps import IP4_GUE1, IP4_IPIP, IP6_IP6IP6
 from lab.lbconf import real_addresses
 from lab.nsexec import nsenter_argv
 from suites.conftest import Balancer, Lab
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.topology("default"),
 PORT = 5201
 
 
-@pytest.mark.parametrize("encap", ["ip4-ipip", "ip4-gue1", "ip6-ip6ip6"])
+@pytest.mark.parametrize("encap", [IP4_IPIP, IP4_GUE1, IP6_IP6IP6])
 def test_iperf3_through_the_vip(lab: Lab, balancer: Balancer) -> None:
     conf = balancer.config_for()
     first = conf.vips[0]

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from balancer.encaps import SAME_FAMILY, EncapCase, by_id
 from lab.dut import Dut, encap_capability, make_dut
-from lab.lbconf import ENCAP_IDS
 from reports.schema import ConformanceFigure, ConformancePayload, Kind, case_id, write_result
 
 NOT_APPLICABLE = "not applicable: "
@@ -66,8 +66,8 @@ def dut_figures(request: pytest.FixtureRequest) -> list[ConformanceFigure]:
     return figures
 
 
-@pytest.fixture(params=tuple(ENCAP_IDS))
-def dut_encap(request: pytest.FixtureRequest, dut: Dut) -> str:
+@pytest.fixture(params=SAME_FAMILY)
+def dut_encap(request: pytest.FixtureRequest, dut: Dut) -> EncapCase:
     """Name: dut_encap. Scope: function. Depends: dut.
 
     Each encap id in turn; "not applicable" where the DUT cannot encapsulate so::
@@ -75,7 +75,7 @@ def dut_encap(request: pytest.FixtureRequest, dut: Dut) -> str:
         def test_x(dut, dut_encap):
             dut.configure(dut_encap)
     """
-    encap_id = str(request.param)
+    encap_id = by_id(request.param)
     missing = dut.missing([encap_capability(encap_id)])
     if missing:
         pytest.skip(NOT_APPLICABLE + missing[0])

@@ -56,6 +56,7 @@ import pytest
 
 from balancer import config as cfg
 from balancer import maglev
+from balancer.encaps import IP4_IPIP, IP6_IP6IP6
 from lab.lbconf import real_addresses
 from reports.schema import ChurnPayload, ChurnPoint, ConnectionOutcomes, KatranChurn, write_result
 from suites.conformance._churn_client import ChurnClient
@@ -279,7 +280,7 @@ def test_remove_real(balancer: Balancer, echoes: Services) -> None:
     _check_removal(balancer, "test_remove_real")
 
 
-@pytest.mark.parametrize("encap", ["ip4-ipip", "ip6-ip6ip6"])
+@pytest.mark.parametrize("encap", [IP4_IPIP, IP6_IP6IP6])
 def test_remove_real_from_one_vip(balancer: Balancer, echoes: Services) -> None:
     """The real leaves the echo VIP but still serves the topology's other VIPs: the controller flushes
     that VIP's sessions of the real, so its flows fail fast exactly as when it leaves every VIP."""

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from balancer import _abi
+from balancer.encaps import SAME_FAMILY, EncapCase
 from lab.capture import classify_lb_link, decapsulate
 from lab.dut import Capability, Dut
-from lab.lbconf import ENCAP_IDS, real_addresses
+from lab.lbconf import real_addresses
 from lab.packets.gue import GUE
 from reports.schema import ConformanceFigure as Figure
 from suites.conformance._tcp_services import Services
@@ -75,7 +76,7 @@ def _send_and_capture(lab: Any, dut: Dut, pcap: Path) -> list[dict[str, Any]]:
     return answers
 
 
-def test_replies_bypass_the_dut(lab: Any, dut: Dut, dut_encap: str, tmp_path: Path,
+def test_replies_bypass_the_dut(lab: Any, dut: Dut, dut_encap: EncapCase, tmp_path: Path,
                                 dut_figures: list[Figure]) -> None:
     dut.configure(dut_encap)
     before = dut.forwarded()
@@ -122,7 +123,7 @@ def _frames(pcap: Path, dut_mac: str) -> tuple[list[Any], list[Any]]:
     return into, out
 
 
-def test_outer_header_is_the_encap(lab: Any, dut: Dut, dut_encap: str, tmp_path: Path) -> None:
+def test_outer_header_is_the_encap(lab: Any, dut: Dut, dut_encap: EncapCase, tmp_path: Path) -> None:
     from scapy.layers.inet import IP, UDP
 
     dut.configure(dut_encap)
@@ -130,7 +131,7 @@ def test_outer_header_is_the_encap(lab: Any, dut: Dut, dut_encap: str, tmp_path:
     _send_and_capture(lab, dut, pcap)
     _, out = _frames(pcap, dut.link().dut_mac)
     assert out, "the DUT sent nothing"
-    family, mode = ENCAP_IDS[dut_encap]
+    family, mode = dut_encap.vip_family, dut_encap.config_name
     reals = set(dut.reals().values())
     wrong: list[str] = []
     for outer in out:
@@ -170,7 +171,7 @@ def _header(ip: Any) -> dict[str, Any]:
     return {"tc": ip.tc, "fl": ip.fl, "plen": ip.plen, "nh": ip.nh, "hlim": ip.hlim}
 
 
-def test_inner_packet_is_the_clients_unchanged(lab: Any, dut: Dut, dut_encap: str, tmp_path: Path) -> None:
+def test_inner_packet_is_the_clients_unchanged(lab: Any, dut: Dut, dut_encap: EncapCase, tmp_path: Path) -> None:
     """The real must see the client's packet as the client sent it: the same header (TTL too), the same L4."""
     dut.configure(dut_encap)
     pcap = tmp_path / "dut-link.pcap"
@@ -200,10 +201,10 @@ def _owners(answers: list[dict[str, Any]]) -> dict[tuple[str, int], str]:
 
 
 @pytest.mark.needs(Capability.CONSISTENT_HASHING)
-def test_removing_a_real_moves_only_its_flows(lab: Any, dut: Dut, dut_encap: str,
+def test_removing_a_real_moves_only_its_flows(lab: Any, dut: Dut, dut_encap: EncapCase,
                                               dut_figures: list[Figure]) -> None:
     dut.configure(dut_encap)
-    base = 41000 + 100 * list(ENCAP_IDS).index(dut_encap)
+    base = 41000 + 100 * SAME_FAMILY.index(dut_encap)
     first = _owners(_requests(lab, dut, "udp", 9000, CHURN_FLOWS, sport_base=base))
     victim = Counter(first.values()).most_common(1)[0][0]
     dut.remove_real(victim)
@@ -225,7 +226,7 @@ def test_removing_a_real_moves_only_its_flows(lab: Any, dut: Dut, dut_encap: str
 
 
 @pytest.mark.needs(Capability.WEIGHTS)
-def test_a_drained_real_gets_no_new_flow(lab: Any, dut: Dut, dut_encap: str) -> None:
+def test_a_drained_real_gets_no_new_flow(lab: Any, dut: Dut, dut_encap: EncapCase) -> None:
     dut.configure(dut_encap)
     drained = sorted(dut.reals())[-1]
     dut.set_weight(drained, 0)
@@ -239,13 +240,6 @@ def test_a_drained_real_gets_no_new_flow(lab: Any, dut: Dut, dut_encap: str) -> 
     assert len(owners) == len(dut.reals()) - 1, f"the others did not all serve: {dict(owners)}"
 
 
-def _overhead(encap_id: str) -> int:
-    """The bytes an encapsulation adds, from its RFCs (not from any DUT's code): the outer IPv4
-    (20) or IPv6 (40) header, GUE's UDP header (8) and variant 0's own 4-byte header."""
-    family, mode = ENCAP_IDS[encap_id]
-    return (20 if family == 4 else 40) + (8 if mode.startswith("gue") else 0) + (4 if mode == "gue0" else 0)
-
-
 @pytest.fixture(scope="module")
 def sinks(lab: Any) -> Iterator[Services]:
     """The TCP sink (counts what it reads) on every real, on SINK_PORT of every VIP."""
@@ -256,7 +250,7 @@ def sinks(lab: Any) -> Iterator[Services]:
 
 
 @pytest.mark.needs(Capability.PMTU_GENERATION)
-def test_a_large_upload_completes_and_the_client_learns_the_mtu(lab: Any, dut: Dut, dut_encap: str,
+def test_a_large_upload_completes_and_the_client_learns_the_mtu(lab: Any, dut: Dut, dut_encap: EncapCase,
                                                                  sinks: Services, dut_figures: list[Figure]) -> None:
     """Full-size client packets no longer fit once encapsulated: the DUT must say so to the client."""
     dut.configure(dut_encap, extra_ports=[(SINK_PORT, "tcp")])
@@ -270,6 +264,6 @@ def test_a_large_upload_completes_and_the_client_learns_the_mtu(lab: Any, dut: D
     learnt = int(found.group(1)) if found else None
     sys.stdout.write(f"\n{dut.name} {dut_encap}: upload {run}; the client learnt MTU {learnt}\n")
     assert run.get("completed"), f"the upload did not complete (a PMTU blackhole?): {run}"
-    assert learnt == 1500 - _overhead(dut_encap), \
-        f"the client learnt MTU {learnt}, expected 1500 - {_overhead(dut_encap)}: {route.strip()}"
+    assert learnt == 1500 - dut_encap.overhead, \
+        f"the client learnt MTU {learnt}, expected 1500 - {dut_encap.overhead}: {route.strip()}"
     dut_figures.append(Figure("learnt MTU", learnt, "bytes"))

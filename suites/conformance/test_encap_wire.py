@@ -46,7 +46,8 @@ import pytest
 
 from balancer import _abi
 from balancer import config as cfg
-from lab.lbconf import ENCAP_IDS, lb_link, real_addresses
+from balancer.encaps import IP4_IPIP, IP6_IP4IP6, by_id
+from lab.lbconf import lb_link, real_addresses
 from lab.netns import set_tx_checksum, tx_checksum
 from lab.packets.decode import (
     PROTO_IPIP,
@@ -82,8 +83,6 @@ from ._wire import (
 pytestmark = pytest.mark.topology("default")
 GUE_PORT = _abi.Limits.DEFAULT_GUE_PORT
 ENCAP_TTL = 64
-# Outer family and mode of each encap id this module checks: the lab's, plus 4in6 (IPv4 VIP, IPv6 reals).
-WIRE_ENCAPS = {**ENCAP_IDS, "ip6-ip4ip6": (6, "ipip")}
 REQUESTS = 12  # per kind (HTTP, UDP), spread over the client's source addresses
 SNAPLEN = 2048  # whole frames: the link MTU is 1500
 CATCH_UP_DEADLINE_S = 5.0
@@ -215,14 +214,15 @@ class Traffic:
 
 
 def _expected_outer_proto(encap: str, inner_version: int) -> int:
-    if WIRE_ENCAPS[encap][1] != "ipip":
+    if by_id(encap).gue:
         return PROTO_UDP
     return PROTO_IPIP if inner_version == 4 else PROTO_IPV6
 
 
 def _header_problems(e: Encapsulated, encap: str, t: Traffic) -> list[str]:
     """What is wrong with one emitted frame's outer headers (empty when nothing is)."""
-    fam, mode = WIRE_ENCAPS[encap]
+    case = by_id(encap)
+    fam, mode = case.outer_family, case.config_name
     o = e.outer
     p: list[str] = []
     if e.frame.dst_mac != t.router_mac:
@@ -297,18 +297,18 @@ def test_encap_on_the_wire(lab: Lab, balancer: Balancer, encap: str, outer_src: 
 
 @pytest.mark.hardware
 @pytest.mark.parametrize("outer_src", ["fixed", "flow"])
-@pytest.mark.parametrize("encap", ["ip4-ipip"], indirect=True)
+@pytest.mark.parametrize("encap", [IP4_IPIP], indirect=True)
 def test_4in6_on_the_wire(lab: Lab, balancer: Balancer, encap: str, outer_src: str,
                           client_checksums_complete: None, tmp_path: Path) -> None:
     """The IPv4 VIP with the reals' IPv6 addresses: IPv4 packets in IPv6 (next header 4)."""
-    with recorded("test_encap_on_the_wire", "ip6-ip4ip6", outer_src):
+    with recorded("test_encap_on_the_wire", IP6_IP4IP6, outer_src):
         base = balancer.config_for(outer_src=outer_src)
         reals6 = tuple(cfg.Real(address=ipaddress.ip_address(a))
                        for _, a in sorted(real_addresses(lab.topology, 6).items()))
         config = dataclasses.replace(base, vips=tuple(dataclasses.replace(v, reals=reals6) for v in base.vips))
         balancer.apply(config)
         t = Traffic(lab, balancer, tmp_path, outer_family=6)
-        _check_wire(t, balancer, config, "ip6-ip4ip6", outer_src, tmp_path)
+        _check_wire(t, balancer, config, IP6_IP4IP6, outer_src, tmp_path)
 
 
 def _check_wire(t: Traffic, balancer: Balancer, config: cfg.Config, encap: str, outer_src: str,
@@ -351,9 +351,9 @@ def _check_wire(t: Traffic, balancer: Balancer, config: cfg.Config, encap: str, 
     assert not wrong_real, f"outer destination is not the real that served the flow:{first(wrong_real)}"
 
     # Per-flow constants, varying between flows where the flow hash decides.
-    mode = WIRE_ENCAPS[encap][1]
-    varying = ["dst"] + (["src"] if outer_src == "flow" else []) + (["udp_sport"] if mode != "ipip" else [])
-    varying += ["flow_label"] if WIRE_ENCAPS[encap][0] == 6 else []
+    case = by_id(encap)
+    varying = ["dst"] + (["src"] if outer_src == "flow" else []) + (["udp_sport"] if case.gue else [])
+    varying += ["flow_label"] if case.outer_family == 6 else []
     for attr in varying:
         per_flow = _per_flow(emitted, attr)
         split = {str(k): sorted(map(str, v)) for k, v in per_flow.items() if len(v) > 1}
@@ -405,5 +405,5 @@ def _check_wire(t: Traffic, balancer: Balancer, config: cfg.Config, encap: str, 
         pytest.skip(why)
     # Wireshark 4.0 has no GUE dissector: variant 1's payload is an IP packet and is dissected as
     # such; variant 0's payload starts with the GUE header and stays undissected data.
-    errors = tshark_errors(t.lb_pcap, GUE_PORT, dissect_gue_as_ip=WIRE_ENCAPS[encap][1] == "gue1")
+    errors = tshark_errors(t.lb_pcap, GUE_PORT, dissect_gue_as_ip=by_id(encap).config_name == "gue1")
     assert not errors, f"tshark flags {len(errors)} frames on the LB's link {t.lb_pcap}:{first(errors)}"

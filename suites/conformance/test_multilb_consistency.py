@@ -22,6 +22,7 @@ import pytest
 
 from balancer import config as cfg
 from balancer.controller import Instance
+from balancer.encaps import IP4_IPIP
 from lab.frr import FRR_BIN
 from lab.lbconf import lb_link, real_addresses
 from lab.nsexec import entered
@@ -50,7 +51,7 @@ def lbs(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
     out: dict[str, Balancer] = {}
     try:
         for node in LBS:
-            b = Balancer(lab, node, "ip4-ipip", tmp / f"{node}.toml")
+            b = Balancer(lab, node, IP4_IPIP, tmp / f"{node}.toml")
             conf = b.config_for()
             http = conf.vips[0]  # the echo service's port is a VIP too, with the same reals
             conf = cfg.Config(datapath=conf.datapath, encap=conf.encap, metrics=conf.metrics,
@@ -163,7 +164,7 @@ def test_a_flow_moved_to_another_lb_keeps_its_real_and_connection(lab: Lab, lbs:
                                        event=f"client: all {len(conns)} connections still answered by their reals")],
         failover_seconds=round(failover, 4),
     )
-    schema.write_result("failover", schema.case_id("test_lb_withdrawal_keeps_connections", "ip4-ipip", "multi-lb"),
+    schema.write_result("failover", schema.case_id("test_lb_withdrawal_keeps_connections", IP4_IPIP, "multi-lb"),
                         payload)
     sys.stdout.write(f"\nlb1 withdrawn: the router moved the VIP in {failover:.3f} s; {len(conns)} connections "
                      f"(some via lb1: {through_lb1} packets) all kept their real\n")

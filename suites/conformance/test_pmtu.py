@@ -33,7 +33,8 @@ from typing import Any, cast
 
 import pytest
 
-from lab.lbconf import ENCAP_IDS, real_addresses
+from balancer.encaps import by_id
+from lab.lbconf import real_addresses
 from reports.schema import EncapId, PmtuPayload, PmtuScenario, write_result
 from suites.conformance._counters import counters
 from suites.conformance._tcp_services import Services
@@ -48,12 +49,6 @@ STALL_S = 4.0  # seconds without progress that make an upload "stalled"
 UPLOAD_BYTES = 2_000_000
 _SHOWN = ("completed", "stalled", "seconds", "route_mtu", "mtu_learnt", "resend", "lb_too_big", "router_too_big",
           "router_icmp", "lb_icmp_passed")  # the fields printed per scenario
-
-
-def overhead(encap_id: str) -> int:
-    """Bytes the datapath adds in front of the client's packet (encap.h: encap_overhead)."""
-    family, mode = ENCAP_IDS[encap_id]
-    return (20 if family == 4 else 40) + (8 if mode in ("gue1", "gue0") else 0) + (4 if mode == "gue0" else 0)
 
 
 def _vip(lab: Lab, family: int) -> str:
@@ -199,7 +194,7 @@ def _udp_df(lab: Lab, balancer: Balancer, vip: str, want_mtu: int) -> Outcome:
 
 def test_pmtu(lab: Lab, balancer: Balancer, sinks: Services) -> None:
     vip = _vip(lab, balancer.family)
-    want_mtu = UNDERLAY_MTU - overhead(balancer.encap_id)
+    want_mtu = UNDERLAY_MTU - by_id(balancer.encap_id).overhead
     outcomes = [_icmp(lab, balancer, vip, want_mtu), _clamped(lab, balancer, vip, want_mtu),
                 _blackhole(lab, balancer, vip), _udp_df(lab, balancer, vip, want_mtu)]
     payload = PmtuPayload(encap=cast(EncapId, balancer.encap_id), scenarios=[o.scenario for o in outcomes])
@@ -209,5 +204,5 @@ def test_pmtu(lab: Lab, balancer: Balancer, sinks: Services) -> None:
         for o in outcomes) + "\n")
     problems = [o.problem for o in outcomes if o.problem]
     evidence = "\n".join(json.dumps(o.seen, sort_keys=True) for o in outcomes)
-    assert not problems, f"{balancer.encap_id} (overhead {overhead(balancer.encap_id)}):\n" + \
+    assert not problems, f"{balancer.encap_id} (overhead {by_id(balancer.encap_id).overhead}):\n" + \
         "\n".join(problems) + f"\nwhat happened:\n{evidence}"

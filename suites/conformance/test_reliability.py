@@ -45,6 +45,7 @@ import pytest
 
 from balancer import config as cfg
 from balancer.controller import CRASH_AFTER_SLOTS_ENV, Instance
+from balancer.encaps import IP4_IPIP
 from lab import frr, netns, topology
 from lab.lbconf import lb_link, real_addresses
 from lab.state import state_dir
@@ -55,7 +56,7 @@ from suites.conformance._tcp_services import Services
 from suites.conftest import REPO, Balancer, Lab
 
 pytestmark = [pytest.mark.topology("default")]
-ENCAP = "ip4-ipip"
+ENCAP = IP4_IPIP
 PORT_A, PORT_B = 7021, 7022  # two echo VIPs on the same address: A never changes, B may
 CONNS = 200
 INTERVAL_S = 0.5

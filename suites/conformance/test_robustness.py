@@ -57,6 +57,7 @@ from balancer import _abi
 from balancer import config as cfg
 from balancer.controller import Instance
 from balancer.datapath import addr_words
+from balancer.encaps import IP4_IPIP, IP6_IP6IP6
 from lab.gen.base import Endpoints
 from lab.gen.xdplive import OBJECT as TRAFFICGEN
 from lab.gen.xdplive import XdpLiveGenerator
@@ -86,7 +87,7 @@ FLOOD_MAX_S = 45.0  # 10 s on an idle machine; a shared one sends slower and tak
 CATCH_UP_S = 10.0
 REFUSED_PAUSE_S = 0.002
 SEND_BURST = 32
-ENCAPS = ["ip4-ipip", "ip6-ip6ip6"]
+ENCAPS = [IP4_IPIP, IP6_IP6IP6]
 
 
 def _vip(lab: Lab, family: int) -> str:

@@ -48,7 +48,8 @@ import pytest
 
 from balancer import _abi
 from balancer import config as cfg
-from lab.lbconf import ENCAP_IDS, real_addresses
+from balancer.encaps import IP4_GUE1, IP4_IPIP, IP6_IP6IP6, by_id
+from lab.lbconf import real_addresses
 from lab.nsexec import nsenter_argv
 from lab.rss import Toeplitz, indirection_table, queues_of, spread
 from lab.topology import load as load_topology
@@ -84,7 +85,7 @@ def _scenario(name: str, queues: npt.NDArray[np.integer[Any]], nqueues: int, sou
 
 def test_nic_queue_spread(encap: str) -> None:
     _need_datapath()
-    fam, mode = ENCAP_IDS[encap]
+    fam, mode = by_id(encap).vip_family, by_id(encap).config_name
     topo = load_topology("default")
     vip = next(str(v.address) for v in topo.vips if v.address.version == fam)
     reals = sorted(real_addresses(topo, fam).values(), key=lambda a: ipaddress.ip_address(a).packed)
@@ -165,12 +166,12 @@ def rps_on_real1(lab: Lab) -> Iterator[list[int]]:
         _sysfs_write(lab, "real1", path, "0")
 
 
-@pytest.mark.parametrize(("encap", "outer_src"), [("ip4-ipip", "fixed"), ("ip4-ipip", "flow"),
-                                                  ("ip4-gue1", "fixed"), ("ip6-ip6ip6", "fixed")],
+@pytest.mark.parametrize(("encap", "outer_src"), [(IP4_IPIP, "fixed"), (IP4_IPIP, "flow"),
+                                                  (IP4_GUE1, "fixed"), (IP6_IP6IP6, "fixed")],
                          indirect=["encap"])
 def test_kernel_rps_cpu(lab: Lab, balancer: Balancer, encap: str, outer_src: str, rps_on_real1: list[int],
                         tmp_path: Path) -> None:
-    fam, mode = ENCAP_IDS[encap]
+    fam, mode = by_id(encap).vip_family, by_id(encap).config_name
     vip = next(v.address for v in lab.topology.vips if v.address.version == fam)
     real1 = real_addresses(lab.topology, fam)["real1"]
     base = balancer.config_for(outer_src=outer_src)

@@ -23,7 +23,7 @@ from scapy.layers.inet6 import (
 from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Packet, Raw
 
-from balancer import _abi
+from balancer import _abi, encaps
 
 CLIENT_MAC = "01:00:00:00:00:00"
 LB_MAC = "02:00:00:00:00:00"
@@ -51,24 +51,39 @@ PAYLOAD = b"l4lab datapath test payload"
 
 @dataclass(frozen=True)
 class EncapCase:
-    """One encapsulation mode under test: the VIP that uses it and the reals behind it."""
+    """One encapsulation case of the catalogue under test: the VIP that uses it and the reals behind it."""
 
-    id: str  # outer-to-inner stack, the id used everywhere (ip4-ipip, ip6-ip4ip6, ...)
+    case: encaps.EncapCase
     vip: str
-    mode: str  # Encap member name: IPIP, GUE1, GUE0
     reals: tuple[str, ...]
-    outer: int  # 4 or 6
-    inner: int  # 4 or 6
+
+    @property
+    def id(self) -> str:
+        return self.case.id  # outer-to-inner stack, the id used everywhere (ip4-ipip, ip6-ip4ip6, ...)
+
+    @property
+    def mode(self) -> str:
+        return self.case.mode.name  # Encap member name: IPIP, GUE1, GUE0
+
+    @property
+    def outer(self) -> int:
+        return self.case.outer_family
+
+    @property
+    def inner(self) -> int:
+        return self.case.vip_family
 
 
-ENCAPS = (
-    EncapCase("ip4-ipip", "203.0.113.1", "IPIP", REALS4, 4, 4),
-    EncapCase("ip4-gue1", "203.0.113.2", "GUE1", REALS4, 4, 4),
-    EncapCase("ip4-gue0", "203.0.113.3", "GUE0", REALS4, 4, 4),
-    EncapCase("ip6-ip6ip6", "2001:db8:f::1", "IPIP", REALS6, 6, 6),
-    EncapCase("ip6-gue1", "2001:db8:f::2", "GUE1", REALS6, 6, 6),
-    EncapCase("ip6-ip4ip6", "203.0.113.4", "IPIP", REALS6, 6, 4),
-)
+# The datapath tests' VIP and reals of every catalogue case (the first of each family is VIP4 / VIP6).
+_VIPS = {
+    encaps.IP4_IPIP: "203.0.113.1",
+    encaps.IP4_GUE1: "203.0.113.2",
+    encaps.IP4_GUE0: "203.0.113.3",
+    encaps.IP6_IP6IP6: "2001:db8:f::1",
+    encaps.IP6_GUE1: "2001:db8:f::2",
+    encaps.IP6_IP4IP6: "203.0.113.4",
+}
+ENCAPS = tuple(EncapCase(c, _VIPS[c], REALS4 if c.outer_family == 4 else REALS6) for c in encaps.CASES)
 ENCAP_IDS = [e.id for e in ENCAPS]
 
 VIP4 = ENCAPS[0].vip  # TCP 80, UDP 443, IPIP to REALS4

@@ -184,7 +184,7 @@ def tagged(frame: Packet, vlan: int = 10) -> bytes:
 
 
 @pytest.mark.parametrize("hook", HOOKS)
-@pytest.mark.parametrize("case", [P.ENCAPS[0], P.ENCAPS[2], P.ENCAPS[4]], ids=["ip4-ipip", "ip4-gue0", "ip6-gue1"])
+@pytest.mark.parametrize("case", [P.ENCAPS[0], P.ENCAPS[2], P.ENCAPS[4]], ids=lambda c: c.id)
 def test_decap_of_a_tagged_frame(balancer: Balancer, decap: Decap, case: P.EncapCase, hook: str) -> None:
     """XDP keeps the tag in the frame; tc moves it into the skb's metadata, where the kernel's
     receive path keeps tags (a test run does not untag, so tc sees this one in the frame), and

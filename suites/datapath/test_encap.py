@@ -33,6 +33,7 @@ def test_encapsulated_headers(balancer: Balancer, case: P.EncapCase) -> None:
 
     assert (enc.eth.dst, enc.eth.src) == (P.ROUTER_MAC, P.LB_MAC)
     assert enc.inner.raw == ip_packet_of(frame), "the inner packet is the client's packet, byte for byte"
+    assert len(out.out) - len(frame) == case.case.overhead, "the bytes added are the catalogue's overhead"
     inner_proto = 4 if case.inner == 4 else 41
     if case.outer == 4:
         o = enc.outer.layer

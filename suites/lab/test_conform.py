@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from balancer.encaps import SAME_FAMILY
 from lab import conform
 from lab.dut import Capability, IpvsDut, L4labDut, encap_capability
-from lab.lbconf import ENCAP_IDS
 from reports.schema import ConformancePayload, Kind, case_id, load_results, write_result
 
 
@@ -48,7 +48,7 @@ def test_a_dut_missing_from_a_row_reads_not_run(tmp_path: Path) -> None:
 
 def test_capabilities_follow_what_each_dut_can_do(tmp_path: Path) -> None:
     l4lab = L4labDut(lab=None, workdir=tmp_path)  # type: ignore[arg-type]
-    assert not l4lab.missing([encap_capability(e) for e in ENCAP_IDS])
+    assert not l4lab.missing([encap_capability(e) for e in SAME_FAMILY])
     mh = IpvsDut(lab=None, workdir=tmp_path)  # type: ignore[arg-type]
     assert mh.missing([encap_capability("ip4-gue1")]) == ["encap:ip4-gue1"]  # IPVS's GUE is variant 0
     assert not mh.missing([Capability.CONSISTENT_HASHING, Capability.WEIGHTS])

@@ -36,7 +36,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.lbconf import ENCAP_IDS, real_addresses
+from balancer.encaps import SAME_FAMILY, by_id
+from lab.lbconf import real_addresses
 from lab.nic import ONE_QUEUE, SPREAD, RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
 from lab.nic import spread_verdict as verdict
 from lab.rss import Toeplitz, nic_input, queues_of, spread
@@ -120,7 +121,7 @@ def one_balancer(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     from balancer import config as cfg
     from lab.lbconf import lb_link
 
-    b = Balancer(lab, "lb", next(iter(ENCAP_IDS)), tmp_path_factory.mktemp("lb") / "lb.toml")
+    b = Balancer(lab, "lb", SAME_FAMILY[0], tmp_path_factory.mktemp("lb") / "lb.toml")
     text = cfg.dump(b.config_for())
     b.config_path.write_text(text)
     lab.write(b.node, b.config_file, text)
@@ -204,7 +205,7 @@ def test_rss_was_proven_on_at_boot(lab: Lab) -> None:
 
 
 def test_nic_queues(lab: Lab, one_balancer: Balancer, encap: str, flow_hash: dict[str, str], tmp_path: Path) -> None:
-    fam, mode = ENCAP_IDS[encap]
+    fam, mode = by_id(encap).vip_family, by_id(encap).config_name
     balancer = one_balancer
     balancer.encap_id = encap
     nic = _nic(lab)

@@ -5,12 +5,13 @@ address; the VM's tunl0 / ip6tnl0 / fou take the outer headers off, the inner pa
 VIP on lo, and the answer goes straight back from the VIP to the inner source (the client
 address on the namespace's lo), unencapsulated: direct server return.
 
-Case ids name the VIP family and the encapsulation: `ip4-ipip` (4in4), `ip4-ip4ip6` (4in6),
-`ip6-ip6ip6` (6in6), `ip4-gue1`/`ip6-gue1` (GUE variant 1, the IP packet right after UDP),
-`ip4-gue0`/`ip6-gue0` (GUE variant 0, a 4-byte header), `ip4-fou` (IPIP-in-UDP on a plain FOU
-port); the outer family of GUE follows the VIP's. GUE cases carry a computed outer UDP checksum,
-as the balancer sends by default; `-csum0` cases carry a zero one over IPv4, as it sends for a VIP
-with gue_csum = "zero" (RFC 768). Zero over IPv6 needs the operator's opt-in on the real too
+Case ids are the catalogue's (balancer/encaps.py, outer stack first): `ip4-ipip` (4in4),
+`ip6-ip4ip6` (4in6), `ip6-ip6ip6` (6in6), `ip4-gue1`/`ip6-gue1` (GUE variant 1, the IP packet right
+after UDP), `ip4-gue0` (GUE variant 0, a 4-byte header); beside them two the LB does not emit but a
+kernel real must take too: `ip6-gue0` and `ip4-fou` (IPIP-in-UDP on a plain FOU port). GUE cases
+carry a computed outer UDP checksum, as the balancer sends by default; `-csum0` cases carry a zero
+one over IPv4, as it sends for a VIP with gue_csum = "zero" (RFC 768). Zero over IPv6 needs the
+operator's opt-in on the real too
 (RFC 6935/6936; fou's udp6zerocsumrx), which the VM does not set, so it is not a case here.
 """
 
@@ -27,6 +28,8 @@ from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.packet import Packet
 
+from balancer import _abi, encaps
+from balancer.encaps import EncapCase
 from lab.nsexec import entered
 from lab.packets.gue import GUE
 
@@ -64,24 +67,35 @@ def _sport() -> int:
     return 61000 + secrets.randbelow(4000)
 
 
+def _wrapper(outer_family: int, inner_family: int, gue: int | None = None, csum0: bool = False,
+             port: int = GUE_PORT) -> Callable[[VmLab, Packet], Packet]:
+    """The outer headers of one case: IPIP when `gue` is None, else UDP to `port` with GUE variant `gue`."""
+    def wrap(lab: VmLab, p: Packet) -> Packet:
+        outer = _outer4(lab) if outer_family == 4 else _outer6(lab)
+        if gue is None:
+            return outer / p
+        udp = UDP(sport=_sport(), dport=port, **({"chksum": 0} if csum0 else {}))
+        if gue == 0:
+            return outer / udp / GUE() / p
+        return outer / udp / p
+    return wrap
+
+
+def _of(case: EncapCase, csum0: bool = False) -> Encap:
+    """A catalogue case as the LB emits it (`-csum0`: with the outer UDP checksum zero)."""
+    gue = {_abi.Encap.GUE1: 1, _abi.Encap.GUE0: 0}.get(case.mode)
+    return Encap(f"{case}-csum0" if csum0 else case.id, _AF[case.vip_family], _AF[case.outer_family],
+                 _wrapper(case.outer_family, case.vip_family, gue, csum0))
+
+
+_AF = {4: socket.AF_INET, 6: socket.AF_INET6}
+# Every catalogue case, the IPv4 GUE cases again with a zero checksum, and what the LB does not emit
+# but a kernel real must still take: GUE variant 0 over IPv6 and IPIP-in-UDP on a plain FOU port.
 ENCAPS = [
-    Encap("ip4-ipip", socket.AF_INET, socket.AF_INET, lambda lab, p: _outer4(lab) / p),
-    Encap("ip4-ip4ip6", socket.AF_INET, socket.AF_INET6, lambda lab, p: _outer6(lab) / p),
-    Encap("ip6-ip6ip6", socket.AF_INET6, socket.AF_INET6, lambda lab, p: _outer6(lab) / p),
-    Encap("ip4-gue1", socket.AF_INET, socket.AF_INET,
-          lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=GUE_PORT) / p),
-    Encap("ip4-gue0", socket.AF_INET, socket.AF_INET,
-          lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=GUE_PORT) / GUE() / p),
-    Encap("ip4-gue1-csum0", socket.AF_INET, socket.AF_INET,
-          lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=GUE_PORT, chksum=0) / p),
-    Encap("ip4-gue0-csum0", socket.AF_INET, socket.AF_INET,
-          lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=GUE_PORT, chksum=0) / GUE() / p),
-    Encap("ip6-gue1", socket.AF_INET6, socket.AF_INET6,
-          lambda lab, p: _outer6(lab) / UDP(sport=_sport(), dport=GUE_PORT) / p),
-    Encap("ip6-gue0", socket.AF_INET6, socket.AF_INET6,
-          lambda lab, p: _outer6(lab) / UDP(sport=_sport(), dport=GUE_PORT) / GUE() / p),
-    Encap("ip4-fou", socket.AF_INET, socket.AF_INET,
-          lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=FOU_PORT) / p),
+    *(_of(case) for case in encaps.CASES),
+    *(_of(case, csum0=True) for case in encaps.CASES if case.gue and case.outer_family == 4),
+    Encap("ip6-gue0", socket.AF_INET6, socket.AF_INET6, _wrapper(6, 6, gue=0)),
+    Encap("ip4-fou", socket.AF_INET, socket.AF_INET, _wrapper(4, 4, gue=1, port=FOU_PORT)),
 ]
 
 
