@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import errno as _errno
 import ipaddress
-import os
 import re
 import shutil
 import socket
@@ -491,6 +490,3 @@ def xdp_link_ifindex(link: Link) -> int:
         return 0
     return int.from_bytes(info.raw[16:20], "little")
 
-
-def bpffs_ready(path: str = "/sys/fs/bpf") -> bool:
-    return os.path.ismount(path)
