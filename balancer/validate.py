@@ -79,11 +79,13 @@ class Reader:
 
     # -- scalars --------------------------------------------------------------------------------
 
-    def string(self, value: object, path: str, *, choices: Sequence[str] = (), expected: str = "") -> str:
-        """A string, one of ``choices`` when given (default phrase: ``one of 'a', 'b'``)."""
+    def string(self, value: object, path: str, *, choices: Sequence[str] = (), empty: bool = True,
+               expected: str = "") -> str:
+        """A string (not empty unless ``empty``), one of ``choices`` when given (``one of 'a', 'b'``)."""
         if not expected:
-            expected = "one of " + ", ".join(repr(c) for c in choices) if choices else "a string"
-        if not isinstance(value, str) or (choices and value not in choices):
+            expected = "one of " + ", ".join(repr(c) for c in choices) if choices else \
+                "a string" if empty else "a non-empty string"
+        if not isinstance(value, str) or (choices and value not in choices) or (not empty and not value):
             raise self.fail(path, value, expected)
         return value
 
