@@ -111,6 +111,21 @@ def real_bytes(address: str, flags: int = _abi.RealFlag.PRESENT) -> bytes:
     return bytes(_abi.Real(addr=_u32x4(raw), family=fam, flags=int(flags)))
 
 
+def _vip_entry(address: str, port: int, proto: str | int, vip_num: int, flags: int, encap: int
+               ) -> tuple[bytes, bytes]:
+    """lb_vips' key and value for a VIP."""
+    meta = _abi.VipMeta(vip_num=vip_num, flags=int(flags), encap=int(encap))
+    return vip_key(address, port, proto), bytes(meta)
+
+
+def _real_entry(real_id: int, address: str, flags: int = _abi.RealFlag.PRESENT) -> tuple[bytes, bytes]:
+    """lb_reals' key and value for a real; id 0 is refused (it means 'no real')."""
+    if real_id <= 0:
+        raise DatapathError(f"store real {address} under id {real_id}", _errno.EINVAL,
+                            "real id 0 is reserved for 'no real'")
+    return real_id.to_bytes(4, "little"), real_bytes(address, flags)
+
+
 def verify_abi(path: str) -> None:
     """Refuse an object whose BTF contract differs from the generated balancer/_abi.py."""
     name = Path(path).stem.removesuffix(".bpf")
@@ -343,8 +358,7 @@ class Datapath:
 
     def put_vip(self, address: str, port: int, proto: str | int, *, vip_num: int, flags: int = 0,
                 encap: int = Encap.IPIP) -> None:
-        meta = _abi.VipMeta(vip_num=vip_num, flags=int(flags), encap=int(encap))
-        self.maps["lb_vips"].update(vip_key(address, port, proto), bytes(meta))
+        self.maps["lb_vips"].update(*_vip_entry(address, port, proto, vip_num, flags, encap))
 
     def del_vip(self, address: str, port: int, proto: str | int) -> bool:
         return self.maps["lb_vips"].delete(vip_key(address, port, proto))
@@ -358,10 +372,7 @@ class Datapath:
         return out
 
     def put_real(self, real_id: int, address: str, flags: int = _abi.RealFlag.PRESENT) -> None:
-        if real_id <= 0:
-            raise DatapathError(f"store real {address} under id {real_id}", _errno.EINVAL,
-                                "real id 0 is reserved for 'no real'")
-        self.maps["lb_reals"].update(real_id.to_bytes(4, "little"), real_bytes(address, flags))
+        self.maps["lb_reals"].update(*_real_entry(real_id, address, flags))
 
     def del_real(self, real_id: int) -> None:
         self.maps["lb_reals"].update(real_id.to_bytes(4, "little"), bytes(_abi.Real()))
@@ -525,10 +536,7 @@ class Transaction:
         self._put(self._dp.maps["lb_settings"], b"\0" * 4, settings_bytes(**kwargs))
 
     def put_real(self, real_id: int, address: str) -> None:
-        if real_id <= 0:
-            raise DatapathError(f"store real {address} under id {real_id}", _errno.EINVAL,
-                                "real id 0 is reserved for 'no real'")
-        self._put(self._dp.maps["lb_reals"], real_id.to_bytes(4, "little"), real_bytes(address))
+        self._put(self._dp.maps["lb_reals"], *_real_entry(real_id, address))
 
     def del_real(self, real_id: int) -> None:
         """Mark a real id empty (lb_reals is an array: the entry stays, zeroed)."""
@@ -537,8 +545,7 @@ class Transaction:
     def put_vip(self, address: str, port: int, proto: str | int, *, vip_num: int, flags: int = 0,
                 encap: int = Encap.IPIP) -> bool:
         """Write a VIP entry unless it holds that value already; whether it wrote."""
-        key = vip_key(address, port, proto)
-        meta = bytes(_abi.VipMeta(vip_num=vip_num, flags=int(flags), encap=int(encap)))
+        key, meta = _vip_entry(address, port, proto, vip_num, flags, encap)
         if self._dp.maps["lb_vips"].lookup(key) == meta:
             return False
         self._put(self._dp.maps["lb_vips"], key, meta)
