@@ -543,7 +543,13 @@ class _Reader:
             **self.sysctls(self.table(raw, "sysctls", where, required=False), f"{where}.sysctls"),
         }
         mine = [ep for link in links for ep in link.endpoints if ep.node == name]
-        connected = [a.network for ep in mine for a in ep.all_addresses]
+        routes = self.routes(raw, where, name, [a.network for ep in mine for a in ep.all_addresses])
+        decap = self.decap(raw, where, name, role, kind, mine) if "decap" in raw else None
+        nic = self.nic(raw, where) if kind == "vm" else Nic()
+        return Node(name, role, kind, tuple(sysctls.items()), routes, decap, bgp_asn, nic)
+
+    def routes(self, raw: Mapping[str, Any], where: str, name: str, connected: list[IpNetwork]) -> tuple[Route, ...]:
+        """A node's `routes = [{dst, via}]`: each gateway inside one of the node's subnets."""
         routes: list[Route] = []
         for j, body in enumerate(self.array(raw, "routes", where, required=False)):
             at = f"{where}.routes[{j}]"
@@ -563,42 +569,36 @@ class _Reader:
                     f"a gateway inside a subnet of node '{name}' ({', '.join(map(str, connected))})",
                 )
             routes.append(Route(dst, via))
-        decap = None
-        if "decap" in raw:
-            body = self.table(raw, "decap", where)
-            if role != "real":
-                raise self.fail(
-                    f"{where}.decap", body, f"absent on a node of role '{role}' (only reals decapsulate)"
-                )
-            mode = body.get("mode")
-            if kind == "vm":
-                if mode != "kernel":
-                    raise self.fail(f"{where}.decap.mode", mode, '"kernel" on a VM (its kernel decapsulates)')
-                self.check.known_keys(body, ("mode", "gue_port"), f"{where}.decap")
-                if len(mine) != 1:
-                    raise self.fail(
-                        f"{where}.name", name, f"a VM with exactly one link (it has {len(mine)})"
-                    )
-                port = self.integer(body, "gue_port", f"{where}.decap", 1, 65535, default=DEFAULT_GUE_PORT)
-                decap = Decap("kernel", mine[0].ifname, "", port)
-                return Node(name, role, kind, tuple(sysctls.items()), (), decap, bgp_asn, self.nic(raw, where))
-            self.check.known_keys(body, ("mode", "ifname", "attach"), f"{where}.decap")
-            if mode == "kernel":
-                raise self.fail(f"{where}.decap.mode", mode, '"bpf" (kernel decap needs kind = "vm")')
-            mode = self.string(body, "mode", f"{where}.decap", choices=("bpf",))
-            ifname = self.string(body, "ifname", f"{where}.decap")
-            if ifname not in [ep.ifname for ep in mine]:
-                raise self.fail(
-                    f"{where}.decap.ifname",
-                    ifname,
-                    "an interface of node '{}': {}".format(name, ", ".join(ep.ifname for ep in mine)),
-                )
-            decap = Decap(
-                mode,
+        return tuple(routes)
+
+    def decap(
+        self, raw: Mapping[str, Any], where: str, name: str, role: str, kind: str, mine: list[Endpoint]
+    ) -> Decap:
+        """A real's `decap`: the kernel's on a VM (its one link), our BPF program on a netns node."""
+        body = self.table(raw, "decap", where)
+        if role != "real":
+            raise self.fail(f"{where}.decap", body, f"absent on a node of role '{role}' (only reals decapsulate)")
+        mode = body.get("mode")
+        if kind == "vm":
+            if mode != "kernel":
+                raise self.fail(f"{where}.decap.mode", mode, '"kernel" on a VM (its kernel decapsulates)')
+            self.check.known_keys(body, ("mode", "gue_port"), f"{where}.decap")
+            if len(mine) != 1:
+                raise self.fail(f"{where}.name", name, f"a VM with exactly one link (it has {len(mine)})")
+            port = self.integer(body, "gue_port", f"{where}.decap", 1, 65535, default=DEFAULT_GUE_PORT)
+            return Decap("kernel", mine[0].ifname, "", port)
+        self.check.known_keys(body, ("mode", "ifname", "attach"), f"{where}.decap")
+        if mode == "kernel":
+            raise self.fail(f"{where}.decap.mode", mode, '"bpf" (kernel decap needs kind = "vm")')
+        mode = self.string(body, "mode", f"{where}.decap", choices=("bpf",))
+        ifname = self.string(body, "ifname", f"{where}.decap")
+        if ifname not in [ep.ifname for ep in mine]:
+            raise self.fail(
+                f"{where}.decap.ifname",
                 ifname,
-                self.string(body, "attach", f"{where}.decap", choices=DECAP_ATTACH, default="tc"),
+                "an interface of node '{}': {}".format(name, ", ".join(ep.ifname for ep in mine)),
             )
-        return Node(name, role, kind, tuple(sysctls.items()), tuple(routes), decap, bgp_asn)
+        return Decap(mode, ifname, self.string(body, "attach", f"{where}.decap", choices=DECAP_ATTACH, default="tc"))
 
     def vip(self, raw: object, where: str) -> Vip:
         raw = self.check.table(raw, where, "a table {address, ports}")
