@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from balancer import _abi
 from balancer.validate import Reader, join
 from lab.errors import TopologyError, UsageError
 
@@ -49,7 +50,7 @@ KINDS = ("netns", "vm")
 SERVICES = {"http": "tcp", "udp-echo": "udp"}
 DECAP_MODES = ("bpf", "kernel")
 BGP_ROLES = ("router", "lb")
-DEFAULT_GUE_PORT = 6080
+DEFAULT_GUE_PORT = int(_abi.Limits.DEFAULT_GUE_PORT)
 DECAP_ATTACH = ("tc", "xdp")
 XDP_MODES = ("native", "generic")
 OFFLOADS = ("tx",)

@@ -79,13 +79,14 @@ fi
 
 # The venv is made from the system interpreter so that Debian's python3-bpfcc (bcc) is importable.
 venv=.venv
-req_hash=$(sha256sum requirements.txt pyproject.toml | sha256sum | cut -c1-16)
+req_hash=$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.l4lab-req" 2>/dev/null)" != "$req_hash" ]; then
   log "creating Python environment in $venv"
   [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv" \
     || die "cannot create venv (is python3-venv installed?)"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r requirements.txt \
-    || die "pip install -r requirements.txt failed"
+  # Every package pinned with its hashes (requirements.lock, made by `make lock` from pyproject.toml).
+  "$venv/bin/pip" install -q --disable-pip-version-check --require-hashes -r requirements.lock \
+    || die "pip install --require-hashes -r requirements.lock failed"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e . \
     || die "pip install -e . failed"
   echo "$req_hash" >"$venv/.l4lab-req"
