@@ -14,17 +14,17 @@ the VIP's port (a wildcard VIP, port 0, must name one).
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeVar, cast, get_args
+from typing import Any, Final, Literal, cast, get_args
 
 from balancer import _abi, encaps
 from balancer.errors import ConfigError, show_value
 from balancer.maglev import is_prime
+from balancer.validate import MAC_EXAMPLE, Reader, join
 
 __all__ = [
     "Config",
@@ -64,7 +64,6 @@ CHECK_VIAS: Final[tuple[CheckVia, ...]] = get_args(CheckVia)
 MAX_WEIGHT: Final = 65535
 U32_MAX: Final = 0xFFFF_FFFF
 _IFNAME = re.compile(r"[^\s/:]{1,15}")
-_MAC = re.compile(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}")
 
 
 @dataclass(frozen=True)
@@ -221,7 +220,8 @@ def parse(data: Mapping[str, Any], file: str = "<config>") -> Config:
 
 def _datapath(t: _Table) -> DatapathConfig:
     d = DatapathConfig()
-    interfaces = t.get("interfaces", list, "a list of interface names", list(d.interfaces))
+    interfaces = t.check.array(t.value("interfaces", "a list of interface names", list(d.interfaces)),
+                               t.key("interfaces"), "a list of interface names")
     if not interfaces:
         raise t.error("interfaces", interfaces, "at least one interface name")
     for i, name in enumerate(interfaces):
@@ -257,13 +257,12 @@ def _datapath(t: _Table) -> DatapathConfig:
 
 def _encap(t: _Table) -> EncapConfig:
     d = EncapConfig()
-    mac = t.get("nexthop_mac", str, 'a MAC address such as "02:00:00:00:00:01"', d.nexthop_mac)
-    if not _MAC.fullmatch(mac):
-        raise t.error("nexthop_mac", mac, 'a MAC address such as "02:00:00:00:00:01"')
+    expected = f'a MAC address such as "{MAC_EXAMPLE}"'
+    mac = t.check.mac(t.value("nexthop_mac", expected, d.nexthop_mac), t.key("nexthop_mac"), expected)
     if int(mac[:2], 16) & 1:
         raise t.error("nexthop_mac", mac, "a unicast MAC address (the next hop's), not a multicast one")
     return EncapConfig(
-        nexthop_mac=mac.lower(),
+        nexthop_mac=mac,
         gue_port=t.integer("gue_port", 1, 65535, d.gue_port),
         src4=cast(ipaddress.IPv4Network, t.network("src4", 4, d.src4)),
         src6=cast(ipaddress.IPv6Network, t.network("src6", 6, d.src6)),
@@ -318,7 +317,7 @@ def _healthcheck(t: _Table, vip_port: int) -> HealthCheck:
     port = t.integer("port", 1, 65535, vip_port or 1)
     if kind != "http" and "path" in t.data:
         raise t.error("path", t.data["path"], "", message=f'{t.key("path")} applies only to type = "http"')
-    path = t.get("path", str, 'an HTTP path starting with "/"', "/")
+    path = t.string("path", 'an HTTP path starting with "/"', "/")
     if not path.startswith("/") or any(c.isspace() or not c.isprintable() for c in path):
         raise t.error("path", path, 'an HTTP path starting with "/", without spaces or control characters')
     interval = t.number("interval_s", 0.01, 3600.0, 1.0)
@@ -338,7 +337,7 @@ def _healthcheck(t: _Table, vip_port: int) -> HealthCheck:
 
 
 def _metrics(t: _Table) -> MetricsConfig:
-    listen = t.get("listen", str, 'host:port, such as "127.0.0.1:9100" or "[::1]:9100"', "127.0.0.1:9100")
+    listen = t.string("listen", 'host:port, such as "127.0.0.1:9100" or "[::1]:9100"', "127.0.0.1:9100")
     try:
         _split_listen(listen)
     except ValueError as e:
@@ -393,116 +392,88 @@ def _split_listen(listen: str) -> tuple[str, int]:
     return host, port
 
 
-T = TypeVar("T")
 _MISSING: Any = object()
 
 
 class _Table:
-    """One TOML table being validated: knows its path for messages and rejects unknown keys."""
+    """One TOML table being validated: knows its path for messages and rejects unknown keys.
+
+    The checks are balancer.validate's; this adds the config's wording: a missing key says so,
+    a choice lists its options as ``"a" | "b"``.
+    """
 
     def __init__(self, file: str, path: str, data: Mapping[str, Any], known: tuple[str, ...]) -> None:
         self.file = file
         self.path = path
         self.data = data
-        for name in data:
-            if name not in known:
-                raise self.error(
-                    name,
-                    None,
-                    "",
-                    message=f"{self.key(name)} is not a known key; "
-                    f"known keys here: {', '.join(sorted(known))}",
-                )
+        self.check = Reader(self._fail, self._unknown)
+        self.check.known_keys(data, known, path)
+
+    def _fail(self, key: str, value: object, expected: str) -> ConfigError:
+        return ConfigError(self.file, key, value, expected)
+
+    def _unknown(self, key: str, _value: object, known: Sequence[str]) -> ConfigError:
+        return ConfigError(self.file, key, None, "",
+                           message=f"{key} is not a known key; known keys here: {', '.join(sorted(known))}")
 
     def key(self, name: str) -> str:
-        if not name:
-            return self.path
-        if name.startswith("["):
-            return self.path + name
-        return f"{self.path}.{name}" if self.path else name
+        return join(self.path, name)
 
     def error(self, name: str, value: object, expected: str, *, message: str | None = None) -> ConfigError:
         return ConfigError(self.file, self.key(name), value, expected, message=message)
 
-    def get(self, name: str, kind: type[T], expected: str, default: T = _MISSING) -> T:
-        if name not in self.data:
-            if default is _MISSING:
-                raise self.error(
-                    name, None, expected, message=f"{self.key(name)} is missing; it must be {expected}"
-                )
-            return default
-        value = self.data[name]
-        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-            raise self.error(name, value, expected)
-        return value
+    def value(self, name: str, expected: str, default: Any = _MISSING) -> Any:
+        """The raw value at ``name``, or ``default``; missing without a default is an error."""
+        if name in self.data:
+            return self.data[name]
+        if default is _MISSING:
+            raise self.error(name, None, expected, message=f"{self.key(name)} is missing; it must be {expected}")
+        return default
+
+    def string(self, name: str, expected: str, default: str = _MISSING) -> str:
+        return self.check.string(self.value(name, expected, default), self.key(name), expected=expected)
 
     def integer(self, name: str, lo: int, hi: int, default: int = _MISSING, *, expected: str = "") -> int:
         expected = expected or f"{lo}..{hi}"
-        value = self.get(name, int, f"an integer {expected}", default)
-        if not lo <= value <= hi:
-            raise self.error(name, value, expected)
-        return value
+        value = self.value(name, f"an integer {expected}", default)
+        return self.check.integer(value, self.key(name), lo, hi, expected=f"an integer {expected}",
+                                  range_expected=expected)
 
     def number(self, name: str, lo: float, hi: float, default: float) -> float:
         expected = f"a number of seconds {lo:g}..{hi:g}"
-        if name not in self.data:
-            return default
-        value = self.data[name]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.error(name, value, expected)
-        if not math.isfinite(value) or not lo <= value <= hi:
-            raise self.error(name, value, expected)
-        return float(value)
+        return self.check.number(self.value(name, expected, default), self.key(name), lo, hi, expected=expected)
 
     def boolean(self, name: str, default: bool) -> bool:
-        return self.get(name, bool, "true or false", default)
+        return self.check.boolean(self.value(name, "true or false", default), self.key(name))
 
     def choice(self, name: str, options: tuple[str, ...], default: str = _MISSING) -> Any:
         expected = " | ".join(f'"{o}"' for o in options)
-        value = self.get(name, str, expected, default)
-        if value not in options:
-            raise self.error(name, value, expected)
-        return value
+        return self.check.string(self.value(name, expected, default), self.key(name), choices=options,
+                                 expected=expected)
 
     def address(self, name: str) -> IpAddress:
         expected = "an IPv4 or IPv6 address"
-        text = self.get(name, str, expected)
-        try:
-            return ipaddress.ip_address(text)
-        except ValueError as e:
-            raise self.error(name, text, expected) from e
+        return self.check.address(self.value(name, expected), self.key(name), expected)
 
     def network(
         self, name: str, version: int, default: ipaddress.IPv4Network | ipaddress.IPv6Network
     ) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
         expected = f'an IPv{version} prefix such as "{default}" (a single address = fixed source)'
-        text = self.get(name, str, expected, str(default))
-        try:
-            net = ipaddress.ip_network(text, strict=False)
-        except ValueError as e:
-            raise self.error(name, text, expected) from e
-        if net.version != version:
-            raise self.error(name, text, expected)
+        text = self.string(name, expected, str(default))
+        net = self.check.network(text, self.key(name), version=version, strict=False, expected=expected)
         if ipaddress.ip_address(text.split("/")[0]) != net.network_address:
             raise self.error(name, text, f'a prefix without host bits, such as "{net}"')
         return net
 
     def table(self, name: str) -> _Table:
-        value = self.data.get(name, {})
-        if not isinstance(value, Mapping):
-            raise self.error(name, value, "a table")
+        value = self.check.table(self.data.get(name, {}), self.key(name))
         return _Table(self.file, self.key(name), value, _KNOWN[self._kind(name)])
 
     def tables(self, name: str) -> list[_Table]:
-        value = self.data.get(name, [])
-        if not isinstance(value, list):
-            raise self.error(name, value, "an array of tables")
-        out = []
-        for i, item in enumerate(value):
-            if not isinstance(item, Mapping):
-                raise self.error(f"{name}[{i}]", item, "a table")
-            out.append(_Table(self.file, self.key(f"{name}[{i}]"), item, _KNOWN[self._kind(name)]))
-        return out
+        items = self.check.array(self.data.get(name, []), self.key(name), "an array of tables")
+        known = _KNOWN[self._kind(name)]
+        return [_Table(self.file, self.key(f"{name}[{i}]"), self.check.table(item, self.key(f"{name}[{i}]")),
+                       known) for i, item in enumerate(items)]
 
     def _kind(self, name: str) -> str:
         """The schema name of a child table: its path without list indexes (``vips.reals``)."""

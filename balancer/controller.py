@@ -7,9 +7,9 @@ survive the controller process: forwarding and sessions continue while no contro
 later `lbctl` reopens the same instance.
 
 `apply` reconciles the datapath with a config: it computes everything first, then writes settings,
-new reals, the changed ring slots, VIPs, and finally removes what is gone. Every write is logged
-with the value it replaced; on any error the log is replayed backwards, so the datapath keeps the
-previous consistent state, and the error names the VIP or real.
+new reals, the changed ring slots, VIPs, and finally removes what is gone. Every write goes through
+one `Datapath.transaction()`, which logs the value it replaced; on any error the log is replayed
+backwards, so the datapath keeps the previous consistent state, and the error names the VIP or real.
 """
 
 from __future__ import annotations
@@ -18,20 +18,19 @@ import errno as _errno
 import ipaddress
 import json
 import os
-import signal
 import socket
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from balancer import _abi, encaps, maglev, objects
 from balancer import config as cfg
-from balancer.datapath import Datapath, real_bytes, settings_bytes, vip_key
+from balancer.datapath import Datapath, Transaction
 from balancer.errors import DatapathError, LbError
-from balancer.libbpf import Map
 
 PIN_ROOT = os.environ.get("LBCTL_PIN_ROOT", "/sys/fs/bpf/lbctl")
 STATE_ROOT = os.environ.get("LBCTL_STATE_ROOT", "/run/lbctl")
@@ -96,53 +95,19 @@ class ApplyReport:
         return sum(v for k, v in self.__dict__.items() if k != "sessions_flushed")
 
 
-class _Txn:
-    """An undo log over map writes; rollback() restores every replaced value, newest first.
+@dataclass
+class _Plan:
+    """What one apply works from: both configs, the numbers it hands out and the reals down."""
 
-    Each undo is recorded before its write, so a write that fails halfway is undone too.
-    """
-
-    def __init__(self) -> None:
-        self._undo: list[Callable[[], None]] = []
-        crash = os.environ.get(CRASH_AFTER_SLOTS_ENV)
-        self._crash_after = int(crash) if crash else None
-        self._slots = 0
-
-    def put(self, m: Map, key: bytes, value: bytes) -> None:
-        old = m.lookup(key)
-        self._undo.append(lambda: _restore(m, key, old))
-        m.update(key, value)
-
-    def delete(self, m: Map, key: bytes) -> None:
-        old = m.lookup(key)
-        if old is not None:
-            self._undo.append(lambda: _restore(m, key, old))
-            m.delete(key)
-
-    def ring(self, dp: Datapath, num: int, slots: maglev.Ring, old: maglev.Ring, new: maglev.Ring) -> None:
-        before = old[slots].copy()
-        self._undo.append(lambda: dp.write_ring_slots(num, slots, before))
-        if self._crash_after is not None and self._slots + len(slots) > self._crash_after:
-            part = slots[:self._crash_after - self._slots]
-            dp.write_ring_slots(num, part, new[part])
-            os.kill(os.getpid(), signal.SIGKILL)
-        dp.write_ring_slots(num, slots, new[slots])
-        self._slots += len(slots)
-
-    def rollback(self) -> None:
-        for undo in reversed(self._undo):
-            try:
-                undo()
-            except DatapathError:
-                continue  # best effort: keep restoring the rest
-        self._undo.clear()
-
-
-def _restore(m: Map, key: bytes, old: bytes | None) -> None:
-    if old is None:
-        m.delete(key)
-    else:
-        m.update(key, old)
+    new: cfg.Config
+    old: cfg.Config
+    new_vips: dict[str, cfg.Vip]
+    old_vips: dict[str, cfg.Vip]
+    vip_nums: dict[str, int]
+    real_ids: dict[str, int]
+    down: dict[str, set[str]]          # vip -> reals marked down for this apply
+    new_down: dict[str, list[str]]     # the same, as saved in State.down
+    ring_inputs: dict[str, list[list[Any]]] = field(default_factory=dict)  # filled by the ring writes
 
 
 class Instance:
@@ -256,122 +221,152 @@ class Instance:
     # -- apply ---------------------------------------------------------------------------------
 
     def apply(self, new: cfg.Config, down: Mapping[str, Iterable[str]] | None = None) -> ApplyReport:
-        """Make the datapath match new (minus reals marked down); all or nothing."""
-        down_sets = {k: set(v) for k, v in (down if down is not None else self.state.down).items()}
-        old_cfg = self.config
-        _check_fits(new, self.dp)
-        report = ApplyReport()
-        st = self.state
-        vip_nums = dict(st.vip_nums)
-        real_ids = dict(st.real_ids)
-        new_vips = {v.name: v for v in new.vips}
-        old_vips = {v.name: v for v in old_cfg.vips} if st.config else {}
+        """Make the datapath match new (minus reals marked down); all or nothing.
 
-        # Numbers: keep existing ones, hand out the smallest free ones. A number freed by this
-        # apply is not handed out again in the same apply: its ring slots are being cleared, and
-        # sessions may still name a freed real id until the next apply.
-        for gone in set(vip_nums) - set(new_vips):
-            del vip_nums[gone]
+        The writes, in one Datapath transaction, come in an order that keeps what the datapath
+        serves consistent: settings, new reals, each VIP's changed ring slots then its entry, the
+        address-only entries, then the removals. A ring is marked unsure on disk before its
+        slots are written (see _ring_unsure), so a controller killed mid-ring is repaired by the
+        next apply.
+        """
+        _check_fits(new, self.dp)
+        plan = self._plan(new, down if down is not None else self.state.down)
+        report = ApplyReport()
+        with self.dp.transaction(crash_after_slots=_crash_after_slots()) as tx:
+            self._write_settings(tx, plan, report)
+            self._write_new_reals(tx, plan, report)
+            self._write_vips(tx, plan, report)
+            self._write_address_entries(tx, plan)
+            self._remove_vips(tx, plan, report)
+            self._clear_old_reals(tx, plan, report)
+        report.sessions_flushed = self._flush_left_reals(plan)
+        st = self.state
+        st.config = cfg.dump(new)
+        st.vip_nums = plan.vip_nums
+        st.real_ids = plan.real_ids
+        st.ring_inputs = plan.ring_inputs
+        st.down = plan.new_down
+        self.save()
+        return report
+
+    def _plan(self, new: cfg.Config, down: Mapping[str, Iterable[str]]) -> _Plan:
+        """Number the VIPs and reals of new: keep existing numbers, hand out the smallest free ones.
+
+        A number freed by this apply is not handed out again in the same apply: its ring slots
+        are being cleared, and sessions may still name a freed real id until the next apply.
+        """
+        st = self.state
+        old = self.config
+        new_vips = {v.name: v for v in new.vips}
+        vip_nums = {name: num for name, num in st.vip_nums.items() if name in new_vips}
         free_vip_nums = _free_numbers([*vip_nums.values(), *st.vip_nums.values()], 0)
         for vname in new_vips:
             if vname not in vip_nums:
                 vip_nums[vname] = next(free_vip_nums)
         wanted_reals = {str(r.address) for v in new.vips for r in v.reals}
-        for addr in set(real_ids) - wanted_reals:
-            del real_ids[addr]
+        real_ids = {addr: rid for addr, rid in st.real_ids.items() if addr in wanted_reals}
         free_real_ids = _free_numbers([*real_ids.values(), *st.real_ids.values()], 1)
         for addr in sorted(wanted_reals, key=_addr_sort):
             if addr not in real_ids:
                 real_ids[addr] = next(free_real_ids)
-        if vip_nums and max(vip_nums.values()) >= self.dp.maps["lb_vip_stats"].max_entries:
+        if vip_nums and max(vip_nums.values()) >= self.dp.vip_capacity:
             raise LbError(f"cannot number {len(vip_nums)} VIPs: the datapath holds "
-                          f"{self.dp.maps['lb_vip_stats'].max_entries}; raise datapath.max_vips and reload")
-        if real_ids and max(real_ids.values()) >= self.dp.maps["lb_reals"].max_entries:
+                          f"{self.dp.vip_capacity}; raise datapath.max_vips and reload")
+        if real_ids and max(real_ids.values()) >= self.dp.real_capacity:
             raise LbError(f"cannot number {len(real_ids)} reals: the datapath holds "
-                          f"{self.dp.maps['lb_reals'].max_entries}; raise datapath.max_reals and reload")
+                          f"{self.dp.real_capacity}; raise datapath.max_reals and reload")
+        down_sets = {k: set(v) for k, v in down.items()}
+        return _Plan(new=new, old=old, new_vips=new_vips,
+                     old_vips={v.name: v for v in old.vips} if st.config else {},
+                     vip_nums=vip_nums, real_ids=real_ids, down=down_sets,
+                     new_down={k: sorted(v) for k, v in down_sets.items() if v and k in new_vips})
 
-        new_down = {k: sorted(v) for k, v in down_sets.items() if v and k in new_vips}
-        txn = _Txn()
-        try:
-            if st.config == "" or old_cfg.encap != new.encap or old_cfg.datapath.mtu != new.datapath.mtu:
-                txn.put(self.dp.maps["lb_settings"], b"\0" * 4, settings_bytes(
-                    nexthop_mac=new.encap.nexthop_mac, src4=str(new.encap.src4), src6=str(new.encap.src6),
-                    gue_port=new.encap.gue_port, mtu=new.datapath.mtu))
-                report.settings = 1
-            for addr, rid in real_ids.items():
-                if st.real_ids.get(addr) != rid:
-                    txn.put(self.dp.maps["lb_reals"], rid.to_bytes(4, "little"), real_bytes(addr))
-                    report.reals_added += 1
-            ring_inputs: dict[str, list[list[Any]]] = {}
-            for vname, vip in new_vips.items():
-                num = vip_nums[vname]
-                inputs = [[str(r.address), 0 if str(r.address) in down_sets.get(vname, set()) else r.weight]
-                          for r in vip.reals]
-                ring_inputs[vname] = inputs
-                if not _same_ring(vname, num, inputs, real_ids, st):
-                    new_ring = _ring(inputs, real_ids, self.dp.ring_size)
-                    if vname in st.ring_inputs and st.vip_nums.get(vname) == num:
-                        old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size)
-                    else:  # a new or renumbered VIP: diff against what the slots hold now
-                        old_ring = self.dp.ring_array(num)
-                    slots, _vals = maglev.ring_diff(old_ring, new_ring)
-                    if len(slots):
-                        self._ring_unsure(vname, new_down)
-                        txn.ring(self.dp, num, slots, old_ring, new_ring)
-                        report.ring_slots += len(slots)
-                meta = bytes(_abi.VipMeta(vip_num=num, flags=vip_flags(vip), encap=int(encaps.mode_of(vip.encap))))
-                key = vip_key(str(vip.address), vip.port, vip.proto)
-                if self.dp.maps["lb_vips"].lookup(key) != meta:
-                    txn.put(self.dp.maps["lb_vips"], key, meta)
-                    if vname in old_vips:
-                        report.vips_changed += 1
-                    else:
-                        report.vips_added += 1
-            # One address-only entry (port 0, proto 0) per VIP address: it makes the address a VIP
-            # for ICMP echo and for the fragment / options / malformed drops.
-            addr_keys: dict[bytes, int] = {}
-            for vname, vip in new_vips.items():
-                addr_keys.setdefault(vip_key(str(vip.address), 0, 0), vip_nums[vname])
-            for key, num in addr_keys.items():
-                meta = bytes(_abi.VipMeta(vip_num=num))
-                if self.dp.maps["lb_vips"].lookup(key) != meta:
-                    txn.put(self.dp.maps["lb_vips"], key, meta)
-            for key in {vip_key(str(v.address), 0, 0) for v in old_vips.values()} - set(addr_keys):
-                txn.delete(self.dp.maps["lb_vips"], key)
-            for vname, vip in old_vips.items():
-                if vname not in new_vips:
-                    txn.delete(self.dp.maps["lb_vips"], vip_key(str(vip.address), vip.port, vip.proto))
-                    num = st.vip_nums[vname]
-                    old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size) \
-                        if vname in st.ring_inputs else self.dp.ring_array(num).copy()  # a crash's leftovers
-                    slots = np.flatnonzero(old_ring).astype(np.uint32)
-                    if len(slots):
-                        self._ring_unsure(vname, new_down)
-                        txn.ring(self.dp, num, slots, old_ring,
-                                 np.zeros(self.dp.ring_size, dtype=np.uint32))
-                    report.vips_removed += 1
-            for addr, rid in st.real_ids.items():
-                if real_ids.get(addr) != rid and rid not in real_ids.values():
-                    txn.put(self.dp.maps["lb_reals"], rid.to_bytes(4, "little"), bytes(_abi.Real()))
-                    report.reals_removed += 1
-        except BaseException:
-            txn.rollback()
-            raise
-        # A real that left a VIP (not drained: removed) loses that VIP's sessions, so its flows
-        # re-hash now and fail fast, whether or not the real still serves other VIPs.
-        for vname, vip in new_vips.items():
-            if vname in old_vips:
-                left = {str(r.address) for r in old_vips[vname].reals} - {str(r.address) for r in vip.reals}
+    def _write_settings(self, tx: Transaction, plan: _Plan, report: ApplyReport) -> None:
+        new, old = plan.new, plan.old
+        if self.state.config == "" or old.encap != new.encap or old.datapath.mtu != new.datapath.mtu:
+            tx.put_settings(nexthop_mac=new.encap.nexthop_mac, src4=str(new.encap.src4),
+                            src6=str(new.encap.src6), gue_port=new.encap.gue_port, mtu=new.datapath.mtu)
+            report.settings = 1
+
+    def _write_new_reals(self, tx: Transaction, plan: _Plan, report: ApplyReport) -> None:
+        for addr, rid in plan.real_ids.items():
+            if self.state.real_ids.get(addr) != rid:
+                tx.put_real(rid, addr)
+                report.reals_added += 1
+
+    def _write_vips(self, tx: Transaction, plan: _Plan, report: ApplyReport) -> None:
+        """Each VIP's changed ring slots, then its entry (so a new VIP is served a whole ring)."""
+        st = self.state
+        for vname, vip in plan.new_vips.items():
+            num = plan.vip_nums[vname]
+            down = plan.down.get(vname, set())
+            inputs = [[str(r.address), 0 if str(r.address) in down else r.weight] for r in vip.reals]
+            plan.ring_inputs[vname] = inputs
+            if not _same_ring(vname, num, inputs, plan.real_ids, st):
+                new_ring = _ring(inputs, plan.real_ids, self.dp.ring_size)
+                if vname in st.ring_inputs and st.vip_nums.get(vname) == num:
+                    old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size)
+                else:  # a new or renumbered VIP: diff against what the slots hold now
+                    old_ring = self.dp.ring_array(num)
+                slots, _vals = maglev.ring_diff(old_ring, new_ring)
+                self._write_ring(tx, vname, num, slots, new_ring, plan, report)
+            if tx.put_vip(str(vip.address), vip.port, vip.proto, vip_num=num, flags=vip_flags(vip),
+                          encap=int(encaps.mode_of(vip.encap))):
+                if vname in plan.old_vips:
+                    report.vips_changed += 1
+                else:
+                    report.vips_added += 1
+
+    def _write_ring(self, tx: Transaction, vname: str, num: int, slots: npt.NDArray[np.uint32],
+                    new_ring: maglev.Ring, plan: _Plan, report: ApplyReport) -> None:
+        if len(slots):
+            self._ring_unsure(vname, plan.new_down)
+            tx.write_ring_slots(num, slots, new_ring)
+            report.ring_slots += len(slots)
+
+    def _write_address_entries(self, tx: Transaction, plan: _Plan) -> None:
+        """One address-only entry (port 0, proto 0) per VIP address: it makes the address a VIP
+        for ICMP echo and for the fragment / options / malformed drops."""
+        addr_nums: dict[str, int] = {}
+        for vname, vip in plan.new_vips.items():
+            addr_nums.setdefault(str(vip.address), plan.vip_nums[vname])
+        for address, num in addr_nums.items():
+            tx.put_vip(address, 0, 0, vip_num=num)
+        for address in {str(v.address) for v in plan.old_vips.values()} - set(addr_nums):
+            tx.del_vip(address, 0, 0)
+
+    def _remove_vips(self, tx: Transaction, plan: _Plan, report: ApplyReport) -> None:
+        """The entries of VIPs gone from the config, then their rings cleared."""
+        st = self.state
+        for vname, vip in plan.old_vips.items():
+            if vname in plan.new_vips:
+                continue
+            tx.del_vip(str(vip.address), vip.port, vip.proto)
+            num = st.vip_nums[vname]
+            old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size) \
+                if vname in st.ring_inputs else self.dp.ring_array(num)  # a crash's leftovers
+            slots = np.flatnonzero(old_ring).astype(np.uint32)
+            self._write_ring(tx, vname, num, slots, np.zeros(self.dp.ring_size, dtype=np.uint32),
+                             plan, report)
+            report.vips_removed += 1
+
+    def _clear_old_reals(self, tx: Transaction, plan: _Plan, report: ApplyReport) -> None:
+        for addr, rid in self.state.real_ids.items():
+            if plan.real_ids.get(addr) != rid and rid not in plan.real_ids.values():
+                tx.del_real(rid)
+                report.reals_removed += 1
+
+    def _flush_left_reals(self, plan: _Plan) -> int:
+        """A real that left a VIP (not drained: removed) loses that VIP's sessions, so its flows
+        re-hash now and fail fast, whether or not the real still serves other VIPs."""
+        flushed = 0
+        for vname, vip in plan.new_vips.items():
+            if vname in plan.old_vips:
+                left = {str(r.address) for r in plan.old_vips[vname].reals} - {str(r.address) for r in vip.reals}
                 for addr in sorted(left):
-                    report.sessions_flushed += self.dp.flush_sessions(
-                        str(vip.address), vip.port, vip.proto, st.real_ids[addr])
-        st.config = cfg.dump(new)
-        st.vip_nums = vip_nums
-        st.real_ids = real_ids
-        st.ring_inputs = ring_inputs
-        st.down = new_down
-        self.save()
-        return report
+                    flushed += self.dp.flush_sessions(
+                        str(vip.address), vip.port, vip.proto, self.state.real_ids[addr])
+        return flushed
 
     def _ring_unsure(self, vname: str, down: dict[str, list[str]]) -> None:
         """Before a VIP's ring slots are written: forget (on disk) what its ring was built from.
@@ -438,6 +433,11 @@ class Instance:
             reals[addr] = {"id": rid, "packets": p, "bytes": b}
         reasons = {k: {"packets": p, "bytes": b} for k, (p, b) in self.dp.reason_counters().items()}
         return {"vips": vips, "reals": reals, "reasons": reasons, "events": self.dp.events()}
+
+
+def _crash_after_slots() -> int | None:
+    crash = os.environ.get(CRASH_AFTER_SLOTS_ENV)
+    return int(crash) if crash else None
 
 
 def _check_fits(c: cfg.Config, dp: Datapath) -> None:

@@ -15,8 +15,10 @@ import ipaddress
 import os
 import re
 import shutil
+import signal
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,21 @@ def settings_bytes(*, nexthop_mac: str, src4: str = "0.0.0.0/32", src6: str = ":
 def real_bytes(address: str, flags: int = _abi.RealFlag.PRESENT) -> bytes:
     raw, fam = addr_words(address)
     return bytes(_abi.Real(addr=_u32x4(raw), family=fam, flags=int(flags)))
+
+
+def _vip_entry(address: str, port: int, proto: str | int, vip_num: int, flags: int, encap: int
+               ) -> tuple[bytes, bytes]:
+    """lb_vips' key and value for a VIP."""
+    meta = _abi.VipMeta(vip_num=vip_num, flags=int(flags), encap=int(encap))
+    return vip_key(address, port, proto), bytes(meta)
+
+
+def _real_entry(real_id: int, address: str, flags: int = _abi.RealFlag.PRESENT) -> tuple[bytes, bytes]:
+    """lb_reals' key and value for a real; id 0 is refused (it means 'no real')."""
+    if real_id <= 0:
+        raise DatapathError(f"store real {address} under id {real_id}", _errno.EINVAL,
+                            "real id 0 is reserved for 'no real'")
+    return real_id.to_bytes(4, "little"), real_bytes(address, flags)
 
 
 def verify_abi(path: str) -> None:
@@ -306,6 +323,32 @@ class Datapath:
 
     # -- settings, VIPs, reals, rings --------------------------------------------------------
 
+    @property
+    def vip_capacity(self) -> int:
+        """How many VIP numbers the loaded maps hold (datapath.max_vips at load)."""
+        return self.maps["lb_vip_stats"].max_entries
+
+    @property
+    def real_capacity(self) -> int:
+        """How many real ids the loaded maps hold, id 0 (no real) included (datapath.max_reals)."""
+        return self.maps["lb_reals"].max_entries
+
+    @contextmanager
+    def transaction(self, *, crash_after_slots: int | None = None) -> Iterator[Transaction]:
+        """Writes that all happen or, should one fail or the block raise, are all undone.
+
+        ``with dp.transaction() as tx: tx.put_real(1, "192.0.2.1"); tx.put_vip(...)``. Writes land
+        in the order they are made (the caller orders them so that the datapath serves a consistent
+        state throughout); on an exception every replaced value is restored, newest first, and the
+        exception goes on. ``crash_after_slots`` is a test hook (see Transaction).
+        """
+        tx = Transaction(self, crash_after_slots=crash_after_slots)
+        try:
+            yield tx
+        except BaseException:
+            tx.rollback()
+            raise
+
     def set_settings(self, **kwargs: Any) -> None:
         """Write the runtime settings (see settings_bytes for the arguments)."""
         self.maps["lb_settings"].update(b"\0" * 4, settings_bytes(**kwargs))
@@ -316,8 +359,7 @@ class Datapath:
 
     def put_vip(self, address: str, port: int, proto: str | int, *, vip_num: int, flags: int = 0,
                 encap: int = Encap.IPIP) -> None:
-        meta = _abi.VipMeta(vip_num=vip_num, flags=int(flags), encap=int(encap))
-        self.maps["lb_vips"].update(vip_key(address, port, proto), bytes(meta))
+        self.maps["lb_vips"].update(*_vip_entry(address, port, proto, vip_num, flags, encap))
 
     def del_vip(self, address: str, port: int, proto: str | int) -> bool:
         return self.maps["lb_vips"].delete(vip_key(address, port, proto))
@@ -331,10 +373,7 @@ class Datapath:
         return out
 
     def put_real(self, real_id: int, address: str, flags: int = _abi.RealFlag.PRESENT) -> None:
-        if real_id <= 0:
-            raise DatapathError(f"store real {address} under id {real_id}", _errno.EINVAL,
-                                "real id 0 is reserved for 'no real'")
-        self.maps["lb_reals"].update(real_id.to_bytes(4, "little"), real_bytes(address, flags))
+        self.maps["lb_reals"].update(*_real_entry(real_id, address, flags))
 
     def del_real(self, real_id: int) -> None:
         self.maps["lb_reals"].update(real_id.to_bytes(4, "little"), bytes(_abi.Real()))
@@ -480,6 +519,82 @@ class Decap:
         self._obj.close()
 
 
+class Transaction:
+    """An undo log over one Datapath's writes; made by :meth:`Datapath.transaction`.
+
+    Each undo is recorded before its write, so a write that fails halfway is undone too.
+    ``crash_after_slots``: the process kills itself (SIGKILL) once that many ring slots are written,
+    leaving a ring half-written as a crash would (suites/conformance/test_reliability.py).
+    """
+
+    def __init__(self, dp: Datapath, *, crash_after_slots: int | None = None) -> None:
+        self._dp = dp
+        self._undo: list[Callable[[], None]] = []
+        self._crash_after = crash_after_slots
+        self.ring_slots = 0  # ring slots written so far
+
+    def put_settings(self, **kwargs: Any) -> None:
+        """Write lb_settings (see settings_bytes for the arguments)."""
+        self._put(self._dp.maps["lb_settings"], b"\0" * 4, settings_bytes(**kwargs))
+
+    def put_real(self, real_id: int, address: str) -> None:
+        self._put(self._dp.maps["lb_reals"], *_real_entry(real_id, address))
+
+    def del_real(self, real_id: int) -> None:
+        """Mark a real id empty (lb_reals is an array: the entry stays, zeroed)."""
+        self._put(self._dp.maps["lb_reals"], real_id.to_bytes(4, "little"), bytes(_abi.Real()))
+
+    def put_vip(self, address: str, port: int, proto: str | int, *, vip_num: int, flags: int = 0,
+                encap: int = Encap.IPIP) -> bool:
+        """Write a VIP entry unless it holds that value already; whether it wrote."""
+        key, meta = _vip_entry(address, port, proto, vip_num, flags, encap)
+        if self._dp.maps["lb_vips"].lookup(key) == meta:
+            return False
+        self._put(self._dp.maps["lb_vips"], key, meta)
+        return True
+
+    def del_vip(self, address: str, port: int, proto: str | int) -> None:
+        m = self._dp.maps["lb_vips"]
+        key = vip_key(address, port, proto)
+        old = m.lookup(key)
+        if old is not None:
+            self._undo.append(lambda: _restore(m, key, old))
+            m.delete(key)
+
+    def write_ring_slots(self, vip_num: int, slots: npt.NDArray[Any], new_ring: npt.NDArray[Any]) -> None:
+        """Set ``slots`` of a VIP's ring to their values in ``new_ring`` (a whole ring)."""
+        dp = self._dp
+        before = dp.ring_array(vip_num)[slots]
+        self._undo.append(lambda: dp.write_ring_slots(vip_num, slots, before))
+        if self._crash_after is not None and self.ring_slots + len(slots) > self._crash_after:
+            part = slots[:self._crash_after - self.ring_slots]
+            dp.write_ring_slots(vip_num, part, new_ring[part])
+            os.kill(os.getpid(), signal.SIGKILL)
+        dp.write_ring_slots(vip_num, slots, new_ring[slots])
+        self.ring_slots += len(slots)
+
+    def rollback(self) -> None:
+        """Restore every replaced value, newest first; best effort past a failing restore."""
+        for undo in reversed(self._undo):
+            try:
+                undo()
+            except DatapathError:
+                continue
+        self._undo.clear()
+
+    def _put(self, m: Map, key: bytes, value: bytes) -> None:
+        old = m.lookup(key)
+        self._undo.append(lambda: _restore(m, key, old))
+        m.update(key, value)
+
+
+def _restore(m: Map, key: bytes, old: bytes | None) -> None:
+    if old is None:
+        m.delete(key)
+    else:
+        m.update(key, old)
+
+
 def xdp_link_ifindex(link: Link) -> int:
     """The ifindex an XDP link is attached to now; 0 once its interface is gone (the link is detached).
 
@@ -493,6 +608,3 @@ def xdp_link_ifindex(link: Link) -> int:
         return 0
     return int.from_bytes(info.raw[16:20], "little")
 
-
-def bpffs_ready(path: str = "/sys/fs/bpf") -> bool:
-    return os.path.ismount(path)

@@ -148,7 +148,6 @@ def _load_library() -> ctypes.CDLL:
         "bpf_map_delete_batch": (i, [i, vp, ctypes.POINTER(u32), vp]),
         "bpf_obj_pin": (i, [i, cp]),
         "bpf_obj_get": (i, [cp]),
-        "bpf_map_get_fd_by_id": (i, [u32]),
         "bpf_obj_get_info_by_fd": (i, [i, vp, ctypes.POINTER(u32)]),
         "bpf_link_create": (i, [i, i, i, vp]),
         "bpf_link_update": (i, [i, i, vp]),
@@ -240,10 +239,6 @@ class Map:
         self._stride = (value_size + 7) // 8 * 8 if self.percpu else value_size
         self._mm: mmap.mmap | None = None
 
-    @property
-    def ncpus(self) -> int:
-        return self._ncpu
-
     def _value_len(self) -> int:
         return self._stride * self._ncpu
 
@@ -306,21 +301,6 @@ class Map:
             v = self.lookup(k)
             if v is not None:
                 yield k, v
-
-    def update_batch(self, keys: list[bytes], values: list[bytes], flags: int = BPF_ANY) -> None:
-        """Write many elements in one system call (values already per-CPU packed if needed)."""
-        if len(keys) != len(values):
-            raise DatapathError(f"batch-update map '{self.name}' with {len(keys)} keys and "
-                                f"{len(values)} values", _errno.EINVAL)
-        if not keys:
-            return
-        kb = ctypes.create_string_buffer(b"".join(keys), len(keys) * self.key_size)
-        vb = ctypes.create_string_buffer(b"".join(self._pack(v) for v in values),
-                                         len(values) * self._value_len())
-        count = ctypes.c_uint32(len(keys))
-        opts = _BatchOpts(sz=ctypes.sizeof(_BatchOpts), elem_flags=flags, flags=0)
-        ret = lib().bpf_map_update_batch(self.fd, kb, vb, ctypes.byref(count), ctypes.byref(opts))
-        _check(ret, f"batch-update map '{self.name}' ({count.value} of {len(keys)} written)")
 
     def update_batch_raw(self, keys: bytes, values: bytes, flags: int = BPF_ANY) -> None:
         """Batch-write packed keys and values (not per-CPU maps), in chunks of 65536 elements."""
@@ -649,12 +629,6 @@ def obj_get(path: str, what: str = "object") -> int:
 def map_from_pin(path: str) -> Map:
     """A pinned map reopened by a later process, its layout read back from the kernel."""
     return map_from_fd(obj_get(path, "map"), path)
-
-
-def map_from_id(map_id: int) -> Map:
-    """A map by kernel id (e.g. an inner map of a map-in-map, whose lookup returns the id)."""
-    fd = _check(lib().bpf_map_get_fd_by_id(map_id), f"open map id {map_id}")
-    return map_from_fd(fd, f"map id {map_id}")
 
 
 def map_from_fd(fd: int, what: str) -> Map:

@@ -215,9 +215,6 @@ class IpvsLb(VmReal):
             args += ["-b", ",".join(service.flags)]
         self.ipvsadm(*args)
 
-    def delete_service(self, service: Service) -> None:
-        self.ipvsadm("-D", *service.spec)
-
     def add_real(self, service: Service, real: str, *, weight: int = 1, tunnel: str = "ipip",
                  gue_port: int = 6080, csum: bool = False) -> None:
         """Add `real` to `service` in tunnel mode (`tunnel` = ipip or gue variant 0 to `gue_port`)."""

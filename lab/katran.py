@@ -175,9 +175,6 @@ class Katran:
             raise LabError(f"Katran VIP number {vip_num} is outside the {self._vips} loaded")
         self._obj.map("vip_map").update(vip_key(address, port, proto), struct.pack("<II", flags, vip_num))
 
-    def remove_vip(self, address: str, port: int, proto: int) -> bool:
-        return self._obj.map("vip_map").delete(vip_key(address, port, proto))
-
     def add_real(self, index: int, address: str) -> None:
         if index <= 0:
             raise LabError(f"Katran real index {index}: index 0 means 'no real'")
@@ -192,16 +189,12 @@ class Katran:
             raise LabError(f"a Katran ring has {RING_SIZE} slots but got {len(ring)}")
         m = self._obj.map("ch_rings")
         base = vip_num * RING_SIZE
-        keys = [(base + i).to_bytes(4, "little") for i in range(RING_SIZE)]
-        m.update_batch(keys, [int(r).to_bytes(4, "little") for r in ring])
+        keys = b"".join((base + i).to_bytes(4, "little") for i in range(RING_SIZE))
+        m.update_batch_raw(keys, b"".join(int(r).to_bytes(4, "little") for r in ring))
 
     def counter(self, counter_id: int) -> tuple[int, int]:
         """A global counter (v1, v2) summed over CPUs: stats[MAX_VIPS + counter_id]."""
         return self._stats("stats", MAX_VIPS + counter_id)
-
-    def vip_counter(self, vip_num: int) -> tuple[int, int]:
-        """(packets, bytes) sent for one VIP."""
-        return self._stats("stats", vip_num)
 
     def real_counter(self, index: int) -> tuple[int, int]:
         """(packets, bytes) sent to one real."""

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from balancer.validate import Reader
 from lab.errors import LabError, TopologyError, UsageError
 from lab.topology import Topology
 from lab.topology import load as load_topology
@@ -155,34 +156,41 @@ def load(path: str | Path) -> Target:
                          "`l4lab target --vagrant TOPOLOGY` / `l4lab target --netns NAME`") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{where}: not valid TOML: {exc}") from None
-    known = {"name", "topology", "ssh_options", "nodes", "trex"}
-    for key in data:
-        if key not in known:
-            raise TopologyError(where, key, data[key], f"one of the keys {', '.join(sorted(known))}")
-    name = _text(where, "name", data.get("name", p.stem))
-    topo_spec = _text(where, "topology", data.get("topology"))
+    check = _reader(where)
+    check.known_keys(data, ("name", "topology", "ssh_options", "nodes", "trex"), "")
+    name = check.string(data.get("name", p.stem), "name", empty=False)
+    topo_spec = check.string(data.get("topology"), "topology", empty=False)
     topo_path = Path(topo_spec)
     if not topo_path.is_absolute() and (p.parent / topo_path).is_file():
         topo_path = p.parent / topo_path
     topo = load_topology(topo_path if topo_path.is_file() else topo_spec)
     opts = data.get("ssh_options", [])
     if not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
-        raise TopologyError(where, "ssh_options", opts, "a list of strings")
+        raise check.fail("ssh_options", opts, "a list of strings")
     opts = [_relative(p.parent, o, prev) for prev, o in zip([None, *opts], opts, strict=False)]
-    raw_nodes = data.get("nodes")
-    if not isinstance(raw_nodes, dict) or not raw_nodes:
-        raise TopologyError(where, "nodes", raw_nodes, "a table [nodes.NAME] per host")
+    raw_nodes = check.table(data.get("nodes"), "nodes", "a table [nodes.NAME] per host")
+    if not raw_nodes:
+        raise check.fail("nodes", raw_nodes, "a table [nodes.NAME] per host")
     names = {n.name for n in topo.nodes}
     nodes: dict[str, TargetNode] = {}
     for node_name, raw in raw_nodes.items():
         key = f"nodes.{node_name}"
         if node_name not in names:
-            raise TopologyError(where, key, node_name, f"a node of topology '{topo.name}' ({', '.join(sorted(names))})")
-        if not isinstance(raw, dict):
-            raise TopologyError(where, key, raw, "a table")
-        nodes[node_name] = _node(where, key, node_name, raw)
-    trex = _trex(where, data["trex"]) if "trex" in data else None
+            raise check.fail(key, node_name, f"a node of topology '{topo.name}' ({', '.join(sorted(names))})")
+        nodes[node_name] = _node(check, key, node_name, check.table(raw, key))
+    trex = _trex(check, data["trex"]) if "trex" in data else None
     return Target(name, p, topo, nodes, tuple(opts), trex)
+
+
+def _reader(where: str) -> Reader:
+    """balancer.validate's checks with the target file's errors (TopologyError naming the file)."""
+    def fail(key: str, value: object, expected: str) -> TopologyError:
+        return TopologyError(where, key, value, expected)
+
+    def unknown(key: str, value: object, known: Sequence[str]) -> TopologyError:
+        return TopologyError(where, key, value, f"one of the keys {', '.join(sorted(known))}")
+
+    return Reader(fail, unknown)
 
 
 def _relative(base: Path, option: str, previous: str | None) -> str:
@@ -192,66 +200,32 @@ def _relative(base: Path, option: str, previous: str | None) -> str:
     return option
 
 
-def _text(where: str, key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise TopologyError(where, key, value, "a non-empty string")
-    return value
-
-
-def _node(where: str, key: str, name: str, raw: dict[str, Any]) -> TargetNode:
-    allowed = {"ssh", "repo", "python", "interfaces", "capture", "sudo"}
-    for k in raw:
-        if k not in allowed:
-            raise TopologyError(where, f"{key}.{k}", raw[k], f"one of {', '.join(sorted(allowed))}")
-    ssh = _text(where, f"{key}.ssh", raw.get("ssh"))
+def _node(check: Reader, key: str, name: str, raw: dict[str, Any]) -> TargetNode:
+    check.known_keys(raw, ("ssh", "repo", "python", "interfaces", "capture", "sudo"), key)
+    ssh = check.string(raw.get("ssh"), f"{key}.ssh", empty=False)
     repo = raw.get("repo")
     if repo is not None:
-        repo = _text(where, f"{key}.repo", repo)
-    python = _text(where, f"{key}.python", raw.get("python", ".venv/bin/python"))
+        repo = check.string(repo, f"{key}.repo", empty=False)
+    python = check.string(raw.get("python", ".venv/bin/python"), f"{key}.python", empty=False)
     interfaces = raw.get("interfaces", {})
     if not isinstance(interfaces, dict) or not all(isinstance(k, str) and isinstance(v, str) and v
                                                     for k, v in interfaces.items()):
-        raise TopologyError(where, f"{key}.interfaces", interfaces,
-                            'a table of topology interface name = "host interface name"')
-    flags = {}
-    for k, default in (("capture", True), ("sudo", False)):
-        flags[k] = raw.get(k, default)
-        if not isinstance(flags[k], bool):
-            raise TopologyError(where, f"{key}.{k}", flags[k], "true or false")
-    return TargetNode(name, ssh, repo, python, dict(interfaces), flags["capture"], flags["sudo"])
+        raise check.fail(f"{key}.interfaces", interfaces, 'a table of topology interface name = "host interface name"')
+    return TargetNode(name, ssh, repo, python, dict(interfaces),
+                      check.boolean(raw.get("capture", True), f"{key}.capture"),
+                      check.boolean(raw.get("sudo", False), f"{key}.sudo"))
 
 
-def _trex(where: str, raw: Any) -> TrexPorts:
-    if not isinstance(raw, dict):
-        raise TopologyError(where, "trex", raw, "a table")
-    allowed = {"server", "tx_port", "rx_port", "tx_mac", "rx_mac", "sync_port", "async_port"}
-    for k in raw:
-        if k not in allowed:
-            raise TopologyError(where, f"trex.{k}", raw[k], f"one of {', '.join(sorted(allowed))}")
-    ints: dict[str, int] = {}
-    for k, default, hi in (("tx_port", 0, 63), ("rx_port", 1, 63), ("sync_port", 4501, 65535),
-                           ("async_port", 4500, 65535)):
-        v = raw.get(k, default)
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
-            raise TopologyError(where, f"trex.{k}", v, f"an integer 0..{hi}")
-        ints[k] = v
-    macs: dict[str, str] = {}
-    for k in ("tx_mac", "rx_mac"):
-        v = raw.get(k, "")
-        if not isinstance(v, str) or (v and not _is_mac(v)):
-            raise TopologyError(where, f"trex.{k}", v, "a MAC address like 0c:42:a1:00:00:01")
-        macs[k] = v.lower()
-    return TrexPorts(_text(where, "trex.server", raw.get("server")), ints["tx_port"], ints["rx_port"],
-                     macs["tx_mac"], macs["rx_mac"], ints["sync_port"], ints["async_port"])
-
-
-def _is_mac(text: str) -> bool:
-    parts = text.split(":")
-    return len(parts) == 6 and all(len(x) == 2 and all(c in "0123456789abcdefABCDEF" for c in x) for x in parts)
-
-
-# --- remote capture ----------------------------------------------------------------------------------
-
+def _trex(check: Reader, raw: Any) -> TrexPorts:
+    raw = check.table(raw, "trex")
+    check.known_keys(raw, ("server", "tx_port", "rx_port", "tx_mac", "rx_mac", "sync_port", "async_port"), "trex")
+    ints = {k: check.integer(raw.get(k, default), f"trex.{k}", 0, hi)
+            for k, default, hi in (("tx_port", 0, 63), ("rx_port", 1, 63), ("sync_port", 4501, 65535),
+                                   ("async_port", 4500, 65535))}
+    macs = {k: check.mac(raw[k], f"trex.{k}", "a MAC address like 0c:42:a1:00:00:01") if raw.get(k, "") != ""
+            else "" for k in ("tx_mac", "rx_mac")}
+    return TrexPorts(check.string(raw.get("server"), "trex.server", empty=False), ints["tx_port"],
+                     ints["rx_port"], macs["tx_mac"], macs["rx_mac"], ints["sync_port"], ints["async_port"])
 
 class RemoteCapture:
     """tcpdump on a target node's interface, streamed over ssh into a local pcap file.

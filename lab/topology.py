@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from balancer import _abi
+from balancer.validate import Reader, join
 from lab.errors import TopologyError, UsageError
 
 TOPOLOGY_DIR = Path(__file__).resolve().parent / "topologies"
@@ -259,10 +260,15 @@ def load(spec: str | Path) -> Topology:
 
 
 class _Reader:
-    """Validating accessors that know the file and the key path of every value."""
+    """The topology's sections, read through balancer.validate's checks (``self.check``).
+
+    The accessors below take (table, key, path) and add the topology's defaults: an optional
+    table or array reads as empty.
+    """
 
     def __init__(self, file: str) -> None:
         self.file = file
+        self.check = Reader(self.fail)
 
     def fail(self, key: str, value: object, expected: str) -> TopologyError:
         return TopologyError(self.file, key, value, expected)
@@ -271,17 +277,13 @@ class _Reader:
         value = raw.get(key)
         if value is None and not required:
             return {}
-        if not isinstance(value, dict):
-            raise self.fail(_join(where, key), value, "a table")
-        return value
+        return self.check.table(value, join(where, key))
 
     def array(self, raw: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> list[Any]:
         value = raw.get(key)
         if value is None and not required:
             return []
-        if not isinstance(value, list):
-            raise self.fail(_join(where, key), value, "an array")
-        return value
+        return self.check.array(value, join(where, key))
 
     def string(
         self,
@@ -292,63 +294,27 @@ class _Reader:
         choices: Sequence[str] = (),
         default: str | None = None,
     ) -> str:
-        value = raw.get(key, default)
-        expected = "one of " + ", ".join(repr(c) for c in choices) if choices else "a string"
-        if not isinstance(value, str) or (choices and value not in choices):
-            raise self.fail(_join(where, key), value, expected)
-        return value
+        return self.check.string(raw.get(key, default), join(where, key), choices=choices)
 
     def integer(
         self, raw: Mapping[str, Any], key: str, where: str, lo: int, hi: int, default: int | None = None
     ) -> int:
-        value = raw.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-            raise self.fail(_join(where, key), value, f"an integer {lo}..{hi}")
-        return value
+        return self.check.integer(raw.get(key, default), join(where, key), lo, hi)
 
     def nic(self, raw: Mapping[str, Any], where: str) -> Nic:
         """A VM real's `nic = {queues, rss}`: RSS needs at least two queues to spread over."""
         body = self.table(raw, "nic", where, required=False)
-        self.unknown_keys(body, ("queues", "rss"), f"{where}.nic")
+        self.check.known_keys(body, ("queues", "rss"), f"{where}.nic")
         queues = self.integer(body, "queues", f"{where}.nic", 1, MAX_NIC_QUEUES, default=1)
-        rss = body.get("rss", False)
-        if not isinstance(rss, bool):
-            raise self.fail(f"{where}.nic.rss", rss, "true or false")
+        rss = self.check.boolean(body.get("rss", False), f"{where}.nic.rss")
         if rss and queues < 2:
             raise self.fail(f"{where}.nic.queues", queues, "at least 2 with rss = true (RSS spreads over queues)")
         return Nic(queues, rss)
 
-    def unknown_keys(self, raw: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
-        for key in raw:
-            if key not in allowed:
-                raise self.fail(
-                    _join(where, key), raw[key], "absent (known keys: " + ", ".join(allowed) + ")"
-                )
-
-    def interface(self, value: object, key: str) -> IpInterface:
-        if not isinstance(value, str) or "/" not in value:
-            raise self.fail(key, value, "an address with prefix length like '192.0.2.1/28'")
-        try:
-            return ipaddress.ip_interface(value)
-        except ValueError as exc:
-            raise self.fail(key, value, "an address with prefix length like '192.0.2.1/28'") from exc
-
-    def address(self, value: object, key: str) -> IpAddress:
-        try:
-            return ipaddress.ip_address(value)  # type: ignore[arg-type]
-        except ValueError as exc:
-            raise self.fail(key, value, "an IPv4 or IPv6 address") from exc
-
-    def network(self, value: object, key: str) -> IpNetwork:
-        try:
-            return ipaddress.ip_network(value)  # type: ignore[arg-type]
-        except (ValueError, TypeError) as exc:
-            raise self.fail(key, value, "a network like '198.51.100.128/25' with no host bits set") from exc
-
     def sysctls(self, raw: Mapping[str, Any], where: str) -> dict[str, str]:
         out: dict[str, str] = {}
         for key, value in raw.items():
-            path = f"{where}.{key!r}" if "." in key else _join(where, key)
+            path = f"{where}.{key!r}" if "." in key else join(where, key)
             if not _SYSCTL_RE.match(key):
                 raise self.fail(path, key, "a sysctl name under net. like 'net.ipv4.ip_forward'")
             if isinstance(value, bool) or not isinstance(value, int | str):
@@ -359,18 +325,18 @@ class _Reader:
     # ---- the sections
 
     def topology(self, raw: dict[str, Any], path: Path) -> Topology:
-        self.unknown_keys(
+        self.check.known_keys(
             raw,
             ("description", "lb_source_prefixes", "bgp", "node_defaults", "roles", "nodes", "links", "vips"),
             "",
         )
         description = self.string(raw, "description", "")
         prefixes = tuple(
-            self.network(p, f"lb_source_prefixes[{i}]")
+            self.check.network(p, f"lb_source_prefixes[{i}]")
             for i, p in enumerate(self.array(raw, "lb_source_prefixes", "", required=False))
         )
         defaults = self.table(raw, "node_defaults", "", required=False)
-        self.unknown_keys(defaults, ("sysctls",), "node_defaults")
+        self.check.known_keys(defaults, ("sysctls",), "node_defaults")
         base_sysctls = self.sysctls(
             self.table(defaults, "sysctls", "node_defaults", required=False), "node_defaults.sysctls"
         )
@@ -379,9 +345,8 @@ class _Reader:
         for role, body in roles.items():
             if role not in ROLES:
                 raise self.fail(f"roles.{role}", role, "a role: " + ", ".join(ROLES))
-            if not isinstance(body, dict):
-                raise self.fail(f"roles.{role}", body, "a table")
-            self.unknown_keys(body, ("sysctls",), f"roles.{role}")
+            body = self.check.table(body, f"roles.{role}")
+            self.check.known_keys(body, ("sysctls",), f"roles.{role}")
             role_sysctls[role] = self.sysctls(
                 self.table(body, "sysctls", f"roles.{role}", required=False), f"roles.{role}.sysctls"
             )
@@ -393,8 +358,7 @@ class _Reader:
         node_tables: list[tuple[str, dict[str, Any]]] = []
         for i, body in enumerate(raw_nodes):
             where = f"nodes[{i}]"
-            if not isinstance(body, dict):
-                raise self.fail(where, body, "a table")
+            body = self.check.table(body, where)
             name = self.string(body, "name", where)
             if not _NAME_RE.match(name):
                 raise self.fail(
@@ -439,7 +403,7 @@ class _Reader:
         if any(n.kind == "vm" for n in nodes):
             self.vm_services(vips)
         body = self.table(raw, "bgp", "", required=False)
-        self.unknown_keys(body, ("bfd_interval_ms", "bfd_multiplier"), "bgp")
+        self.check.known_keys(body, ("bfd_interval_ms", "bfd_multiplier"), "bgp")
         bgp = Bgp(
             self.integer(body, "bfd_interval_ms", "bgp", 10, 60000, default=Bgp.bfd_interval_ms),
             self.integer(body, "bfd_multiplier", "bgp", 2, 255, default=Bgp.bfd_multiplier),
@@ -491,9 +455,8 @@ class _Reader:
                 )
 
     def endpoint(self, raw: object, where: str, nodes: set[str]) -> Endpoint:
-        if not isinstance(raw, dict):
-            raise self.fail(where, raw, "a table {node, ifname, addresses}")
-        self.unknown_keys(raw, ("node", "ifname", "addresses", "extra_addresses", "offloads", "xdp"), where)
+        raw = self.check.table(raw, where, "a table {node, ifname, addresses}")
+        self.check.known_keys(raw, ("node", "ifname", "addresses", "extra_addresses", "offloads", "xdp"), where)
         node = self.string(raw, "node", where)
         if node not in nodes:
             raise self.fail(f"{where}.node", node, "the name of a node: " + ", ".join(sorted(nodes)))
@@ -503,11 +466,11 @@ class _Reader:
                 f"{where}.ifname", ifname, "an interface name of 1..15 letters, digits, '-' or '_'"
             )
         addresses = tuple(
-            self.interface(a, f"{where}.addresses[{j}]")
+            self.check.interface(a, f"{where}.addresses[{j}]")
             for j, a in enumerate(self.array(raw, "addresses", where))
         )
         extra = tuple(
-            self.interface(a, f"{where}.extra_addresses[{j}]")
+            self.check.interface(a, f"{where}.extra_addresses[{j}]")
             for j, a in enumerate(self.array(raw, "extra_addresses", where, required=False))
         )
         offloads_raw = self.table(raw, "offloads", where, required=False)
@@ -517,13 +480,11 @@ class _Reader:
                 raise self.fail(
                     f"{where}.offloads.{key}", value, "absent (known offloads: " + ", ".join(OFFLOADS) + ")"
                 )
-            if not isinstance(value, bool):
-                raise self.fail(f"{where}.offloads.{key}", value, "true or false")
-            offloads.append((key, value))
+            offloads.append((key, self.check.boolean(value, f"{where}.offloads.{key}")))
         xdp = None
         if "xdp" in raw:
             body = self.table(raw, "xdp", where)
-            self.unknown_keys(body, ("object", "program", "mode"), f"{where}.xdp")
+            self.check.known_keys(body, ("object", "program", "mode"), f"{where}.xdp")
             xdp = XdpProgram(
                 self.string(body, "object", f"{where}.xdp"),
                 self.string(body, "program", f"{where}.xdp"),
@@ -532,9 +493,8 @@ class _Reader:
         return Endpoint(node, ifname, addresses, extra, tuple(offloads), xdp)
 
     def link(self, raw: object, where: str, nodes: set[str]) -> Link:
-        if not isinstance(raw, dict):
-            raise self.fail(where, raw, "a table {a, b, mtu}")
-        self.unknown_keys(raw, ("a", "b", "mtu"), where)
+        raw = self.check.table(raw, where, "a table {a, b, mtu}")
+        self.check.known_keys(raw, ("a", "b", "mtu"), where)
         mtu = self.integer(raw, "mtu", where, 68, 65535, default=1500)
         return Link(
             self.endpoint(raw.get("a"), f"{where}.a", nodes),
@@ -550,7 +510,7 @@ class _Reader:
         by_role: dict[str, dict[str, str]],
         links: tuple[Link, ...],
     ) -> Node:
-        self.unknown_keys(raw, ("name", "role", "kind", "sysctls", "routes", "decap", "bgp_asn", "nic"), where)
+        self.check.known_keys(raw, ("name", "role", "kind", "sysctls", "routes", "decap", "bgp_asn", "nic"), where)
         name = raw["name"]
         role = self.string(raw, "role", where, choices=ROLES)
         kind = self.string(raw, "kind", where, choices=KINDS, default="netns")
@@ -584,16 +544,21 @@ class _Reader:
             **self.sysctls(self.table(raw, "sysctls", where, required=False), f"{where}.sysctls"),
         }
         mine = [ep for link in links for ep in link.endpoints if ep.node == name]
-        connected = [a.network for ep in mine for a in ep.all_addresses]
+        routes = self.routes(raw, where, name, [a.network for ep in mine for a in ep.all_addresses])
+        decap = self.decap(raw, where, name, role, kind, mine) if "decap" in raw else None
+        nic = self.nic(raw, where) if kind == "vm" else Nic()
+        return Node(name, role, kind, tuple(sysctls.items()), routes, decap, bgp_asn, nic)
+
+    def routes(self, raw: Mapping[str, Any], where: str, name: str, connected: list[IpNetwork]) -> tuple[Route, ...]:
+        """A node's `routes = [{dst, via}]`: each gateway inside one of the node's subnets."""
         routes: list[Route] = []
         for j, body in enumerate(self.array(raw, "routes", where, required=False)):
             at = f"{where}.routes[{j}]"
-            if not isinstance(body, dict):
-                raise self.fail(at, body, "a table {dst, via}")
-            self.unknown_keys(body, ("dst", "via"), at)
+            body = self.check.table(body, at, "a table {dst, via}")
+            self.check.known_keys(body, ("dst", "via"), at)
             dst_raw = self.string(body, "dst", at)
-            dst = None if dst_raw == "default" else self.network(dst_raw, f"{at}.dst")
-            via = self.address(body.get("via"), f"{at}.via")
+            dst = None if dst_raw == "default" else self.check.network(dst_raw, f"{at}.dst")
+            via = self.check.address(body.get("via"), f"{at}.via")
             if dst is not None and dst.version != via.version:
                 raise self.fail(
                     f"{at}.via", str(via), f"an IPv{dst.version} gateway for the IPv{dst.version} dst {dst}"
@@ -605,54 +570,46 @@ class _Reader:
                     f"a gateway inside a subnet of node '{name}' ({', '.join(map(str, connected))})",
                 )
             routes.append(Route(dst, via))
-        decap = None
-        if "decap" in raw:
-            body = self.table(raw, "decap", where)
-            if role != "real":
-                raise self.fail(
-                    f"{where}.decap", body, f"absent on a node of role '{role}' (only reals decapsulate)"
-                )
-            mode = body.get("mode")
-            if kind == "vm":
-                if mode != "kernel":
-                    raise self.fail(f"{where}.decap.mode", mode, '"kernel" on a VM (its kernel decapsulates)')
-                self.unknown_keys(body, ("mode", "gue_port"), f"{where}.decap")
-                if len(mine) != 1:
-                    raise self.fail(
-                        f"{where}.name", name, f"a VM with exactly one link (it has {len(mine)})"
-                    )
-                port = self.integer(body, "gue_port", f"{where}.decap", 1, 65535, default=DEFAULT_GUE_PORT)
-                decap = Decap("kernel", mine[0].ifname, "", port)
-                return Node(name, role, kind, tuple(sysctls.items()), (), decap, bgp_asn, self.nic(raw, where))
-            self.unknown_keys(body, ("mode", "ifname", "attach"), f"{where}.decap")
-            if mode == "kernel":
-                raise self.fail(f"{where}.decap.mode", mode, '"bpf" (kernel decap needs kind = "vm")')
-            mode = self.string(body, "mode", f"{where}.decap", choices=("bpf",))
-            ifname = self.string(body, "ifname", f"{where}.decap")
-            if ifname not in [ep.ifname for ep in mine]:
-                raise self.fail(
-                    f"{where}.decap.ifname",
-                    ifname,
-                    "an interface of node '{}': {}".format(name, ", ".join(ep.ifname for ep in mine)),
-                )
-            decap = Decap(
-                mode,
+        return tuple(routes)
+
+    def decap(
+        self, raw: Mapping[str, Any], where: str, name: str, role: str, kind: str, mine: list[Endpoint]
+    ) -> Decap:
+        """A real's `decap`: the kernel's on a VM (its one link), our BPF program on a netns node."""
+        body = self.table(raw, "decap", where)
+        if role != "real":
+            raise self.fail(f"{where}.decap", body, f"absent on a node of role '{role}' (only reals decapsulate)")
+        mode = body.get("mode")
+        if kind == "vm":
+            if mode != "kernel":
+                raise self.fail(f"{where}.decap.mode", mode, '"kernel" on a VM (its kernel decapsulates)')
+            self.check.known_keys(body, ("mode", "gue_port"), f"{where}.decap")
+            if len(mine) != 1:
+                raise self.fail(f"{where}.name", name, f"a VM with exactly one link (it has {len(mine)})")
+            port = self.integer(body, "gue_port", f"{where}.decap", 1, 65535, default=DEFAULT_GUE_PORT)
+            return Decap("kernel", mine[0].ifname, "", port)
+        self.check.known_keys(body, ("mode", "ifname", "attach"), f"{where}.decap")
+        if mode == "kernel":
+            raise self.fail(f"{where}.decap.mode", mode, '"bpf" (kernel decap needs kind = "vm")')
+        mode = self.string(body, "mode", f"{where}.decap", choices=("bpf",))
+        ifname = self.string(body, "ifname", f"{where}.decap")
+        if ifname not in [ep.ifname for ep in mine]:
+            raise self.fail(
+                f"{where}.decap.ifname",
                 ifname,
-                self.string(body, "attach", f"{where}.decap", choices=DECAP_ATTACH, default="tc"),
+                "an interface of node '{}': {}".format(name, ", ".join(ep.ifname for ep in mine)),
             )
-        return Node(name, role, kind, tuple(sysctls.items()), tuple(routes), decap, bgp_asn)
+        return Decap(mode, ifname, self.string(body, "attach", f"{where}.decap", choices=DECAP_ATTACH, default="tc"))
 
     def vip(self, raw: object, where: str) -> Vip:
-        if not isinstance(raw, dict):
-            raise self.fail(where, raw, "a table {address, ports}")
-        self.unknown_keys(raw, ("address", "ports"), where)
-        address = self.address(raw.get("address"), f"{where}.address")
+        raw = self.check.table(raw, where, "a table {address, ports}")
+        self.check.known_keys(raw, ("address", "ports"), where)
+        address = self.check.address(raw.get("address"), f"{where}.address")
         ports: list[VipPort] = []
         for j, body in enumerate(self.array(raw, "ports", where)):
             at = f"{where}.ports[{j}]"
-            if not isinstance(body, dict):
-                raise self.fail(at, body, "a table {proto, port, service}")
-            self.unknown_keys(body, ("proto", "port", "service"), at)
+            body = self.check.table(body, at, "a table {proto, port, service}")
+            self.check.known_keys(body, ("proto", "port", "service"), at)
             proto = self.string(body, "proto", at, choices=("tcp", "udp"))
             port = self.integer(body, "port", at, 1, 65535)
             service = self.string(body, "service", at, choices=tuple(SERVICES))
@@ -661,6 +618,3 @@ class _Reader:
             ports.append(VipPort(proto, port, service))
         return Vip(address, tuple(ports))
 
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import math
 import os
 import platform
 import re
@@ -44,13 +43,14 @@ import subprocess
 import tempfile
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from balancer import encaps
+from balancer.validate import Reader
 
 __all__ = [
     "ENCAP_IDS",
@@ -155,6 +155,13 @@ class _FieldError(Exception):
         self.path = path
         self.problem = problem
         super().__init__(f"{path}: {problem}")
+
+
+def _fail(path: str, value: object, expected: str) -> _FieldError:
+    return _FieldError(path, f"must be {expected} but got {json.dumps(value)}")
+
+
+_READ = Reader(_fail)  # balancer.validate's checks, with the results' message form
 
 
 # Field checks, attached as dataclass field metadata {"check": ...}: return a problem or None.
@@ -726,17 +733,16 @@ def _parse(value: Any, tp: Any, path: str) -> Any:
     if origin is Literal:
         if value in typing.get_args(tp) and not isinstance(value, bool):
             return value
-        raise _FieldError(path, f"must be {_describe(tp)} but got {json.dumps(value)}")
+        raise _READ.fail(path, value, _describe(tp))
     if origin in (Union, types.UnionType):
         for alternative in typing.get_args(tp):
             try:
                 return _parse(value, alternative, path)
             except _FieldError:
                 continue
-        raise _FieldError(path, f"must be {_describe(tp)} but got {json.dumps(value)}")
+        raise _READ.fail(path, value, _describe(tp))
     if origin is list:
-        if not isinstance(value, list):
-            raise _FieldError(path, f"must be {_describe(tp)} but got {json.dumps(value)}")
+        _READ.array(value, path, _describe(tp))
         (item,) = typing.get_args(tp)
         return [_parse(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
@@ -744,36 +750,28 @@ def _parse(value: Any, tp: Any, path: str) -> Any:
     if tp is type(None):
         if value is None:
             return None
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            if not math.isfinite(value):
-                raise _FieldError(path, f"must be a finite number but got {value}")
-            return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    else:
-        raise TypeError(f"schema type {tp!r} at {path} has no validator")
-    raise _FieldError(path, f"must be {_describe(tp)} but got {json.dumps(value)}")
+        raise _READ.fail(path, value, "null")
+    if tp is bool:
+        return _READ.boolean(value, path)
+    if tp is int:
+        return _READ.integer(value, path)
+    if tp is float:
+        return _READ.number(value, path, finite="a finite number")
+    if tp is str:
+        return _READ.string(value, path)
+    raise TypeError(f"schema type {tp!r} at {path} has no validator")
 
 
 def _parse_dataclass(value: Any, cls: type[T], path: str) -> T:
     prefix = f"{path}." if path else ""
-    if not isinstance(value, dict):
-        raise _FieldError(path, f"must be an object but got {json.dumps(value)}")
+    value = _READ.table(value, path, "an object")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(value) - set(fields))
-    if unknown:
-        raise _FieldError(
-            prefix + unknown[0], f"is not a field of {cls.__name__} (known: {', '.join(fields)})"
-        )
+
+    def unknown(where: str, _value: object, known: Sequence[str]) -> _FieldError:
+        return _FieldError(where, f"is not a field of {cls.__name__} (known: {', '.join(known)})")
+
+    Reader(_fail, unknown).known_keys(value, tuple(fields), path)
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():
         where = prefix + name
@@ -814,9 +812,8 @@ def _parse_result(data: Any) -> Result:
     for key in ("schema_version", "kind", "id", "machine", "commit", "timestamp", "payload"):
         if key not in data:
             raise _FieldError(key, "is missing")
-    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(Result)})
-    if unknown:
-        raise _FieldError(unknown[0], "is not a field of a result")
+    Reader(_fail, lambda where, _value, _known: _FieldError(where, "is not a field of a result")).known_keys(
+        data, tuple(f.name for f in dataclasses.fields(Result)), "")
     result_id = _parse(data["id"], str, "id")
     _check_id(result_id)
     commit = _parse(data["commit"], str, "commit")

@@ -124,10 +124,6 @@ class TrialResult:
             return 0.0
         return min(1.0, max(0.0, (base - self.received) / base))
 
-    @property
-    def received_pps(self) -> float:
-        return self.received / self.duration if self.duration > 0 else 0.0
-
 
 def check_frame_spec(frame_size: FrameSpec) -> None:
     """Raise GeneratorError unless frame_size is 64..1518 bytes or "imix"."""

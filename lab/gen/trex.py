@@ -216,13 +216,6 @@ class TrexGenerator(Generator):
         return TrialResult(offered=sent, sent=sent, received=received, duration=duration_s,
                            latency=_latency(stats, LATENCY_PG_ID) if self.latency_pps > 0 else None)
 
-    def port_stats(self) -> dict[int, dict[str, float]]:
-        """Per-port counters of the last trial (opackets, ipackets, obytes, ibytes, rates)."""
-        if self._client is None:
-            self.connect()
-        stats = self._client.get_stats()
-        return {p: dict(stats[p]) for p in sorted({self.tx_port, self.rx_port})}
-
     def close(self) -> None:
         if self._client is not None:
             self._client.disconnect()

@@ -286,3 +286,31 @@ def test_mapped_ring_is_the_kernel_map(instance: Instance) -> None:
         assert np.array_equal(again.dp.ring_array(num), back), "the pinned map maps the same memory"
     finally:
         again.close()
+
+
+def test_datapath_transaction_undoes_every_write_when_its_block_raises(instance: Instance) -> None:
+    before = _snapshot(instance)
+    dp = instance.dp
+    num = instance.state.vip_nums["198.51.100.100:80/tcp"]
+    new_ring = np.full(dp.ring_size, 7, dtype=np.uint32)
+    with pytest.raises(RuntimeError, match="the block failed"), dp.transaction() as tx:
+        tx.put_settings(nexthop_mac="02:00:00:00:00:99", gue_port=7000)
+        tx.put_real(7, "203.0.113.99")
+        tx.del_real(1)
+        tx.write_ring_slots(num, np.arange(0, dp.ring_size, 2, dtype=np.uint32), new_ring)
+        assert tx.put_vip("198.51.100.100", 80, "tcp", vip_num=num, encap=_abi.Encap.GUE0)
+        assert not tx.put_vip("198.51.100.100", 80, "tcp", vip_num=num, encap=_abi.Encap.GUE0)  # same value
+        tx.put_vip("198.51.100.200", 53, "udp", vip_num=2)
+        tx.del_vip("198.51.100.100", 9000, "udp")
+        assert tx.ring_slots == (dp.ring_size + 1) // 2
+        assert dp.real(7) == ("203.0.113.99", _abi.RealFlag.PRESENT)  # written at once, not at the end
+        raise RuntimeError("the block failed")
+    assert _snapshot(instance) == before
+    with dp.transaction() as tx:
+        tx.put_real(7, "203.0.113.99")
+    assert dp.real(7) == ("203.0.113.99", _abi.RealFlag.PRESENT)
+
+
+def test_datapath_transaction_refuses_real_id_zero(instance: Instance) -> None:
+    with pytest.raises(DatapathError, match="real id 0 is reserved"), instance.dp.transaction() as tx:
+        tx.put_real(0, "203.0.113.99")

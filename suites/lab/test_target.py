@@ -164,6 +164,15 @@ def test_hardware_mode_runs_the_marked_suites(lab: Lab, netns_target: target.Tar
     assert len(marked) == 3 and set(marked.values()) == {"passed"}, f"hardware-marked tests: {outcome}"
     other = [v for k, v in outcome.items() if k not in marked]
     assert other and all("needs the netns lab on this machine" in v for v in other), outcome
-    left = subprocess.run(["pgrep", "-af", "suites.conformance._(tcp_services|churn_client)"], capture_output=True,
-                          text=True, check=False).stdout
-    assert not left, f"processes the suites started over ssh outlived the run: {left}"
+    left = [p for p in subprocess.run(["pgrep", "-f", "suites.conformance._(tcp_services|churn_client)"],
+                                      capture_output=True, text=True, check=False).stdout.split()
+            if _cwd(p) == REPO]  # only this checkout's: other checkouts on the machine run these too
+    assert not left, f"processes the suites started over ssh outlived the run: pids {left}"
+
+
+def _cwd(pid: str) -> Path | None:
+    """A process's working directory, None once it is gone."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return None
