@@ -45,6 +45,7 @@ from pathlib import Path
 import pytest
 
 from balancer import config as cfg
+from lab.dut import Capability
 from lab.lbconf import ENCAP_IDS, lb_link, real_addresses
 from lab.netns import set_tx_checksum, tx_checksum
 from suites.conftest import Balancer, Lab
@@ -76,7 +77,8 @@ from ._wire import (
     tshark_errors,
 )
 
-pytestmark = pytest.mark.topology("default")
+# The outer source is configured (fixed, or per flow in a prefix) and checked on every frame.
+pytestmark = [pytest.mark.topology("default"), pytest.mark.needs(Capability.OUTER_SOURCE_CHOICE)]
 GUE_PORT = 6080
 ENCAP_TTL = 64
 # Outer family and mode of each encap id this module checks: the lab's, plus 4in6 (IPv4 VIP, IPv6 reals).

@@ -57,6 +57,7 @@ from balancer import _abi
 from balancer import config as cfg
 from balancer.controller import Instance
 from balancer.datapath import addr_words
+from lab.dut import Capability
 from lab.gen.base import Endpoints
 from lab.gen.xdplive import OBJECT as TRAFFICGEN
 from lab.gen.xdplive import XdpLiveGenerator
@@ -206,6 +207,7 @@ def _send_all(sock: socket.socket, frames: list[bytes]) -> int:
     return refused
 
 
+@pytest.mark.needs(Capability.COUNTERS_PER_REASON)
 @pytest.mark.parametrize("encap", ENCAPS, indirect=True)
 def test_storm(balancer: Balancer, echo_services: Services) -> None:
     with recorded("test_robustness_storm", balancer.encap_id):
@@ -349,6 +351,7 @@ def _flood(gen: XdpLiveGenerator, family: int) -> tuple[int, float]:
     return sent, time.monotonic() - t0
 
 
+@pytest.mark.needs(Capability.SESSION_READBACK)
 @pytest.mark.parametrize("encap", ENCAPS, indirect=True)
 def test_lru_flood(balancer: Balancer, echo_services: Services) -> None:
     with recorded("test_robustness_lru_flood", balancer.encap_id):

@@ -44,6 +44,7 @@ from typing import Any
 
 import pytest
 
+from lab.dut import Capability
 from lab.lbconf import lb_link, real_addresses
 from suites.conformance._counters import counters
 from suites.conftest import Balancer, Lab
@@ -63,7 +64,7 @@ from ._wire import (
     read_frames,
 )
 
-pytestmark = pytest.mark.topology("default")
+pytestmark = [pytest.mark.topology("default"), pytest.mark.needs(Capability.COUNTERS_PER_REASON)]
 GUE_PORT = 6080
 UDP_DATAGRAMS = 25
 TCP_CONNECTIONS = 10
