@@ -220,8 +220,10 @@ class L4labDut(Dut):
         path = self.workdir / f"{self.instance}.toml"
         self.workdir.mkdir(parents=True, exist_ok=True)
         path.write_text(cfg.dump(config))
-        self.lab.write(self.node, str(path), path.read_text())
-        return str(path)
+        # On a --target host the node reads its config from its own /tmp (as suites.conftest.Balancer).
+        where = f"/tmp/{self.instance}.toml" if getattr(self.lab, "target", None) is not None else str(path)
+        self.lab.write(self.node, where, path.read_text())
+        return where
 
     def configure(self, encap_id: str, weights: Mapping[str, int] | None = None,
                   extra_ports: Sequence[tuple[int, str]] = ()) -> None:
@@ -231,6 +233,8 @@ class L4labDut(Dut):
         path = self._write()
         if not self._loaded:
             ifname = lb_link(self.lab.topology, self.node)[0]
+            if hasattr(self.lab, "ifname"):  # a --target host's name for the topology's interface
+                ifname = self.lab.ifname(self.node, ifname)
             self.lbctl("load", "--interface", ifname, "--mode", "native", "--config", path)
             self._loaded = True
         else:
