@@ -2,12 +2,15 @@
 
     l4lab conform --dut l4lab --dut ipvs        # prints the matrix, writes results and the report
 
-For every DUT the core conformance tests (suites/conformance/test_dut.py unless --tests says
-otherwise) run in their own pytest process with `--dut NAME`; each test writes one conformance
-result carrying the DUT (suites/conformance/conftest.py). The matrix is built from those results
-only: a cell is `pass`, `fail` (l4lab), `finding` (a foreign DUT failed: the evidence is in the
-result), `n/a: <capability>` or `skip: <why>`. Exit 0 when every DUT's run completed and l4lab
-failed nothing; 1 otherwise (a foreign DUT's findings do not fail the run, they are its grade).
+For every DUT the conformance suites (suites/conformance unless --tests says otherwise) run in
+their own pytest process with `--dut NAME`; each test writes one conformance result carrying the
+DUT (suites/conformance/conftest.py), and a test that needs what the DUT lacks is decided "not
+applicable" before any lab is built. The matrix is built from those results only: a cell is
+`pass`, `fail` (l4lab), `finding` (a foreign DUT failed: the evidence is in the result),
+`n/a: <capability>` or `skip: <why>`. A foreign DUT's column must hold nothing but pass, finding
+with its evidence, and n/a naming a capability (`column_problems`). Exit 0 when every DUT's run
+completed, l4lab failed nothing and every foreign column is so; 1 otherwise (a foreign DUT's
+findings do not fail the run, they are its grade).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from lab.errors import UsageError
 from reports.schema import ConformancePayload, Kind, Result, load_results, results_dir
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_TESTS = "suites/conformance/test_dut.py"
+DEFAULT_TESTS = "suites/conformance"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,24 @@ def build_matrix(results: Sequence[Result]) -> dict[tuple[str, str], dict[str, C
             continue
         matrix.setdefault((payload.test, payload.encap or "-"), {})[payload.dut] = cell_of(payload)
     return dict(sorted(matrix.items()))
+
+
+def column_problems(matrix: dict[tuple[str, str], dict[str, Cell]], dut: str) -> list[str]:
+    """What is wrong with a foreign DUT's column: a cell not run, skipped, a finding without the
+    DUT's evidence or a "not applicable" that names no capability. Empty: the column is sound."""
+    problems = []
+    for (test, encap), cells in matrix.items():
+        cell = cells.get(dut)
+        where = f"{dut} {test}[{encap}]"
+        if cell is None:
+            problems.append(f"{where}: not run")
+        elif cell.outcome == "finding" and f"--- {dut} says ---" not in cell.detail:
+            problems.append(f"{where}: a finding without {dut}'s evidence")
+        elif cell.outcome == "not-applicable" and not cell.detail.removeprefix("not applicable: ").strip():
+            problems.append(f"{where}: not applicable, naming no capability")
+        elif cell.outcome not in ("pass", "finding", "not-applicable"):
+            problems.append(f"{where}: {cell.label}")
+    return problems
 
 
 def render_matrix(matrix: dict[tuple[str, str], dict[str, Cell]], duts: Sequence[str]) -> str:
@@ -121,6 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.copy2(path, main_dir / path.name)
     broken = {d: c for d, c in codes.items() if c != 0}
     l4lab_failed = any(c.get("l4lab") and c["l4lab"].outcome == "fail" for c in matrix.values())
+    unsound = [p for d in duts if d != "l4lab" for p in column_problems(matrix, d)]
+    if unsound:
+        print(f"\nconform: {len(unsound)} cells of a foreign DUT are neither pass, finding with evidence nor "
+              "not applicable with a capability:", file=sys.stderr)
+        for problem in unsound[:20]:
+            print(f"  {problem}", file=sys.stderr)
     if not args.no_report:
         from reports import render
 
@@ -130,4 +157,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     if broken:
         print("conform: the run of " + ", ".join(f"{d} (pytest exit {c})" for d, c in broken.items())
               + " did not complete cleanly; see its output above", file=sys.stderr)
-    return 1 if broken or l4lab_failed or not matrix else 0
+    return 1 if broken or l4lab_failed or unsound or not matrix else 0

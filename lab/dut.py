@@ -50,6 +50,15 @@ class Capability(StrEnum):
     COUNTERS = "counters"                    # per-real or total forwarded-packet counters
     COUNTERS_PER_REASON = "counters-per-reason"  # every drop counted under a named reason
     HITLESS_RESTART = "hitless-restart"      # the control plane restarts without moving a flow
+    HITLESS_UPGRADE = "hitless-upgrade"      # the datapath program is swapped under traffic on the same state
+    CRASH_SAFE_APPLY = "crash-safe-apply"    # a control plane killed mid-update converges on the next apply
+    OWNER_QUERY = "owner-query"              # asked which real a given flow hashes to, without sending it
+    RING_READBACK = "ring-readback"          # the lookup table can be read back slot by slot
+    SESSION_READBACK = "session-readback"    # the connection table can be read entry by entry, per flow
+    SESSION_TABLE_OFF = "session-table-off"  # a VIP can do without connection state (hash only)
+    OUTER_SOURCE_CHOICE = "outer-source-choice"  # the outer source is configured: fixed, or per flow in a prefix
+    PACKET_TEST_RUN = "packet-test-run"      # the datapath runs on a synthetic packet without a wire
+    MULTI_LB = "multi-lb"                    # several instances announce one VIP (BGP, BFD) with one ring
 
 
 def encap_capability(encap_id: str) -> str:
@@ -173,6 +182,9 @@ class L4labDut(Dut):
         *(encap_capability(e) for e in encaps.SAME_FAMILY), Capability.IPV6, Capability.WEIGHTS,
         Capability.CONSISTENT_HASHING, Capability.PMTU_GENERATION, Capability.ICMP_STEERING,
         Capability.COUNTERS, Capability.COUNTERS_PER_REASON, Capability.HITLESS_RESTART,
+        Capability.HITLESS_UPGRADE, Capability.CRASH_SAFE_APPLY, Capability.OWNER_QUERY,
+        Capability.RING_READBACK, Capability.SESSION_READBACK, Capability.SESSION_TABLE_OFF,
+        Capability.OUTER_SOURCE_CHOICE, Capability.PACKET_TEST_RUN, Capability.MULTI_LB,
     })
     node = "lb"
 
@@ -210,8 +222,10 @@ class L4labDut(Dut):
         path = self.workdir / f"{self.instance}.toml"
         self.workdir.mkdir(parents=True, exist_ok=True)
         path.write_text(cfg.dump(config))
-        self.lab.write(self.node, str(path), path.read_text())
-        return str(path)
+        # On a --target host the node reads its config from its own /tmp (as suites.conftest.Balancer).
+        where = f"/tmp/{self.instance}.toml" if getattr(self.lab, "target", None) is not None else str(path)
+        self.lab.write(self.node, where, path.read_text())
+        return where
 
     def configure(self, encap_id: str, weights: Mapping[str, int] | None = None,
                   extra_ports: Sequence[tuple[int, str]] = ()) -> None:
@@ -221,6 +235,8 @@ class L4labDut(Dut):
         path = self._write()
         if not self._loaded:
             ifname = lb_link(self.lab.topology, self.node)[0]
+            if hasattr(self.lab, "ifname"):  # a --target host's name for the topology's interface
+                ifname = self.lab.ifname(self.node, ifname)
             self.lbctl("load", "--interface", ifname, "--mode", "native", "--config", path)
             self._loaded = True
         else:
@@ -289,13 +305,18 @@ class IpvsDut(Dut):
         super().__init__(lab, workdir)
         self.scheduler = scheduler
         self.flags = flags
-        # rr ignores weights; rr and wrr place flows by turn, so removing a real moves others too.
-        lacks = {"rr": {Capability.WEIGHTS, Capability.CONSISTENT_HASHING},
-                 "wrr": {Capability.CONSISTENT_HASHING}}.get(scheduler, set())
-        self.capabilities = frozenset(type(self).capabilities - lacks)
+        self.capabilities = self.with_scheduler(scheduler)
         self.vm: Any = None
         self._stack = contextlib.ExitStack()
         self._services: list[Any] = []
+
+    @classmethod
+    def with_scheduler(cls, scheduler: str) -> frozenset[str]:
+        """What IPVS can do with `scheduler`: rr ignores weights; rr and wrr place flows by turn,
+        so removing a real moves others too."""
+        lacks = {"rr": {Capability.WEIGHTS, Capability.CONSISTENT_HASHING},
+                 "wrr": {Capability.CONSISTENT_HASHING}}.get(scheduler, set())
+        return frozenset(cls.capabilities - lacks)
 
     def start(self) -> None:
         from lab.ipvs import IpvsLb
@@ -536,6 +557,17 @@ class KatranDut(Dut):
 
 def _ip(ns: str, *args: str) -> None:
     subprocess.run(["ip", "-n", ns, *args], capture_output=True, text=True, check=True)
+
+
+def capabilities_of(name: str, ipvs_scheduler: str = "mh:mh-port") -> frozenset[str]:
+    """What the DUT called `name` declares, without attaching it (for deciding applicability up front)."""
+    if name == "l4lab":
+        return L4labDut.capabilities
+    if name == "ipvs":
+        return IpvsDut.with_scheduler(ipvs_scheduler.partition(":")[0])
+    if name == "katran":
+        return KatranDut.capabilities
+    raise LabError(f"unknown DUT {name!r}: choose one of {', '.join(DUT_NAMES)}")
 
 
 def make_dut(name: str, lab: LabLike, workdir: Path, ipvs_scheduler: str = "mh:mh-port") -> Dut:

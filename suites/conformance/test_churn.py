@@ -57,6 +57,7 @@ import pytest
 from balancer import config as cfg
 from balancer import maglev
 from balancer.encaps import IP4_IPIP, IP6_IP6IP6
+from lab.dut import Capability
 from lab.lbconf import real_addresses
 from reports.schema import ChurnPayload, ChurnPoint, ConnectionOutcomes, KatranChurn, write_result
 from suites.conformance._churn_client import ChurnClient
@@ -92,6 +93,7 @@ def _reals(n: int) -> dict[int, tuple[str, int]]:
     return {i: (f"2001:db8:5::{i:x}", 1) for i in range(1, n + 1)}
 
 
+@pytest.mark.needs(Capability.RING_READBACK)
 @pytest.mark.parametrize("n", [3, 10, 50, 100])
 def test_ring_disruption(n: int) -> None:
     reals = _reals(n)
@@ -275,11 +277,13 @@ def _point(balancer: Balancer, report: dict[str, Any]) -> ChurnPayload:
                            slots_changed=int(kat["slots_changed"])) if kat else None)])
 
 
+@pytest.mark.needs(Capability.CONSISTENT_HASHING, Capability.OWNER_QUERY)
 def test_remove_real(balancer: Balancer, echoes: Services) -> None:
     _configure(balancer)
     _check_removal(balancer, "test_remove_real")
 
 
+@pytest.mark.needs(Capability.CONSISTENT_HASHING, Capability.OWNER_QUERY)
 @pytest.mark.parametrize("encap", [IP4_IPIP, IP6_IP6IP6])
 def test_remove_real_from_one_vip(balancer: Balancer, echoes: Services) -> None:
     """The real leaves the echo VIP but still serves the topology's other VIPs: the controller flushes
@@ -322,6 +326,7 @@ def _apply_time(report: dict[str, Any]) -> float:
     return float(report["marks"]["applied"] - report["marks"]["change"])
 
 
+@pytest.mark.needs(Capability.CONSISTENT_HASHING, Capability.OWNER_QUERY)
 def test_add_real(balancer: Balancer, echoes: Services) -> None:
     _configure(balancer, without=MOVED)
     address = real_addresses(balancer.lab.topology, balancer.family)[MOVED]
@@ -339,6 +344,7 @@ def test_add_real(balancer: Balancer, echoes: Services) -> None:
     write_result("churn", f"test_add_real[{balancer.encap_id}]", _point(balancer, report))
 
 
+@pytest.mark.needs(Capability.WEIGHTS, Capability.OWNER_QUERY)
 def test_drain_real(balancer: Balancer, echoes: Services) -> None:
     _configure(balancer)
     address = real_addresses(balancer.lab.topology, balancer.family)[MOVED]
@@ -360,6 +366,7 @@ def test_drain_real(balancer: Balancer, echoes: Services) -> None:
     write_result("churn", f"test_drain_real[{balancer.encap_id}]", _point(balancer, report))
 
 
+@pytest.mark.needs(Capability.SESSION_TABLE_OFF, Capability.OWNER_QUERY)
 def test_add_real_without_lru(balancer: Balancer, echoes: Services) -> None:
     _configure(balancer, without=MOVED, lru=False)
     address = real_addresses(balancer.lab.topology, balancer.family)[MOVED]

@@ -1,8 +1,10 @@
 """DSR return path: services through the VIP from several clients, replies straight from the reals.
 
-For every encap: HTTP (TCP) and UDP echo from every client address, while the LB's link is
-captured on the router. Replies carry source = VIP, the client never sees a real's address,
-every real serves, and the LB's link carries only client→VIP packets and their encapsulation.
+For every encap the DUT offers (`--dut`, suites/conformance/conftest.py): HTTP (TCP) and UDP echo
+from every client address, while the DUT's link is captured on the router. Replies carry source =
+VIP, the client never sees a real's address, every real serves, and the DUT's link carries only
+client→VIP packets and their encapsulation. Where the DUT counts what it forwards, its count must
+equal the wire's (l4lab: its TX_ENCAP reason; IPVS and Katran: their per-real packet counters).
 Marked hardware: with --target the same tests run on Vagrant or bare-metal hosts over SSH.
 """
 
@@ -10,41 +12,59 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from balancer import _abi
 from lab.capture import classify_lb_link
-from lab.lbconf import lb_link, real_addresses
-from suites.conftest import Balancer, Lab
+from lab.dut import Capability, Dut, L4labDut
 
 pytestmark = [pytest.mark.topology("default"), pytest.mark.hardware]
 GUE_PORT = _abi.Limits.DEFAULT_GUE_PORT
 REQUESTS = 18
+COUNTER_DEADLINE_S = 6.0  # IPVS sums its per-CPU counters every 2 s
 
 
-def _clients(lab: Lab, family: int) -> list[str]:
+def _clients(lab: Any, family: int) -> list[str]:
     return sorted({str(a.ip) for link in lab.topology.links for ep in link.endpoints
                    if ep.node == "client" for a in ep.all_addresses if a.version == family})
 
 
-def test_replies_bypass_the_lb(lab: Lab, balancer: Balancer, tmp_path: Path) -> None:
-    fam = balancer.family
-    vips = sorted({str(v.address) for v in lab.topology.vips if v.address.version == fam})
-    clients = _clients(lab, fam)
-    reals = real_addresses(lab.topology, fam)
-    lb_if, router, router_if = lb_link(lab.topology)
-    before = balancer.stats()
+def _encapsulated(dut: Dut) -> int:
+    """What the DUT says it encapsulated so far: l4lab's TX_ENCAP reason, another DUT's per-real sum."""
+    if isinstance(dut, L4labDut):
+        return int(dut.stats()["reasons"]["TX_ENCAP"]["packets"])
+    return sum(dut.forwarded().values())
+
+
+def _counted(dut: Dut, before: int, want: int) -> int:
+    deadline = time.monotonic() + COUNTER_DEADLINE_S
+    while True:
+        delta = _encapsulated(dut) - before
+        if delta >= want or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.2)  # polling the DUT's counters, bounded by the deadline above
+
+
+def test_replies_bypass_the_lb(lab: Any, dut: Dut, dut_encap: str, tmp_path: Path) -> None:
+    dut.configure(dut_encap)
+    vips = dut.vips()
+    clients = _clients(lab, dut.family)
+    reals = dut.reals()
+    link = dut.link()
+    counting = Capability.COUNTERS in dut.capabilities
+    before = _encapsulated(dut) if counting else 0
     pcap = tmp_path / "lb-link.pcap"
     answers: list[dict[str, object]] = []
-    with lab.capture(router, router_if, pcap):
+    with lab.capture(link.node, link.ifname, pcap):
         for vip in vips:
             for kind, port in (("http", 80), ("udp", 9000)):
                 args = [kind, "--vip", vip, "--port", str(port), "--count", str(REQUESTS)]
                 args += [a for c in clients for a in ("--source", c)]
                 answers += json.loads(lab.python("client", "lab.traffic", *args).stdout)
-    after = balancer.stats()
 
     failed = [a for a in answers if "error" in a]
     assert not failed, f"{len(failed)} of {len(answers)} requests failed: {failed[:3]}"
@@ -54,20 +74,20 @@ def test_replies_bypass_the_lb(lab: Lab, balancer: Balancer, tmp_path: Path) -> 
     assert udp and all(a["peer"] in vips for a in udp), "a UDP reply did not come from the VIP"
     assert {a["source"] for a in answers} == set(clients)
 
-    lb_mac = lab.mac("lb", lb_if).lower()
-    counts = classify_lb_link(pcap, lb_mac, set(vips), set(clients), GUE_PORT)
+    counts = classify_lb_link(pcap, link.dut_mac, set(vips), set(clients), GUE_PORT)
     assert not counts.stray, f"the LB's link carried other traffic (replies?): {counts.stray[:5]}"
     assert counts.to_lb > 0 and counts.from_lb == counts.to_lb
-    sent = after["reasons"]["TX_ENCAP"]["packets"] - before["reasons"]["TX_ENCAP"]["packets"]
-    assert sent == counts.to_lb, f"LB counted {sent} encapsulated packets, the wire carried {counts.to_lb}"
-    sys.stdout.write(f"\n{balancer.encap_id}: {len(answers)} answers from {sorted(seen)}, "
+    if counting:
+        sent = _counted(dut, before, counts.to_lb)
+        assert sent == counts.to_lb, f"{dut.name} counted {sent} encapsulated packets, the wire carried {counts.to_lb}"
+    sys.stdout.write(f"\n{dut.name} {dut_encap}: {len(answers)} answers from {sorted(seen)}, "
                      f"{counts.to_lb} client→VIP packets, 0 replies through the LB\n")
 
 
-def test_client_never_sees_a_real_address(lab: Lab, balancer: Balancer, tmp_path: Path) -> None:
-    fam = balancer.family
-    vip = next(str(v.address) for v in lab.topology.vips if v.address.version == fam)
-    reals = set(real_addresses(lab.topology, fam).values())
+def test_client_never_sees_a_real_address(lab: Any, dut: Dut, dut_encap: str, tmp_path: Path) -> None:
+    dut.configure(dut_encap)
+    vip = dut.vips()[0]
+    reals = set(dut.reals().values())
     pcap = tmp_path / "client.pcap"
     with lab.capture("client", "cl-rt", pcap):
         lab.python("client", "lab.traffic", "http", "--vip", vip, "--port", "80", "--count", "9")

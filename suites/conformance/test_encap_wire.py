@@ -47,6 +47,7 @@ import pytest
 from balancer import _abi
 from balancer import config as cfg
 from balancer.encaps import IP4_IPIP, IP6_IP4IP6, by_id
+from lab.dut import Capability
 from lab.lbconf import lb_link, real_addresses
 from lab.netns import set_tx_checksum, tx_checksum
 from lab.packets.decode import (
@@ -80,7 +81,8 @@ from ._wire import (
     tshark_errors,
 )
 
-pytestmark = pytest.mark.topology("default")
+# The outer source is configured (fixed, or per flow in a prefix) and checked on every frame.
+pytestmark = [pytest.mark.topology("default"), pytest.mark.needs(Capability.OUTER_SOURCE_CHOICE)]
 GUE_PORT = _abi.Limits.DEFAULT_GUE_PORT
 ENCAP_TTL = 64
 REQUESTS = 12  # per kind (HTTP, UDP), spread over the client's source addresses

@@ -23,6 +23,7 @@ import pytest
 from balancer import config as cfg
 from balancer.controller import Instance
 from balancer.encaps import IP4_IPIP
+from lab.dut import Capability
 from lab.frr import FRR_BIN
 from lab.lbconf import lb_link, real_addresses
 from lab.nsexec import entered
@@ -31,7 +32,7 @@ from suites.conformance._churn_client import ChurnClient
 from suites.conformance._tcp_services import Services
 from suites.conftest import Balancer, Lab
 
-pytestmark = [pytest.mark.topology("multi-lb"),
+pytestmark = [pytest.mark.topology("multi-lb"), pytest.mark.needs(Capability.MULTI_LB),
               pytest.mark.skipif(not (Path(FRR_BIN) / "bgpd").exists() or shutil.which("vtysh") is None,
                                  reason="FRR is missing: run bash scripts/setup.sh --extra frr")]
 ECHO_PORT = 7011
@@ -120,6 +121,7 @@ def _ring_addresses(instance: str, vip_name: str) -> list[str]:
         inst.close()
 
 
+@pytest.mark.needs(Capability.RING_READBACK)
 def test_reals_in_another_order_build_the_same_ring(lab: Lab, lbs: dict[str, Balancer]) -> None:
     configs = {node: cfg.load(b.config_path) for node, b in lbs.items()}
     names = [v.name for v in configs["lb1"].vips]

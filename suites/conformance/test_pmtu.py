@@ -34,13 +34,16 @@ from typing import Any, cast
 import pytest
 
 from balancer.encaps import by_id
+from lab.dut import Capability
 from lab.lbconf import real_addresses
 from reports.schema import EncapId, PmtuPayload, PmtuScenario, write_result
 from suites.conformance._counters import counters
 from suites.conformance._tcp_services import Services
 from suites.conftest import Balancer, Lab
 
-pytestmark = pytest.mark.topology("pmtu")
+# The outcomes are told apart by the LB's own reasons (TX_ICMP_TOO_BIG, PASS_ICMP_NOT_VIP).
+pytestmark = [pytest.mark.topology("pmtu"),
+              pytest.mark.needs(Capability.PMTU_GENERATION, Capability.COUNTERS_PER_REASON)]
 SINK_PORT = 5001
 UDP_PORT = 9000
 UNDERLAY_MTU = 1500

@@ -47,6 +47,7 @@ from balancer import config as cfg
 from balancer.controller import CRASH_AFTER_SLOTS_ENV, Instance
 from balancer.encaps import IP4_IPIP
 from lab import frr, netns, topology
+from lab.dut import Capability
 from lab.lbconf import lb_link, real_addresses
 from lab.state import state_dir
 from suites.conformance._churn_client import ChurnClient
@@ -208,6 +209,7 @@ class Daemon:
         return code
 
 
+@pytest.mark.needs(Capability.HITLESS_RESTART)
 def test_daemon_killed_and_restarted_keeps_forwarding_and_rewrites_nothing(
         lab: Lab, lb: Balancer, tmp_path: Path) -> None:
     conf = _config(lb, {PORT_A: None})
@@ -243,6 +245,7 @@ def test_daemon_killed_and_restarted_keeps_forwarding_and_rewrites_nothing(
                      f"the new daemon's apply wrote {applied['writes']} entries\n")
 
 
+@pytest.mark.needs(Capability.HITLESS_UPGRADE)
 def test_upgrade_under_traffic(lab: Lab, lb: Balancer, tmp_path: Path) -> None:
     _load(lb, _config(lb, {PORT_A: None}))
     rebuilt = tmp_path / "rebuilt" / "balancer.o"
@@ -267,6 +270,7 @@ def _prog_id(b: Balancer) -> int:
     return int(link["xdp"]["prog"]["id"])
 
 
+@pytest.mark.needs(Capability.CRASH_SAFE_APPLY)
 def test_controller_killed_mid_apply_converges(lab: Lab, lb: Balancer, monkeypatch: pytest.MonkeyPatch) -> None:
     old = _config(lb, {PORT_A: None, PORT_B: ADDED})
     new = _config(lb, {PORT_A: None, PORT_B: None})  # B gains the third real
@@ -320,6 +324,7 @@ def _model_ring(instance: str, port: int) -> bytes:
         inst.close()
 
 
+@pytest.mark.needs(Capability.OWNER_QUERY)
 def test_ring_change_after_lru_eviction(lab: Lab, lb: Balancer) -> None:
     """A session the LRU evicted no longer holds its flow: the flow's next packet is hashed on the ring
     as it is *then*. Here the session tables hold LRU_SIZE flows per CPU while CONNS connections
@@ -422,6 +427,7 @@ def _wait_paths(lab: Lab, vip: str, want: set[str], timeout: float = 20.0) -> fl
     return time.monotonic()
 
 
+@pytest.mark.needs(Capability.MULTI_LB)
 def test_lb_node_failure_detected_by_bfd_keeps_every_connection(multilb: Lab) -> None:
     lab, vip = multilb, _vip(multilb)
     _wait_paths(lab, vip, {"rt-lb1", "rt-lb2"})

@@ -58,6 +58,7 @@ from balancer import config as cfg
 from balancer.controller import Instance
 from balancer.datapath import addr_words
 from balancer.encaps import IP4_IPIP, IP6_IP6IP6
+from lab.dut import Capability
 from lab.gen.base import Endpoints
 from lab.gen.xdplive import OBJECT as TRAFFICGEN
 from lab.gen.xdplive import XdpLiveGenerator
@@ -207,6 +208,7 @@ def _send_all(sock: socket.socket, frames: list[bytes]) -> int:
     return refused
 
 
+@pytest.mark.needs(Capability.COUNTERS_PER_REASON)
 @pytest.mark.parametrize("encap", ENCAPS, indirect=True)
 def test_storm(balancer: Balancer, echo_services: Services) -> None:
     with recorded("test_robustness_storm", balancer.encap_id):
@@ -350,6 +352,7 @@ def _flood(gen: XdpLiveGenerator, family: int) -> tuple[int, float]:
     return sent, time.monotonic() - t0
 
 
+@pytest.mark.needs(Capability.SESSION_READBACK)
 @pytest.mark.parametrize("encap", ENCAPS, indirect=True)
 def test_lru_flood(balancer: Balancer, echo_services: Services) -> None:
     with recorded("test_robustness_lru_flood", balancer.encap_id):

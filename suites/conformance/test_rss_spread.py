@@ -49,6 +49,7 @@ import pytest
 from balancer import _abi
 from balancer import config as cfg
 from balancer.encaps import IP4_GUE1, IP4_IPIP, IP6_IP6IP6, by_id
+from lab.dut import Capability
 from lab.lbconf import real_addresses
 from lab.nsexec import nsenter_argv
 from lab.rss import Toeplitz, indirection_table, queues_of, spread
@@ -58,7 +59,8 @@ from suites.conftest import REPO, Balancer, Lab
 
 from ._emitted import emit_flows
 
-pytestmark = pytest.mark.topology("default")
+# Fixed against flow-derived outer sources: the outer source must be configurable.
+pytestmark = [pytest.mark.topology("default"), pytest.mark.needs(Capability.OUTER_SOURCE_CHOICE)]
 FLOWS = 36_000  # through the program; about a third land on the real under study
 MIN_FLOWS = 10_000
 NQUEUES = 8
@@ -83,6 +85,7 @@ def _scenario(name: str, queues: npt.NDArray[np.integer[Any]], nqueues: int, sou
                        counted="flows", source=source)  # type: ignore[arg-type]
 
 
+@pytest.mark.needs(Capability.PACKET_TEST_RUN)
 def test_nic_queue_spread(encap: str) -> None:
     _need_datapath()
     fam, mode = by_id(encap).vip_family, by_id(encap).config_name

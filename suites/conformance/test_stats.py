@@ -45,6 +45,7 @@ from typing import Any
 import pytest
 
 from balancer import _abi
+from lab.dut import Capability
 from lab.lbconf import lb_link, real_addresses
 from lab.packets.decode import (
     PROTO_TCP,
@@ -66,7 +67,7 @@ from ._wire import (
     read_frames,
 )
 
-pytestmark = pytest.mark.topology("default")
+pytestmark = [pytest.mark.topology("default"), pytest.mark.needs(Capability.COUNTERS_PER_REASON)]
 GUE_PORT = _abi.Limits.DEFAULT_GUE_PORT
 UDP_DATAGRAMS = 25
 TCP_CONNECTIONS = 10

@@ -7,6 +7,9 @@ real schema code, so a wrong label or a lost cell fails.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,8 @@ from balancer.encaps import SAME_FAMILY
 from lab import conform
 from lab.dut import Capability, IpvsDut, L4labDut, encap_capability
 from reports.schema import ConformancePayload, Kind, case_id, load_results, write_result
+
+REPO = Path(conform.__file__).resolve().parent.parent
 
 
 def _write(tmp: Path, test: str, encap: str, dut: str, outcome: str, detail: str = "") -> None:
@@ -87,3 +92,50 @@ def test_without_a_foreign_dut_the_report_has_no_dut_matrix(tmp_path: Path) -> N
 
     _write(tmp_path, "test_inner", "ip4-ipip", "l4lab", "pass")
     assert 'id="duts"' not in render.render_html(load_results(tmp_path))
+
+
+def test_a_foreign_column_holds_only_pass_finding_with_evidence_or_not_applicable(tmp_path: Path) -> None:
+    _write(tmp_path, "test_ok", "ip4-ipip", "ipvs", "pass")
+    _write(tmp_path, "test_found", "ip4-ipip", "ipvs", "fail", "E   AssertionError: x\n--- ipvs says ---\nTCP 1")
+    _write(tmp_path, "test_bare", "ip4-ipip", "ipvs", "fail", "E   AssertionError: no evidence")
+    _write(tmp_path, "test_na", "ip4-ipip", "ipvs", "not-applicable", "not applicable: owner-query")
+    _write(tmp_path, "test_na_blank", "ip4-ipip", "ipvs", "not-applicable", "not applicable: ")
+    _write(tmp_path, "test_skipped", "ip4-ipip", "ipvs", "skip", "tshark is missing")
+    _write(tmp_path, "test_l4lab_only", "ip4-ipip", "l4lab", "pass")
+    problems = conform.column_problems(conform.build_matrix(load_results(tmp_path)), "ipvs")
+    assert sorted(problems) == sorted([
+        "ipvs test_bare[ip4-ipip]: a finding without ipvs's evidence",
+        "ipvs test_na_blank[ip4-ipip]: not applicable, naming no capability",
+        "ipvs test_skipped[ip4-ipip]: skip: tshark is missing",
+        "ipvs test_l4lab_only[ip4-ipip]: not run",
+    ])
+
+
+def test_every_conformance_test_l4lab_alone_can_run_is_not_applicable_with_its_capability(tmp_path: Path) -> None:
+    """The real conformance suites under IPVS, less the modules that attach it (test_dut.py,
+    test_dsr.py: `make test`'s `l4lab conform --dut ipvs` runs those): every other test must be
+    decided not applicable up front (no lab is built) and written so, naming the capability."""
+    dut = "ipvs"
+    here = REPO / "suites" / "conformance"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", str(here), "--dut", dut, "-q", "-p", "no:cacheprovider",
+         "--ignore", str(here / "test_dut.py"), "--ignore", str(here / "test_dsr.py")],
+        cwd=REPO, env=os.environ | {"L4LAB_RESULTS": str(tmp_path)}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    collected = int(done.stdout.strip().splitlines()[-1].split()[0])
+    results = load_results(tmp_path)
+    assert len(results) == collected > 40, f"{len(results)} results for {collected} tests: {done.stdout[-1000:]}"
+    matrix = conform.build_matrix(results)
+    assert not conform.column_problems(matrix, dut)
+    capabilities = {c.detail.removeprefix("not applicable: ") for cells in matrix.values() for c in cells.values()}
+    assert all(c.outcome == "not-applicable" for cells in matrix.values() for c in cells.values())
+    assert {Capability.OWNER_QUERY, Capability.COUNTERS_PER_REASON, Capability.MULTI_LB} <= capabilities
+
+
+def test_every_conformance_test_declares_what_katran_lacks_or_takes_the_dut() -> None:
+    """A test that would grade l4lab under another DUT's name (it does not take `dut` and needs
+    nothing that DUT lacks) stops the collection (suites/conformance/conftest.py): Katran's must pass."""
+    done = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "suites" / "conformance"), "--dut", "katran",
+                           "--collect-only", "-q", "-p", "no:cacheprovider"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
