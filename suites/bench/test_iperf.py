@@ -11,9 +11,9 @@ import time
 import pytest
 
 from balancer import config as cfg
+from lab.harness import Lab, LabBalancer
 from lab.lbconf import real_addresses
 from lab.nsexec import nsenter_argv
-from suites.conftest import Balancer, Lab
 
 pytestmark = [pytest.mark.topology("default"),
               pytest.mark.skipif(shutil.which("iperf3") is None,
@@ -22,7 +22,7 @@ PORT = 5201
 
 
 @pytest.mark.parametrize("encap", ["ip4-ipip", "ip4-gue1", "ip6-ip6ip6"])
-def test_iperf3_through_the_vip(lab: Lab, balancer: Balancer) -> None:
+def test_iperf3_through_the_vip(lab: Lab, balancer: LabBalancer) -> None:
     conf = balancer.config_for()
     first = conf.vips[0]
     balancer.apply(cfg.Config(datapath=conf.datapath, encap=conf.encap, metrics=conf.metrics,

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from suites.conftest import Lab
+from lab.harness import Lab
 
 T = TypeVar("T")
 POLL_INTERVAL_S = 0.05

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from lab.capture import classify_lb_link
+from lab.harness import Lab, LabBalancer
 from lab.lbconf import lb_link, real_addresses
-from suites.conftest import Balancer, Lab
 
 pytestmark = [pytest.mark.topology("default"), pytest.mark.hardware]
 GUE_PORT = 6080
@@ -28,7 +28,7 @@ def _clients(lab: Lab, family: int) -> list[str]:
                    if ep.node == "client" for a in ep.all_addresses if a.version == family})
 
 
-def test_replies_bypass_the_lb(lab: Lab, balancer: Balancer, tmp_path: Path) -> None:
+def test_replies_bypass_the_lb(lab: Lab, balancer: LabBalancer, tmp_path: Path) -> None:
     fam = balancer.family
     vips = sorted({str(v.address) for v in lab.topology.vips if v.address.version == fam})
     clients = _clients(lab, fam)
@@ -63,7 +63,7 @@ def test_replies_bypass_the_lb(lab: Lab, balancer: Balancer, tmp_path: Path) -> 
                      f"{counts.to_lb} client→VIP packets, 0 replies through the LB\n")
 
 
-def test_client_never_sees_a_real_address(lab: Lab, balancer: Balancer, tmp_path: Path) -> None:
+def test_client_never_sees_a_real_address(lab: Lab, balancer: LabBalancer, tmp_path: Path) -> None:
     fam = balancer.family
     vip = next(str(v.address) for v in lab.topology.vips if v.address.version == fam)
     reals = set(real_addresses(lab.topology, fam).values())

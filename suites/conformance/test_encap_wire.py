@@ -45,9 +45,9 @@ from pathlib import Path
 import pytest
 
 from balancer import config as cfg
+from lab.harness import Lab, LabBalancer
 from lab.lbconf import ENCAP_IDS, lb_link, real_addresses
 from lab.netns import set_tx_checksum, tx_checksum
-from suites.conftest import Balancer, Lab
 
 from ._record import recorded
 from ._settle import poll, wait_client_quiet
@@ -134,7 +134,7 @@ def client_checksums_complete(lab: Lab) -> Iterator[None]:
 class Traffic:
     """The captures of one round of requests: the client's link, the LB's link, each real's link."""
 
-    def __init__(self, lab: Lab, balancer: Balancer, directory: Path, requests: int = REQUESTS,
+    def __init__(self, lab: Lab, balancer: LabBalancer, directory: Path, requests: int = REQUESTS,
                  outer_family: int | None = None) -> None:
         fam = balancer.family
         self.vip = _vip(lab, fam)
@@ -284,7 +284,7 @@ def _per_flow(emitted: list[Encapsulated], attr: str) -> dict[FlowKey, set[objec
 
 @pytest.mark.hardware
 @pytest.mark.parametrize("outer_src", ["fixed", "flow"])
-def test_encap_on_the_wire(lab: Lab, balancer: Balancer, encap: str, outer_src: str,
+def test_encap_on_the_wire(lab: Lab, balancer: LabBalancer, encap: str, outer_src: str,
                            client_checksums_complete: None, tmp_path: Path) -> None:
     with recorded("test_encap_on_the_wire", encap, outer_src):
         config = balancer.config_for(outer_src=outer_src)
@@ -295,7 +295,7 @@ def test_encap_on_the_wire(lab: Lab, balancer: Balancer, encap: str, outer_src: 
 @pytest.mark.hardware
 @pytest.mark.parametrize("outer_src", ["fixed", "flow"])
 @pytest.mark.parametrize("encap", ["ip4-ipip"], indirect=True)
-def test_4in6_on_the_wire(lab: Lab, balancer: Balancer, encap: str, outer_src: str,
+def test_4in6_on_the_wire(lab: Lab, balancer: LabBalancer, encap: str, outer_src: str,
                           client_checksums_complete: None, tmp_path: Path) -> None:
     """The IPv4 VIP with the reals' IPv6 addresses: IPv4 packets in IPv6 (next header 4)."""
     with recorded("test_encap_on_the_wire", "ip6-ip4ip6", outer_src):
@@ -308,7 +308,7 @@ def test_4in6_on_the_wire(lab: Lab, balancer: Balancer, encap: str, outer_src: s
         _check_wire(t, balancer, config, "ip6-ip4ip6", outer_src, tmp_path)
 
 
-def _check_wire(t: Traffic, balancer: Balancer, config: cfg.Config, encap: str, outer_src: str,
+def _check_wire(t: Traffic, balancer: LabBalancer, config: cfg.Config, encap: str, outer_src: str,
                 tmp_path: Path) -> None:
     """Every assertion of the module's docstring, on one round of captured traffic."""
     sent = t.client_packets()

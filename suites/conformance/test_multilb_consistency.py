@@ -23,12 +23,12 @@ import pytest
 from balancer import config as cfg
 from balancer.controller import Instance
 from lab.frr import FRR_BIN
+from lab.harness import Lab, LabBalancer
 from lab.lbconf import lb_link, real_addresses
 from lab.nsexec import entered
 from reports import schema
 from suites.conformance._churn_client import ChurnClient
 from suites.conformance._tcp_services import Services
-from suites.conftest import Balancer, Lab
 
 pytestmark = [pytest.mark.topology("multi-lb"),
               pytest.mark.skipif(not (Path(FRR_BIN) / "bgpd").exists() or shutil.which("vtysh") is None,
@@ -38,7 +38,7 @@ LBS = ("lb1", "lb2")
 
 
 @pytest.fixture(scope="module")
-def lbs(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Balancer]]:
+def lbs(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LabBalancer]]:
     """Name: lbs. Scope: module. Depends: lab (multi-lb).
 
     lbctl loaded on lb1 (reals in address order) and lb2 (reversed), IPv4 VIPs in IPIP::
@@ -47,10 +47,10 @@ def lbs(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
             lbs["lb2"].stats()
     """
     tmp = tmp_path_factory.mktemp("lbs")
-    out: dict[str, Balancer] = {}
+    out: dict[str, LabBalancer] = {}
     try:
         for node in LBS:
-            b = Balancer(lab, node, "ip4-ipip", tmp / f"{node}.toml")
+            b = LabBalancer(lab, node, "ip4-ipip", tmp / f"{node}.toml")
             conf = b.config_for()
             http = conf.vips[0]  # the echo service's port is a VIP too, with the same reals
             conf = cfg.Config(datapath=conf.datapath, encap=conf.encap, metrics=conf.metrics,
@@ -119,7 +119,7 @@ def _ring_addresses(instance: str, vip_name: str) -> list[str]:
         inst.close()
 
 
-def test_reals_in_another_order_build_the_same_ring(lab: Lab, lbs: dict[str, Balancer]) -> None:
+def test_reals_in_another_order_build_the_same_ring(lab: Lab, lbs: dict[str, LabBalancer]) -> None:
     configs = {node: cfg.load(b.config_path) for node, b in lbs.items()}
     names = [v.name for v in configs["lb1"].vips]
     assert [str(r.address) for r in configs["lb1"].vips[0].reals] == \
@@ -131,7 +131,7 @@ def test_reals_in_another_order_build_the_same_ring(lab: Lab, lbs: dict[str, Bal
         assert differ == 0, f"{name}: {differ} of {len(one)} slots differ between lb1 and lb2"
 
 
-def test_a_flow_moved_to_another_lb_keeps_its_real_and_connection(lab: Lab, lbs: dict[str, Balancer]) -> None:
+def test_a_flow_moved_to_another_lb_keeps_its_real_and_connection(lab: Lab, lbs: dict[str, LabBalancer]) -> None:
     vip = _vip(lab)
     reals = sorted(real_addresses(lab.topology, 4))
     with Services(lab.name, reals, "echo", [f"{vip}:{ECHO_PORT}"], cpu=0), \

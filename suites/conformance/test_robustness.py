@@ -60,6 +60,7 @@ from balancer.datapath import addr_words
 from lab.gen.base import Endpoints
 from lab.gen.xdplive import OBJECT as TRAFFICGEN
 from lab.gen.xdplive import XdpLiveGenerator
+from lab.harness import Lab, LabBalancer
 from lab.lbconf import lb_link, peer_mac, real_addresses
 from lab.nsexec import entered
 from lab.xdp_exceptions import XdpExceptions, xdp_prog_id
@@ -69,7 +70,6 @@ from suites.conformance._record import recorded
 from suites.conformance._robust_frames import named_frames, random_frames
 from suites.conformance._settle import poll, wait_client_quiet
 from suites.conformance._tcp_services import Services
-from suites.conftest import Balancer, Lab
 
 pytestmark = pytest.mark.topology("default")
 ECHO_PORT = 7007
@@ -104,7 +104,7 @@ def echo_services(lab: Lab) -> Iterator[Services]:
         yield services
 
 
-def _configure(balancer: Balancer, echo_reals: int | None = None) -> None:
+def _configure(balancer: LabBalancer, echo_reals: int | None = None) -> None:
     """The topology's VIPs plus a TCP echo VIP on ECHO_PORT and a UDP flood VIP on FLOOD_PORT, per VIP
     address; the echo VIPs get only their first `echo_reals` reals when that is given."""
     conf = balancer.config_for()
@@ -116,7 +116,7 @@ def _configure(balancer: Balancer, echo_reals: int | None = None) -> None:
     balancer.apply(replace(conf, vips=conf.vips + extra))
 
 
-def _client(balancer: Balancer) -> ChurnClient:
+def _client(balancer: LabBalancer) -> ChurnClient:
     lab = balancer.lab
     return ChurnClient(lab.name, "client", _vip(lab, balancer.family), ECHO_PORT, "--conns", str(CONNS),
                        "--interval", str(INTERVAL_S), "--timeout", str(TIMEOUT_S), "--new-every", "0.2",
@@ -127,7 +127,7 @@ def _failed_conns(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in report["conns"] if c["status"] != "ok"]
 
 
-def _assert_native(balancer: Balancer) -> None:
+def _assert_native(balancer: LabBalancer) -> None:
     lb_if = lb_link(balancer.lab.topology, "lb")[0]
     status = json.loads(balancer.lbctl("status", "--json").stdout)
     assert status["interfaces"].get(lb_if) == "native", (
@@ -168,7 +168,7 @@ class _Received:
         self._ipr.close()
 
 
-def _reading(balancer: Balancer, received: _Received) -> tuple[int, dict[str, Any]]:
+def _reading(balancer: LabBalancer, received: _Received) -> tuple[int, dict[str, Any]]:
     """(frames received, counters) read together: the frame count before and after the counters agree, so
     no frame arrived between them. Fails when frames never stop arriving for CATCH_UP_S."""
     got: list[tuple[int, dict[str, Any]]] = []
@@ -207,7 +207,7 @@ def _send_all(sock: socket.socket, frames: list[bytes]) -> int:
 
 
 @pytest.mark.parametrize("encap", ENCAPS, indirect=True)
-def test_storm(balancer: Balancer, echo_services: Services) -> None:
+def test_storm(balancer: LabBalancer, echo_services: Services) -> None:
     with recorded("test_robustness_storm", balancer.encap_id):
         lab = balancer.lab
         _configure(balancer)
@@ -277,7 +277,7 @@ class _Entry:
     made_ns: int
 
 
-def _echo_sessions(balancer: Balancer) -> dict[int, list[_Entry]]:
+def _echo_sessions(balancer: LabBalancer) -> dict[int, list[_Entry]]:
     """{client port: its session entries} of the TCP echo VIP, from the session table."""
     vip_raw, fam = addr_words(_vip(balancer.lab, balancer.family))
     inst = Instance.open(balancer.instance)
@@ -298,7 +298,7 @@ def _echo_sessions(balancer: Balancer) -> dict[int, list[_Entry]]:
     return out
 
 
-def _session_fill(balancer: Balancer) -> tuple[int, int]:
+def _session_fill(balancer: LabBalancer) -> tuple[int, int]:
     """(entries, capacity) of the session table."""
     inst = Instance.open(balancer.instance)
     try:
@@ -320,7 +320,7 @@ def _established(lab: Lab, vip: str) -> set[int]:
     return ports
 
 
-def _echo_ring_share(balancer: Balancer, real: str) -> float:
+def _echo_ring_share(balancer: LabBalancer, real: str) -> float:
     """The share of the echo VIP's Maglev ring slots that name `real`."""
     inst = Instance.open(balancer.instance)
     try:
@@ -350,7 +350,7 @@ def _flood(gen: XdpLiveGenerator, family: int) -> tuple[int, float]:
 
 
 @pytest.mark.parametrize("encap", ENCAPS, indirect=True)
-def test_lru_flood(balancer: Balancer, echo_services: Services) -> None:
+def test_lru_flood(balancer: LabBalancer, echo_services: Services) -> None:
     with recorded("test_robustness_lru_flood", balancer.encap_id):
         if not TRAFFICGEN.is_file():
             pytest.skip(f"{TRAFFICGEN} missing: run make bpf")

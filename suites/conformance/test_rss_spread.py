@@ -48,12 +48,12 @@ import pytest
 
 from balancer import _abi
 from balancer import config as cfg
+from lab.harness import REPO, Lab, LabBalancer
 from lab.lbconf import ENCAP_IDS, real_addresses
 from lab.nsexec import nsenter_argv
 from lab.rss import Toeplitz, indirection_table, queues_of, spread
 from lab.topology import load as load_topology
 from reports.schema import Kind, RssPayload, RssScenario, case_id, write_result
-from suites.conftest import REPO, Balancer, Lab
 
 from ._emitted import emit_flows
 
@@ -168,7 +168,7 @@ def rps_on_real1(lab: Lab) -> Iterator[list[int]]:
 @pytest.mark.parametrize(("encap", "outer_src"), [("ip4-ipip", "fixed"), ("ip4-ipip", "flow"),
                                                   ("ip4-gue1", "fixed"), ("ip6-ip6ip6", "fixed")],
                          indirect=["encap"])
-def test_kernel_rps_cpu(lab: Lab, balancer: Balancer, encap: str, outer_src: str, rps_on_real1: list[int],
+def test_kernel_rps_cpu(lab: Lab, balancer: LabBalancer, encap: str, outer_src: str, rps_on_real1: list[int],
                         tmp_path: Path) -> None:
     fam, mode = ENCAP_IDS[encap]
     vip = next(v.address for v in lab.topology.vips if v.address.version == fam)

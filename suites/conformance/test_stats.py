@@ -44,9 +44,9 @@ from typing import Any
 
 import pytest
 
+from lab.harness import Lab, LabBalancer
 from lab.lbconf import lb_link, real_addresses
 from suites.conformance._counters import counters
-from suites.conftest import Balancer, Lab
 
 from ._record import recorded
 from ._settle import poll, wait_client_quiet
@@ -123,7 +123,7 @@ def _rx_packets(lab: Lab, node: str, ifname: str) -> int:
     return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
 
 
-def _reading(lab: Lab, balancer: Balancer, lb_if: str) -> tuple[int, dict[str, Any]]:
+def _reading(lab: Lab, balancer: LabBalancer, lb_if: str) -> tuple[int, dict[str, Any]]:
     """(frames the LB's interface took in, the counters), read while no frame arrived between them."""
     got: list[tuple[int, dict[str, Any]]] = []
 
@@ -234,7 +234,7 @@ class Wire:
 
 
 @pytest.mark.hardware
-def test_counters_equal_the_wire(lab: Lab, balancer: Balancer, encap: str, quiet_neighbours: None,
+def test_counters_equal_the_wire(lab: Lab, balancer: LabBalancer, encap: str, quiet_neighbours: None,
                                  tmp_path: Path) -> None:
     with recorded("test_counters_equal_the_wire", encap):
         fam = balancer.family

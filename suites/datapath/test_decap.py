@@ -23,8 +23,8 @@ from scapy.packet import NoPayload, Packet, Raw
 from balancer.datapath import Decap
 
 from . import packets as P
-from .conftest import TC_VERDICTS, XDP_VERDICTS, Balancer, frame_bytes
 from .frames import ip_packet_of
+from .rig import TC_VERDICTS, XDP_VERDICTS, RunBalancer, frame_bytes
 
 HOOKS = ["xdp", "tc"]
 
@@ -50,7 +50,7 @@ DROP = {"xdp": "XDP_DROP", "tc": "TC_ACT_SHOT"}
 
 @pytest.mark.parametrize("hook", HOOKS)
 @pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
-def test_decap_restores_the_clients_packet(balancer: Balancer, decap: Decap, case: P.EncapCase,
+def test_decap_restores_the_clients_packet(balancer: RunBalancer, decap: Decap, case: P.EncapCase,
                                           hook: str) -> None:
     frame = P.tcp_to(case.vip, sport=49000, flags="S")
     encapsulated = balancer.run(frame).out
@@ -183,7 +183,7 @@ def tagged(frame: Packet, vlan: int = 10) -> bytes:
 
 @pytest.mark.parametrize("hook", HOOKS)
 @pytest.mark.parametrize("case", [P.ENCAPS[0], P.ENCAPS[2], P.ENCAPS[4]], ids=["ip4-ipip", "ip4-gue0", "ip6-gue1"])
-def test_decap_of_a_tagged_frame(balancer: Balancer, decap: Decap, case: P.EncapCase, hook: str) -> None:
+def test_decap_of_a_tagged_frame(balancer: RunBalancer, decap: Decap, case: P.EncapCase, hook: str) -> None:
     """XDP keeps the tag in the frame; tc moves it into the skb's metadata, where the kernel's
     receive path keeps tags (a test run does not untag, so tc sees this one in the frame), and
     passes the untagged inner frame: the test run's output shows the frame without it."""

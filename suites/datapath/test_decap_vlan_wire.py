@@ -19,7 +19,7 @@ from scapy.layers.inet import IP
 from scapy.packet import Raw
 
 from . import packets as P
-from .conftest import DECAP_OBJ, ROOT, require_datapath
+from .rig import DECAP_OBJ, ROOT, require_datapath
 
 INNER4 = bytes(IP(src=P.CLIENT4, dst=P.VIP4) / Raw(P.PAYLOAD))
 

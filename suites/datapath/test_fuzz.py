@@ -31,10 +31,10 @@ from balancer.datapath import Decap
 from reports.schema import FuzzPayload, FuzzReason, case_id, write_result
 
 from . import packets as P
-from .conftest import DECAP_OBJ, TC_VERDICTS, XDP_VERDICTS, Balancer, BalancerFactory
 from .frames import decode_encap
 from .fuzzgen import Templates, base_templates, mutate, new_seed
 from .fuzzrun import FastRun, ProgramTally, inet_checksum, judge_decap, judge_tx
+from .rig import DECAP_OBJ, TC_VERDICTS, XDP_VERDICTS, BalancerFactory, RunBalancer
 
 EXAMPLES = int(os.environ.get("L4LAB_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
@@ -61,7 +61,7 @@ def ip_packet_bounds(frame: bytes) -> tuple[int, int] | None:
     return None
 
 
-def check_one(b: Balancer, frame: bytes) -> None:
+def check_one(b: RunBalancer, frame: bytes) -> None:
     out = b.run(frame)  # asserts exactly one reason moved
     assert out.verdict != "XDP_ABORTED", frame.hex()
     if out.verdict in ("XDP_PASS", "XDP_DROP"):
@@ -83,11 +83,11 @@ def check_one(b: Balancer, frame: bytes) -> None:
         assert out.reason == "TX_ICMP_ECHO" and len(out.out) == len(frame)
 
 
-def reasons_total(b: Balancer) -> int:
+def reasons_total(b: RunBalancer) -> int:
     return sum(b.dp.reasons().values())
 
 
-def test_fuzz_random_frames(balancer: Balancer) -> None:
+def test_fuzz_random_frames(balancer: RunBalancer) -> None:
     start, runs = reasons_total(balancer), 0
 
     @FUZZ
@@ -103,7 +103,7 @@ def test_fuzz_random_frames(balancer: Balancer) -> None:
     assert reasons_total(balancer) - start == runs
 
 
-def test_fuzz_mutated_packets(balancer: Balancer) -> None:
+def test_fuzz_mutated_packets(balancer: RunBalancer) -> None:
     start, runs = reasons_total(balancer), 0
 
     @FUZZ
@@ -123,7 +123,7 @@ def test_fuzz_mutated_packets(balancer: Balancer) -> None:
     assert reasons_total(balancer) - start == runs
 
 
-def test_fuzz_header_fields(balancer: Balancer) -> None:
+def test_fuzz_header_fields(balancer: RunBalancer) -> None:
     start, runs = reasons_total(balancer), 0
     vips4 = [e.vip for e in P.ENCAPS if ":" not in e.vip] + [P.OTHER4]
     vips6 = [e.vip for e in P.ENCAPS if ":" in e.vip] + [P.OTHER6]
@@ -198,7 +198,7 @@ def mismatch(a: Counter[str], b: Counter[str]) -> int:
     return sum((a - b).values()) + sum((b - a).values())
 
 
-def fuzz_world(b: Balancer, decap: Decap) -> list[bytes]:
+def fuzz_world(b: RunBalancer, decap: Decap) -> list[bytes]:
     """The templates: scapy's, plus what the balancer emits for them (encapsulated frames the decap
     programs must take apart). Runs before any counter is read."""
     frames = base_templates()
@@ -328,7 +328,7 @@ def judge_decap_tc(frame: bytes, run: FastRun, tally: ProgramTally) -> None:
     _judge_decap(frame, run, tally, TC_VERDICTS)
 
 
-def test_the_judges_catch_wrong_outputs(balancer: Balancer, decap: Decap) -> None:
+def test_the_judges_catch_wrong_outputs(balancer: RunBalancer, decap: Decap) -> None:
     """The volume test's judges are not vacuous: each rejects a damaged copy of a right output."""
     for frame in (bytes(P.TCP4_SYN), bytes(P.tcp_to(P.ENCAPS[1].vip)), bytes(P.tcp_to(P.ENCAPS[4].vip))):
         out = balancer.run(frame).out
@@ -356,7 +356,7 @@ def test_the_judges_catch_wrong_outputs(balancer: Balancer, decap: Decap) -> Non
 @pytest.mark.xfail(strict=True, reason="found by test_fuzz_volume: an IPv4 echo request whose ICMP checksum is "
                    "wrong is answered with a reply whose checksum is summed afresh, so right (icmp_echo_reply in "
                    "bpf/include/icmp.h); the kernel discards such a request, and IPv6 replies keep the error")
-def test_a_corrupt_echo_request_gets_no_valid_reply(balancer: Balancer) -> None:
+def test_a_corrupt_echo_request_gets_no_valid_reply(balancer: RunBalancer) -> None:
     frame = bytearray(bytes(P.ICMP4_ECHO_TO_VIP))
     frame[14 + 20 + 2] ^= 0xFF  # the ICMP checksum
     out = balancer.run(bytes(frame))

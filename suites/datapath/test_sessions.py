@@ -8,8 +8,8 @@ import time
 import pytest
 
 from . import packets as P
-from .conftest import BalancerFactory
 from .frames import decode_encap
+from .rig import BalancerFactory
 
 VIP = "203.0.113.60"
 

@@ -27,9 +27,8 @@ from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.packet import Packet, Raw
 
+from lab.harness.vmlab import VmLab
 from lab.nsexec import entered
-
-from .conftest import VmLab
 
 GUE_PORT = 6080
 FOU_PORT = 6081

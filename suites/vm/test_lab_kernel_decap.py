@@ -29,15 +29,15 @@ from balancer import config as cfg
 from lab import netns, topology
 from lab.capture import Capture, classify_lb_link
 from lab.errors import LabError
+from lab.harness.vmlab import vm_skip_reason
 from lab.lbconf import ENCAP_IDS, balancer_config, lb_link, peer_mac
 from lab.netns import Builder, InjectedFailure
 from lab.nsexec import entered, nsenter_argv
+from lab.pytest_plugin import record_boot
 from lab.services import starttime
 from lab.state import LabState, netns_name, state_dir
 from suites.lab import probes
 from suites.lab.probes import bpf_available
-
-from .conftest import BOOT_TIMES, vm_skip_reason
 
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "mlt-"
@@ -105,7 +105,7 @@ def kd_lab(request: pytest.FixtureRequest) -> Iterator[KernelDecapLab]:
         state = builder.build()
         for node, seconds in sorted(state.vm_boot_seconds.items()):
             uptime = state.vm_guest_uptime.get(node, float("nan"))
-            request.config.stash.setdefault(BOOT_TIMES, []).append((f"{name}/{node}", seconds, uptime))
+            record_boot(request.config, f"{name}/{node}", seconds, uptime)
             print(f"VM real {node}: booted in {seconds:.2f} s (qemu start to ready, TCG, both VMs at once)")
         conf = state_dir(name) / "lb-initial.toml"
         conf.write_text(cfg.dump(balancer_config(topo, name, encaps={4: "ipip"})))

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 from pyroute2 import IPRoute, netns
 
+from lab.harness.vmlab import VmLab, vm_skip_reason
 from lab.nsexec import entered
 from lab.vm import VmError, VmReal
-
-from .conftest import VmLab, vm_skip_reason
 
 
 @pytest.fixture
