@@ -1,4 +1,4 @@
-"""poll.py: wait for state with a deadline: call a probe until it answers, or fail naming what never happened."""
+"""poll.py: wait for state with a deadline: call a probe until its answer will do, or fail naming what never came."""
 
 from __future__ import annotations
 
@@ -14,30 +14,25 @@ class PollTimeoutError(AssertionError):
     """The state a test waited for did not come before its deadline (an assertion: the test fails)."""
 
 
-def poll(deadline_s: float, probe: Callable[[], T | None], what: str, *, interval_s: float = INTERVAL_S) -> T:
-    """Call probe() until it returns a truthy value and return that value; after deadline_s seconds
-    raise PollTimeoutError("<what> after <deadline_s> s (last: <value>)").
-
-    The probe runs at least once, also with a deadline of 0::
+def poll(deadline_s: float, probe: Callable[[], T], what: str, *, until: Callable[[T], object] = bool,
+         check: bool = True, interval_s: float = INTERVAL_S) -> T:
+    """Call probe() until until(value) holds (default: the value is truthy) and return that value;
+    after deadline_s seconds raise PollTimeoutError naming `what` and the last value, or with
+    check=False return the last value (the caller then asserts with its own evidence). The probe
+    runs at least once, also with a deadline of 0::
 
         pid = poll(5.0, lambda: pidfile.exists() and int(pidfile.read_text()), "the daemon's pid file")
+        busy = poll(20.0, lambda: client_busy(lab, vip), "client sockets closed", until=operator.not_, check=False)
     """
     end = time.monotonic() + deadline_s
     while True:
         value = probe()
-        if value:
+        if until(value):
             return value
         if time.monotonic() >= end:
-            raise PollTimeoutError(f"no {what} after {deadline_s:g} s (last probe: {value!r})")
-        time.sleep(interval_s)  # the interval between probes; the loop waits for the state
-
-
-def poll_until_quiet(deadline_s: float, probe: Callable[[], T], *, interval_s: float = INTERVAL_S) -> T:
-    """Call probe() until it returns a falsy value or deadline_s passes; return its last value (the
-    caller asserts on it, naming what was still there)."""
-    end = time.monotonic() + deadline_s
-    while True:
-        value = probe()
-        if not value or time.monotonic() >= end:
-            return value
+            if not check:
+                return value
+            shown = repr(value)
+            raise PollTimeoutError(f"{what}: not so after {deadline_s:g} s (last: "
+                                   f"{shown if len(shown) <= 2000 else shown[:2000] + '...'})")
         time.sleep(interval_s)  # the interval between probes; the loop waits for the state

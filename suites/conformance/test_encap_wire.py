@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import operator
 import os
 import shutil
 import sys
@@ -45,12 +46,12 @@ from pathlib import Path
 import pytest
 
 from balancer import config as cfg
-from lab.harness import Lab, LabBalancer
+from lab.harness import Lab, LabBalancer, poll
 from lab.lbconf import ENCAP_IDS, lb_link, real_addresses
 from lab.netns import set_tx_checksum, tx_checksum
 
 from ._record import recorded
-from ._settle import poll, wait_client_quiet
+from ._settle import wait_client_quiet
 from ._wire import (
     ETH_P_ARP,
     GUE_SPORT_RANGE,
@@ -159,7 +160,7 @@ class Traffic:
                 self.answers += json.loads(out)
             # Stop the captures only once the client is done and the LB's link carried it all.
             wait_client_quiet(lab, self.vip)
-            poll(CATCH_UP_DEADLINE_S, self._lagging)
+            poll(CATCH_UP_DEADLINE_S, self._lagging, "the LB link caught up", until=operator.not_, check=False)
         failed = [a for a in self.answers if "error" in a]
         assert not failed, f"{len(failed)} of {len(self.answers)} requests through {self.vip} failed: {failed[:3]}"
 

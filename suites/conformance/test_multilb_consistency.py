@@ -23,7 +23,7 @@ import pytest
 from balancer import config as cfg
 from balancer.controller import Instance
 from lab.frr import FRR_BIN
-from lab.harness import Lab, LabBalancer
+from lab.harness import Lab, LabBalancer, poll
 from lab.lbconf import lb_link, real_addresses
 from lab.nsexec import entered
 from reports import schema
@@ -102,10 +102,8 @@ def _router_paths(lab: Lab, vip: str) -> set[str]:
 
 def _wait_paths(lab: Lab, vip: str, want: set[str], timeout: float = 15.0) -> float:
     """Poll the router until its route to vip leaves by exactly want; when (monotonic) it did."""
-    deadline = time.monotonic() + timeout
-    while (got := _router_paths(lab, vip)) != want:
-        assert time.monotonic() < deadline, f"after {timeout:g} s the router's route to {vip} leaves by {got}"
-        time.sleep(0.005)  # polling interval, not synchronisation: the loop re-checks the routes
+    poll(timeout, lambda: _router_paths(lab, vip), f"the router's route to {vip} leaving by {sorted(want)}",
+         until=lambda got: got == want, interval_s=0.005)
     return time.monotonic()
 
 

@@ -46,7 +46,7 @@ import pytest
 from balancer import config as cfg
 from balancer.controller import CRASH_AFTER_SLOTS_ENV, Instance
 from lab import frr, netns, topology
-from lab.harness import REPO, Lab, LabBalancer, NetnsLab
+from lab.harness import REPO, Lab, LabBalancer, NetnsLab, poll
 from lab.lbconf import lb_link, real_addresses
 from lab.state import state_dir
 from suites.conformance._churn_client import ChurnClient
@@ -414,10 +414,8 @@ def _paths(lab: Lab, vip: str) -> set[str]:
 
 def _wait_paths(lab: Lab, vip: str, want: set[str], timeout: float = 20.0) -> float:
     """Poll the router until its route to vip leaves by exactly want; when (monotonic) it did."""
-    deadline = time.monotonic() + timeout
-    while (got := _paths(lab, vip)) != want:
-        assert time.monotonic() < deadline, f"after {timeout:g} s the router's route to {vip} leaves by {got}"
-        time.sleep(0.005)  # polling interval: the loop re-reads the routes
+    poll(timeout, lambda: _paths(lab, vip), f"the router's route to {vip} leaving by {sorted(want)}",
+         until=lambda got: got == want, interval_s=0.005)
     return time.monotonic()
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import errno
 import json
+import operator
 import random
 import socket
 import sys
@@ -60,7 +61,7 @@ from balancer.datapath import addr_words
 from lab.gen.base import Endpoints
 from lab.gen.xdplive import OBJECT as TRAFFICGEN
 from lab.gen.xdplive import XdpLiveGenerator
-from lab.harness import Lab, LabBalancer
+from lab.harness import Lab, LabBalancer, poll
 from lab.lbconf import lb_link, peer_mac, real_addresses
 from lab.nsexec import entered
 from lab.xdp_exceptions import XdpExceptions, xdp_prog_id
@@ -68,7 +69,7 @@ from suites.conformance._churn_client import ChurnClient
 from suites.conformance._counters import changed, counters
 from suites.conformance._record import recorded
 from suites.conformance._robust_frames import named_frames, random_frames
-from suites.conformance._settle import poll, wait_client_quiet
+from suites.conformance._settle import wait_client_quiet
 from suites.conformance._tcp_services import Services
 
 pytestmark = pytest.mark.topology("default")
@@ -179,7 +180,8 @@ def _reading(balancer: LabBalancer, received: _Received) -> tuple[int, dict[str,
         got[:] = [(first, now)]
         return received() != first
 
-    assert not poll(CATCH_UP_S, moving), f"{received.ifname} kept receiving for {CATCH_UP_S} s"
+    assert not poll(CATCH_UP_S, moving, "a quiet link", until=operator.not_, check=False), \
+        f"{received.ifname} kept receiving for {CATCH_UP_S} s"
     return got[0]
 
 
@@ -233,7 +235,8 @@ def test_storm(balancer: LabBalancer, echo_services: Services) -> None:
                     refused = _send_all(sock, [f.raw for f in named])
                     # legitimate traffic never reaches a DROP_* reason: wait until the named frames are all counted
                     poll(CATCH_UP_S, lambda: any(changed(before, counters(balancer)).get(r, 0) < n
-                                                 for r, n in drops.items()))
+                                                 for r, n in drops.items()),
+                         "the named frames counted", until=operator.not_, check=False)
                     mid = counters(balancer)
                     refused += _send_all(sock, rnd)
                     report = client.stop(after=1.0)
@@ -368,7 +371,8 @@ def test_lru_flood(balancer: LabBalancer, echo_services: Services) -> None:
         with XdpExceptions() as exceptions, _client(balancer) as client, ExitStack() as stack:
             prog_id = _lb_program(lab)
             ports = _established(lab, vip)
-            missing = poll(CATCH_UP_S, lambda: ports - set(_echo_sessions(balancer)))
+            missing = poll(CATCH_UP_S, lambda: ports - set(_echo_sessions(balancer)), "a session per connection",
+                           until=operator.not_, check=False)
             assert not missing, f"established connections without a session entry before the flood: {missing}"
             before_sessions = _echo_sessions(balancer)
             gen = XdpLiveGenerator(lab.netns(router), router_if, ep, lambda: 0, cpus=[0], src_addrs=16)
@@ -380,7 +384,8 @@ def test_lru_flood(balancer: LabBalancer, echo_services: Services) -> None:
             after = counters(balancer)
             # every connection sends again within INTERVAL_S and so remakes an evicted entry
             live = ports & _established(lab, vip)
-            poll(CATCH_UP_S, lambda: live - set(_echo_sessions(balancer)))
+            poll(CATCH_UP_S, lambda: live - set(_echo_sessions(balancer)), "a session per live connection",
+                 until=operator.not_, check=False)
             after_sessions = _echo_sessions(balancer)
             client.mark("ring-change")
             _configure(balancer)

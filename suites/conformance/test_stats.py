@@ -35,6 +35,7 @@ the capture cover the same frames.
 from __future__ import annotations
 
 import json
+import operator
 import struct
 import sys
 from collections.abc import Iterator
@@ -44,12 +45,12 @@ from typing import Any
 
 import pytest
 
-from lab.harness import Lab, LabBalancer
+from lab.harness import Lab, LabBalancer, poll
 from lab.lbconf import lb_link, real_addresses
 from suites.conformance._counters import counters
 
 from ._record import recorded
-from ._settle import poll, wait_client_quiet
+from ._settle import wait_client_quiet
 from ._wire import (
     ETH_P_ARP,
     PROTO_ICMP,
@@ -132,7 +133,8 @@ def _reading(lab: Lab, balancer: LabBalancer, lb_if: str) -> tuple[int, dict[str
         got[:] = [(first, counters(balancer))]
         return _rx_packets(lab, "lb", lb_if) != first
 
-    assert not poll(CATCH_UP_DEADLINE_S, moving), f"the LB's {lb_if} kept receiving for {CATCH_UP_DEADLINE_S} s"
+    assert not poll(CATCH_UP_DEADLINE_S, moving, "a quiet link", until=operator.not_, check=False), \
+        f"the LB's {lb_if} kept receiving for {CATCH_UP_DEADLINE_S} s"
     return got[0]
 
 
@@ -281,7 +283,7 @@ def test_counters_equal_the_wire(lab: Lab, balancer: LabBalancer, encap: str, qu
                     return []
                 return [f"counters {got}, frames to the LB {want}, encapsulated frames back {emitted}"]
 
-            lag = poll(CATCH_UP_DEADLINE_S, behind)
+            lag = poll(CATCH_UP_DEADLINE_S, behind, "counters caught up", until=operator.not_, check=False)
             rx_after, after = _reading(lab, balancer, lb_if)
         wire = Wire(read_frames(pcap), lb_mac, vips, reals, clients)
 

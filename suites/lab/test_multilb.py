@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 import secrets
 import select
@@ -31,6 +32,7 @@ from pyroute2 import IPRoute
 from balancer import config as cfg
 from lab import frr, netns, topology
 from lab.errors import LabError
+from lab.harness import poll
 from lab.lbconf import balancer_config, lb_link
 from lab.netns import InjectedFailure
 from lab.nsexec import entered, nsenter_argv
@@ -151,17 +153,18 @@ def wait_paths(lab: MultiLb, vip: str, want: set[str], timeout: float = ROUTE_TI
 
 def wait_all_paths(lab: MultiLb, wants: dict[str, set[str]], timeout: float = ROUTE_TIMEOUT_S) -> dict[str, float]:
     """Poll the router's routes until each VIP's leaves by exactly its set; when (monotonic) each did."""
-    deadline = time.monotonic() + timeout
     reached: dict[str, float] = {}
-    while len(reached) < len(wants):
-        for vip, want in wants.items():
-            if vip not in reached and router_paths(lab, vip) == want:
+
+    def unreached() -> dict[str, list[str]]:
+        """The routes of the VIPs not yet leaving by their set (noting when each got there)."""
+        now = {vip: router_paths(lab, vip) for vip in wants if vip not in reached}
+        for vip, got in now.items():
+            if got == wants[vip]:
                 reached[vip] = time.monotonic()
-        if len(reached) < len(wants) and time.monotonic() > deadline:
-            got = {vip: sorted(router_paths(lab, vip)) for vip in wants if vip not in reached}
-            raise AssertionError(f"after {timeout:g} s the router's VIP routes leave by {got}, not by "
-                                 f"{ {v: sorted(w) for v, w in wants.items()} }")  # fmt: skip
-        time.sleep(0.002)  # polling interval, not synchronisation: the loop re-checks state
+        return {vip: sorted(got) for vip, got in now.items() if vip not in reached}
+
+    poll(timeout, unreached, f"the router's VIP routes leaving by { {v: sorted(w) for v, w in wants.items()} }",
+         until=operator.not_, interval_s=0.002)
     return reached
 
 

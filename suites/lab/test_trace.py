@@ -11,7 +11,6 @@ import json
 import secrets
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import pytest
 
 from lab import cli
 from lab.errors import UsageError
+from lab.harness import poll
 from lab.nsexec import NETNS_DIR, entered
 from lab.trace import SETUP_HINT, Tracer, TraceReport, bcc_missing
 
@@ -125,14 +125,10 @@ def _send_udp(netns: str, dst: str, port: int, count: int) -> None:
 
 def _wait_report(tracer: Tracer, done: Callable[[TraceReport], bool]) -> TraceReport:
     """Poll the tracer's report until `done` holds; fail with the last report at the deadline."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        report = tracer.report()
-        if done(report):
-            return report
-        if time.monotonic() > deadline:
-            pytest.fail(f"the tracer did not report it within {DEADLINE_S:g} s:\n{report.render()}")
-        time.sleep(0.02)  # polling interval, not synchronisation: the loop re-checks the counts
+    report = poll(DEADLINE_S, tracer.report, "the tracer's report", until=done, check=False, interval_s=0.02)
+    if not done(report):
+        pytest.fail(f"the tracer did not report it within {DEADLINE_S:g} s:\n{report.render()}")
+    return report
 
 
 def test_xdp_aborted_is_reported_for_node_and_interface(pair: Pair) -> None:

@@ -19,9 +19,9 @@ import pytest
 
 from balancer.libbpf import BpfObject
 from lab.errors import LabError
+from lab.harness import poll
 from lab.nsexec import NETNS_DIR, entered
 from lab.xdp_exceptions import ABORT_PROGRAM, OBJECT, PROGRAM, XdpExceptions, xdp_prog_id
-from suites.conformance._settle import poll
 
 FRAMES = 37
 DEADLINE_S = 5.0
@@ -79,7 +79,8 @@ def test_counts_every_abort_of_one_program(aborting_veth: tuple[str, str]) -> No
                 sock.send(frame)
         finally:
             sock.close()
-        poll(DEADLINE_S, lambda: seen.of_program(prog_id).get(("ABORTED", ifindex), 0) < FRAMES)
+        poll(DEADLINE_S, lambda: seen.of_program(prog_id).get(("ABORTED", ifindex), 0),
+             f"{FRAMES} aborted frames counted", until=lambda n: n >= FRAMES, check=False)
         assert seen.of_program(prog_id) == {("ABORTED", ifindex): FRAMES}, seen.counts()
 
 
