@@ -36,6 +36,7 @@ from typing import Any
 
 from lab.errors import LabError
 from lab.nsexec import nsenter_argv
+from lab.poll import poll
 from lab.services import log_tail
 from lab.state import Process, state_dir
 from lab.topology import IpAddress, Node, Topology
@@ -201,17 +202,20 @@ def wait_daemon(lab: str, proc: Process, daemon: str, timeout: float = READY_TIM
     from lab.services import starttime
 
     sock = node_dir(lab, proc.node) / f"{daemon}.vty"
-    deadline = time.monotonic() + timeout
-    while not sock.exists():
+
+    def ready() -> bool:
+        if sock.exists():
+            return True
         if starttime(proc.pid) != proc.starttime:
             raise LabError(
                 f"{daemon} of {proc.node} exited before it was ready: {log_tail(proc.log)}",
                 command=" ".join(proc.argv),
                 stderr=log_tail(proc.log),
             )
-        if time.monotonic() > deadline:
-            raise LabError(f"{daemon} of {proc.node} made no vty socket {sock} within {timeout:g} s; see {proc.log}")
-        time.sleep(0.01)  # polling interval, not synchronisation: the loop re-checks state
+        return False
+
+    if not poll(timeout, ready, f"{daemon}'s vty socket", check=False, interval_s=0.01):
+        raise LabError(f"{daemon} of {proc.node} made no vty socket {sock} within {timeout:g} s; see {proc.log}")
 
 
 def hook_argv(lab: str, instance: str, node: str, interface: str, vips: Sequence[IpAddress], ready: Path) -> list[str]:
@@ -233,15 +237,18 @@ def start_hook(lab: str, netns: str, topo: Topology, node: str, interface: str) 
 def wait_hook(lab: str, proc: Process, timeout: float = READY_TIMEOUT_S) -> None:
     from lab.services import starttime
 
-    ready = node_dir(lab, proc.node) / "hook.ready"
-    deadline = time.monotonic() + timeout
-    while not ready.exists():
+    ready_file = node_dir(lab, proc.node) / "hook.ready"
+
+    def ready() -> bool:
+        if ready_file.exists():
+            return True
         if starttime(proc.pid) != proc.starttime:
             raise LabError(f"the health hook of {proc.node} exited before it was ready: {log_tail(proc.log)}",
                            command=" ".join(proc.argv))
-        if time.monotonic() > deadline:
-            raise LabError(f"the health hook of {proc.node} was not ready within {timeout:g} s; see {proc.log}")
-        time.sleep(0.01)  # polling interval, not synchronisation: the loop re-checks state
+        return False
+
+    if not poll(timeout, ready, "the health hook's ready file", check=False, interval_s=0.01):
+        raise LabError(f"the health hook of {proc.node} was not ready within {timeout:g} s; see {proc.log}")
 
 
 # ---- asking the daemons

@@ -7,7 +7,7 @@ fixtures hand to tests and what tests import, so that no test module imports a c
 from lab.harness.cpu import pinned_cpu
 from lab.harness.labs import REPO, Lab, LabBalancer, NetnsLab, TargetLab
 from lab.harness.names import unique_name
-from lab.harness.poll import PollTimeoutError, poll
+from lab.poll import PollTimeoutError, poll
 
 __all__ = ["REPO", "Lab", "LabBalancer", "NetnsLab", "PollTimeoutError", "TargetLab", "pinned_cpu", "poll",
            "unique_name"]

@@ -183,16 +183,18 @@ class Daemon:
             return [json.loads(line) for line in f if line.startswith("{")]
 
     def wait(self, event: str, timeout: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def first() -> dict[str, Any] | None:
             found = [e for e in self.events() if e.get("event") == event]
             if found:
                 return found[0]
             assert self.proc.poll() is None, \
                 f"lbctl run exited {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
-            time.sleep(0.02)  # polling interval: the loop re-reads the log
-        raise AssertionError(f"lbctl run logged no '{event}' within {timeout:g} s: "
-                             f"{self.log_path.read_text()[-2000:]}")
+            return None
+
+        got = poll(timeout, first, f"'{event}' logged by lbctl run", check=False, interval_s=0.02)
+        assert got is not None, \
+            f"lbctl run logged no '{event}' within {timeout:g} s: {self.log_path.read_text()[-2000:]}"
+        return got
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         if self.proc.poll() is None:

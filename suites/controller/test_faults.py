@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ import pytest
 
 from balancer import controller, preflight
 from balancer.errors import HostError
+from lab.harness import poll
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -284,11 +284,13 @@ def test_a_daemon_owns_the_instance(lb: Lb) -> None:
         daemon = subprocess.Popen(lb.inside([PY, "-m", "balancer.cli", "--instance", lb.instance, "run",
                                              "--config", str(lb.config)]), cwd=REPO, env=env, stderr=out)
     try:
-        deadline = time.monotonic() + 30
-        while '"event":"running"' not in log.read_text():
+        def running() -> bool:
+            if '"event":"running"' in log.read_text():
+                return True
             assert daemon.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)  # polling interval of a deadline loop
+            return False
+
+        poll(30.0, running, f"the daemon's running event in {log}")
         before = snapshot(lb)
         for verb, done in run_all({verb: lb.inside(lb.argv(verb)) for verb in VERBS}).items():
             if verb in READS:

@@ -175,11 +175,8 @@ def test_bgp_sessions_are_established(mlb: MultiLb) -> None:
         assert set(states) == expected and len(expected) == (4 if node == "router" else 2)
         assert set(states.values()) == {"Established"}, states
     # BFD comes up after BGP (its sessions start once the peers are configured): poll, with a deadline.
-    deadline = time.monotonic() + BFD_UP_DEADLINE_S
-    bfd = frr.vtysh(mlb.name, "router", "show bfd peers brief")
-    while bfd.count(" up ") != 4 and time.monotonic() < deadline:
-        time.sleep(0.1)  # polling interval, not synchronisation: the loop re-reads the sessions
-        bfd = frr.vtysh(mlb.name, "router", "show bfd peers brief")
+    bfd = poll(BFD_UP_DEADLINE_S, lambda: frr.vtysh(mlb.name, "router", "show bfd peers brief"),
+               "four BFD sessions up", until=lambda text: text.count(" up ") == 4, check=False, interval_s=0.1)
     assert bfd.count(" up ") == 4, bfd
 
 
@@ -302,10 +299,8 @@ def test_bfd_moves_flows_off_a_dead_lb_within_one_second(mlb: MultiLb) -> None:
     frozen = [*hook, *daemons]
     try:
         with UdpProber(mlb) as prober:
-            deadline = time.monotonic() + 5
-            while len(prober.rounds) < 20 or any(m for _, m in prober.rounds[-10:]):
-                assert time.monotonic() < deadline, f"UDP echo fails before any failure: {prober.rounds[-10:]}"
-                time.sleep(0.01)  # polling interval, not synchronisation: the loop re-checks state
+            poll(5.0, lambda: list(prober.rounds), "UDP echo answering before any failure",
+                 until=lambda rounds: len(rounds) >= 20 and not any(m for _, m in rounds[-10:]), interval_s=0.01)
             start = time.monotonic()
             # lb1 dies silently, as a hung machine does. Its hook freezes first (it would withdraw the
             # routes properly), then its data plane goes: without XDP, lb1's kernel drops VIP packets...

@@ -31,7 +31,7 @@ from typing import Any
 
 import websocket
 
-from lab.harness.poll import poll
+from lab.poll import poll
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 SETUP_HINT = "bash scripts/setup.sh --extra browser"

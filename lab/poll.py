@@ -1,4 +1,8 @@
-"""poll.py: wait for state with a deadline: call a probe until its answer will do, or fail naming what never came."""
+"""poll.py: wait for state with a deadline: call a probe until its answer will do, or fail naming what never came.
+
+Used by the lab's own waits (which raise LabError from the last value, check=False) and by the tests (re-exported
+by lab.harness), where a timeout is an assertion.
+"""
 
 from __future__ import annotations
 
