@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import operator
 import os
 import pwd
 import shutil
@@ -300,23 +301,22 @@ def neighbor_states(lab: str, node: str) -> dict[str, str]:
 def wait_established(lab: str, topo: Topology, timeout: float = ESTABLISHED_TIMEOUT_S) -> float:
     """Poll until every BGP session of the lab is Established; the seconds it took."""
     started = time.monotonic()
-    deadline = started + timeout
-    while True:
-        pending = []
+
+    def pending() -> list[str]:
+        out = []
         for node in topo.bgp_nodes():
             states = neighbor_states(lab, node.name)
             for _, peer, _ in peers(topo, node.name):
                 state = states.get(str(peer), "absent")
                 if state != "Established":
-                    pending.append(f"{node.name}->{peer} {state}")
-        if not pending:
-            return time.monotonic() - started
-        if time.monotonic() > deadline:
-            raise LabError(
-                f"BGP sessions not Established within {timeout:g} s: {', '.join(pending[:4])}; "
-                f"see the logs under {state_dir(lab) / 'frr'}"
-            )
-        time.sleep(0.05)  # polling interval, not synchronisation: the loop re-checks state
+                    out.append(f"{node.name}->{peer} {state}")
+        return out
+
+    left = poll(timeout, pending, "every BGP session Established", until=operator.not_, check=False)
+    if left:
+        raise LabError(f"BGP sessions not Established within {timeout:g} s: {', '.join(left[:4])}; "
+                       f"see the logs under {state_dir(lab) / 'frr'}")
+    return time.monotonic() - started
 
 
 # ---- the health hook (runs inside an LB node)

@@ -233,13 +233,14 @@ def balancer(request: pytest.FixtureRequest, lab: Lab, encap: str, tmp_path: Pat
             b.lbctl("unload", check=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def one_cpu() -> Iterator[int]:
-    """Name: one_cpu. Scope: module. Depends: nothing.
+    """Name: one_cpu. Scope: function. Depends: nothing.
 
-    Pins the test process to one CPU (the lowest it may use) for the module: test runs execute on
-    the caller's CPU and session tables are per CPU, so a migration between two runs would look
-    like a lost session::
+    Pins the test process to one CPU (the lowest it may use) and restores the mask: test runs
+    execute on the caller's CPU and per-CPU state (sessions, a generator's sequence) is per CPU, so
+    a migration between two runs would look like lost state. A conftest that needs a whole module
+    pinned wraps lab.harness.pinned_cpu() in a module fixture::
 
         def test_x(one_cpu: int) -> None: ...   # one_cpu is the CPU in use
     """
@@ -308,11 +309,18 @@ _OUTER = "L4LAB_PYTEST_OUTER"
 
 
 def _bpffs_entries() -> set[str]:
+    """What bpffs holds under l4lab's roots for names this process made (names.unique_name): other
+    sessions and people share the machine, and their labs are not this session's leftovers."""
     found: set[str] = set()
     for root in _BPFFS_ROOTS:
-        for here, dirs, files in os.walk(root):
-            found.add(here)
-            found.update(os.path.join(here, n) for n in dirs + files)
+        if not os.path.isdir(root):
+            continue
+        for top in os.listdir(root):
+            if not names.made_here(top):
+                continue
+            for here, dirs, files in os.walk(os.path.join(root, top)):
+                found.add(here)
+                found.update(os.path.join(here, n) for n in dirs + files)
     return found
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import secrets
 import shutil
 import signal
 import subprocess
@@ -46,7 +45,7 @@ import pytest
 from balancer import config as cfg
 from balancer.controller import CRASH_AFTER_SLOTS_ENV, Instance
 from lab import frr, netns, topology
-from lab.harness import REPO, Lab, LabBalancer, NetnsLab, poll
+from lab.harness import REPO, Lab, LabBalancer, NetnsLab, poll, unique_name
 from lab.lbconf import lb_link, real_addresses
 from lab.state import state_dir
 from suites.conformance._churn_client import ChurnClient
@@ -384,7 +383,7 @@ def multilb() -> Iterator[Lab]:
     why = frr.missing() or (None if shutil.which("iptables") else "iptables is missing: apt-get install iptables")
     if why:
         pytest.skip(why)
-    name = "rl-" + secrets.token_hex(3)
+    name = unique_name("rl")
     topo = topology.load("multi-lb")
     netns.build(topo, name)
     lab = NetnsLab(name, topo)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from balancer import controller
+from lab.harness import unique_name
 from lab.nsexec import nsenter_argv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,14 +65,14 @@ def ctl(tmp_path: Path) -> Iterator[Ctl]:
     """
     if os.geteuid() != 0:
         pytest.skip("needs root: run as root")
-    ns = "lct-" + secrets.token_hex(3)
+    ns = unique_name("lct")
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         subprocess.run(["ip", "-n", ns, "link", "add", "lbc0", "type", "veth", "peer", "name", "lbc1"], check=True)
         for dev in ("lbc0", "lbc1"):
             subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
         (tmp_path / "lb.toml").write_text(CONFIG)
-        c = Ctl(ns, "t" + secrets.token_hex(4), tmp_path)
+        c = Ctl(ns, unique_name("t", 4, sep=""), tmp_path)
         yield c
         c("unload")
     finally:

@@ -24,7 +24,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -41,7 +40,7 @@ from balancer import config as cfg
 from balancer import controller, health
 from balancer.controller import Instance
 from balancer.datapath import Datapath, Decap
-from lab.harness import poll
+from lab.harness import poll, unique_name
 
 REPO = Path(__file__).resolve().parents[2]
 OBJ = REPO / "build" / "bpf" / "balancer.o"
@@ -134,8 +133,8 @@ class World:
     def __init__(self, stack: ExitStack, tmp: Path) -> None:
         self.stack = stack
         self.tmp = tmp
-        self.id = uuid.uuid4().hex[:6]
-        self.instance = f"dmt-{self.id}"
+        self.instance = unique_name("dmt")
+        self.id = self.instance.removeprefix("dmt-")
         self.lb = f"dmt-{self.id}-lb"
         self.rl = f"dmt-{self.id}-rl"
         self.servers: dict[str, subprocess.Popen[str]] = {}

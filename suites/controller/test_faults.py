@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -28,7 +27,7 @@ import pytest
 
 from balancer import controller, preflight
 from balancer.errors import HostError
-from lab.harness import poll
+from lab.harness import poll, unique_name
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -157,7 +156,7 @@ def lb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lb]:
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} is missing: run `make deps`")
     tmp = tmp_path_factory.mktemp("faults")
-    ns = "flt-" + secrets.token_hex(3)
+    ns = unique_name("flt")
     subprocess.run(["ip", "netns", "add", ns], check=True)
     instance = ns
     try:

@@ -1,7 +1,7 @@
 """conftest.py: fixtures for the datapath packet tables: loaded balancer and decap (suites/datapath/rig.py).
 
 Test runs execute on the caller's CPU and the session tables are per CPU, so every module runs
-pinned to one CPU (the plugin's one_cpu).
+pinned to one CPU.
 """
 
 from __future__ import annotations
@@ -11,15 +11,17 @@ from collections.abc import Iterator
 import pytest
 
 from balancer.datapath import Datapath, Decap
+from lab.harness import pinned_cpu
 
 from . import packets as P
 from .rig import BALANCER_OBJ, DECAP_OBJ, RING_SIZE, BalancerFactory, RunBalancer, require_datapath, standard_world
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _pinned(one_cpu: int) -> int:
-    """Every datapath module runs on one CPU (the plugin's one_cpu fixture)."""
-    return one_cpu
+def _pinned() -> Iterator[int]:
+    """Every datapath module runs on one CPU (lab.harness.pinned_cpu, as the plugin's one_cpu)."""
+    with pinned_cpu() as cpu:
+        yield cpu
 
 
 @pytest.fixture

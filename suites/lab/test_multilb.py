@@ -14,7 +14,6 @@ import contextlib
 import json
 import operator
 import os
-import secrets
 import select
 import signal
 import socket
@@ -32,7 +31,7 @@ from pyroute2 import IPRoute
 from balancer import config as cfg
 from lab import frr, netns, topology
 from lab.errors import LabError
-from lab.harness import poll
+from lab.harness import poll, unique_name
 from lab.lbconf import balancer_config, lb_link
 from lab.netns import InjectedFailure
 from lab.nsexec import entered, nsenter_argv
@@ -111,7 +110,7 @@ def mlb() -> Iterator[MultiLb]:
         def test_x(mlb):
             assert router_paths(mlb, VIP4) == {"rt-lb1", "rt-lb2"}
     """
-    name = PREFIX + secrets.token_hex(3)
+    name = unique_name("lbt")
     lab = MultiLb(name, topology.load("multi-lb"))
     try:
         state = netns.build(lab.topo, name)
@@ -354,7 +353,7 @@ def test_bfd_moves_flows_off_a_dead_lb_within_one_second(mlb: MultiLb) -> None:
 
 def test_teardown_ends_every_frr_daemon_and_hook() -> None:
     """A multi-lb lab of its own goes down with nothing left, FRR daemons and hooks included."""
-    name = PREFIX + secrets.token_hex(3)
+    name = unique_name("lbt")
     try:
         state = netns.build(topology.load("multi-lb"), name)
         procs = [p for p in state.processes if p.node in ("router", *LBS)]
@@ -372,7 +371,7 @@ def test_teardown_ends_every_frr_daemon_and_hook() -> None:
 @pytest.mark.parametrize("from_end", [1, 2, 3, 6, 9])
 def test_failure_while_starting_frr_leaves_nothing(from_end: int) -> None:
     topo = topology.load("multi-lb")
-    name = PREFIX + secrets.token_hex(3)
+    name = unique_name("lbt")
     try:
         counter = netns.Builder(topo, name)
         counter.build()

@@ -8,7 +8,6 @@ them afterwards. The small XDP programs are compiled by BCC, which the tracer ne
 from __future__ import annotations
 
 import json
-import secrets
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
@@ -19,7 +18,7 @@ import pytest
 
 from lab import cli
 from lab.errors import UsageError
-from lab.harness import poll
+from lab.harness import poll, unique_name
 from lab.nsexec import NETNS_DIR, entered
 from lab.trace import SETUP_HINT, Tracer, TraceReport, bcc_missing
 
@@ -77,7 +76,7 @@ def pair() -> Iterator[Pair]:
             with Tracer(pair.lab) as tracer:
                 ...
     """
-    lab = PREFIX + secrets.token_hex(3)
+    lab = unique_name("lbt")
     p = Pair(lab, f"{lab}-a", f"{lab}-b")
     with ExitStack() as stack:
         for ns in (p.a, p.b):

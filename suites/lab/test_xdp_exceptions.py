@@ -8,7 +8,6 @@ program on b-a, and of no other program.
 
 from __future__ import annotations
 
-import secrets
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import pytest
 
 from balancer.libbpf import BpfObject
 from lab.errors import LabError
-from lab.harness import poll
+from lab.harness import poll, unique_name
 from lab.nsexec import NETNS_DIR, entered
 from lab.xdp_exceptions import ABORT_PROGRAM, OBJECT, PROGRAM, XdpExceptions, xdp_prog_id
 
@@ -42,7 +41,7 @@ def aborting_veth() -> Iterator[tuple[str, str]]:
         def test_x(aborting_veth):
             a, b = aborting_veth
     """
-    base = "xet-" + secrets.token_hex(3)
+    base = unique_name("xet")
     a, b = f"{base}-a", f"{base}-b"
     with ExitStack() as stack:
         for ns in (a, b):

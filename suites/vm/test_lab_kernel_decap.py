@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from balancer import config as cfg
 from lab import netns, topology
 from lab.capture import Capture, classify_lb_link
 from lab.errors import LabError
+from lab.harness import poll, unique_name
 from lab.harness.vmlab import vm_skip_reason
 from lab.lbconf import ENCAP_IDS, balancer_config, lb_link, peer_mac
 from lab.netns import Builder, InjectedFailure
@@ -97,7 +97,7 @@ def kd_lab(request: pytest.FixtureRequest) -> Iterator[KernelDecapLab]:
         def test_x(kd_lab):
             kd_lab.lbctl("apply", conf_file)
     """
-    name = PREFIX + secrets.token_hex(3)
+    name = unique_name("lbt")
     topo = topology.load("kernel-decap")
     builder = RecordingBuilder(topo, name)
     lab = KernelDecapLab(name, topo, builder.names)
@@ -167,16 +167,18 @@ def test_vm_reals_decapsulate_and_answer_the_client_directly(kd_lab: KernelDecap
 
 def settled_tx_encap(lab: KernelDecapLab, quiet: float = 0.3, timeout: float = 5.0) -> int:
     """The LB's TX_ENCAP count once it has not changed for `quiet` seconds (polled, with a deadline)."""
-    deadline = time.monotonic() + timeout
-    last, since = -1, time.monotonic()
-    while True:
-        now = json.loads(lab.lbctl("stats", "--json").stdout)["reasons"]["TX_ENCAP"]["packets"]
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return int(now)
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the LB's TX_ENCAP count still moves after {timeout:g} s: {now}")
+    seen = {"count": -1, "since": time.monotonic()}
+
+    def quiet_count() -> int | None:
+        now = int(json.loads(lab.lbctl("stats", "--json").stdout)["reasons"]["TX_ENCAP"]["packets"])
+        if now != seen["count"]:
+            seen["count"], seen["since"] = now, time.monotonic()
+            return None
+        return now if time.monotonic() - seen["since"] >= quiet else None
+
+    count = poll(timeout, quiet_count, "the LB's TX_ENCAP count still", until=lambda n: n is not None, interval_s=0.0)
+    assert count is not None
+    return count
 
 
 def _qemus() -> dict[int, int]:
@@ -230,7 +232,7 @@ def test_status_shows_the_vm_reals(kd_lab: KernelDecapLab) -> None:
 def test_failure_while_the_vms_boot_leaves_nothing(kd_lab: KernelDecapLab) -> None:
     """A build that fails while the VMs boot stops them (mid-boot) and leaves nothing behind."""
     step = next(i for i, s in enumerate(kd_lab.steps, 1) if s.startswith("wait for VM real real1 to boot"))
-    name = PREFIX + secrets.token_hex(3)
+    name = unique_name("lbt")
     try:
         with pytest.raises(InjectedFailure, match=f"injected failure at step {step}: wait for VM real real1"):
             netns.build(kd_lab.topo, name, fail_at=step)
