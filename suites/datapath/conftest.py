@@ -55,11 +55,12 @@ def balancer_factory() -> Iterator[BalancerFactory]:
 
 
 @pytest.fixture(scope="module")
-def balancer() -> Iterator[RunBalancer]:
-    """Name: balancer. Scope: module. Depends: root, build/bpf/balancer.o.
+def run_balancer() -> Iterator[RunBalancer]:
+    """Name: run_balancer. Scope: module. Depends: root, build/bpf/balancer.o.
 
-    One configured balancer with the standard VIPs, shared by a module's table rows:
-        out = balancer.run(P.TCP4_SYN)
+    One configured balancer program driven by test runs, with the standard VIPs, shared by a module's
+    table rows (not the plugin's `balancer`, which is lbctl loaded in a lab):
+        out = run_balancer.run(P.TCP4_SYN)
         assert out.reason == "TX_ENCAP"
     """
     require_datapath()

@@ -25,9 +25,9 @@ def flow(case: P.EncapCase, sport: int = 40000, flags: str = "S") -> Packet:
 
 
 @pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
-def test_encapsulated_headers(balancer: RunBalancer, case: P.EncapCase) -> None:
+def test_encapsulated_headers(run_balancer: RunBalancer, case: P.EncapCase) -> None:
     frame = flow(case, sport=40200)
-    out = balancer.run(frame)
+    out = run_balancer.run(frame)
     assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP")
     enc = decode_encap(out.out, P.GUE_PORT)
 
@@ -66,9 +66,9 @@ def test_encapsulated_headers(balancer: RunBalancer, case: P.EncapCase) -> None:
 
 
 @pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
-def test_one_flow_keeps_its_real_source_port_and_label(balancer: RunBalancer, case: P.EncapCase) -> None:
-    first = decode_encap(balancer.run(flow(case, sport=40300)).out, P.GUE_PORT)
-    again = decode_encap(balancer.run(flow(case, sport=40300, flags="A")).out, P.GUE_PORT)
+def test_one_flow_keeps_its_real_source_port_and_label(run_balancer: RunBalancer, case: P.EncapCase) -> None:
+    first = decode_encap(run_balancer.run(flow(case, sport=40300)).out, P.GUE_PORT)
+    again = decode_encap(run_balancer.run(flow(case, sport=40300, flags="A")).out, P.GUE_PORT)
     assert first.outer.dst == again.outer.dst
     assert first.udp == again.udp or (first.udp is not None and again.udp is not None
                                       and first.udp[:2] == again.udp[:2])
@@ -77,8 +77,8 @@ def test_one_flow_keeps_its_real_source_port_and_label(balancer: RunBalancer, ca
 
 
 @pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
-def test_flows_spread_over_reals_ports_and_labels(balancer: RunBalancer, case: P.EncapCase) -> None:
-    outs = [decode_encap(balancer.run(flow(case, sport=42000 + i)).out, P.GUE_PORT)
+def test_flows_spread_over_reals_ports_and_labels(run_balancer: RunBalancer, case: P.EncapCase) -> None:
+    outs = [decode_encap(run_balancer.run(flow(case, sport=42000 + i)).out, P.GUE_PORT)
             for i in range(48)]
     assert {o.outer.dst for o in outs} == set(case.reals), "every real gets some of 48 flows"
     if case.mode != "IPIP":

@@ -24,8 +24,8 @@ from .frames import decode_encap, icmp4_checksum_ok, ip_packet_of, ipv4_header_o
 from .rig import BalancerFactory, RunBalancer
 
 
-def test_echo_request_to_a_vip_is_answered_v4(balancer: RunBalancer) -> None:
-    out = balancer.run(P.ICMP4_ECHO_TO_VIP)
+def test_echo_request_to_a_vip_is_answered_v4(run_balancer: RunBalancer) -> None:
+    out = run_balancer.run(P.ICMP4_ECHO_TO_VIP)
     assert (out.verdict, out.reason) == ("XDP_TX", "TX_ICMP_ECHO")
     reply = Ether(out.out)
     assert (reply.src, reply.dst) == (P.LB_MAC, P.CLIENT_MAC)
@@ -37,8 +37,8 @@ def test_echo_request_to_a_vip_is_answered_v4(balancer: RunBalancer) -> None:
     assert bytes(ip[ICMP].payload) == P.PAYLOAD
 
 
-def test_echo_request_to_a_vip_is_answered_v6(balancer: RunBalancer) -> None:
-    out = balancer.run(P.ICMP6_ECHO_TO_VIP)
+def test_echo_request_to_a_vip_is_answered_v6(run_balancer: RunBalancer) -> None:
+    out = run_balancer.run(P.ICMP6_ECHO_TO_VIP)
     assert (out.verdict, out.reason) == ("XDP_TX", "TX_ICMP_ECHO")
     reply = Ether(out.out)
     assert (reply.src, reply.dst) == (P.LB_MAC, P.CLIENT_MAC)
@@ -50,8 +50,8 @@ def test_echo_request_to_a_vip_is_answered_v6(balancer: RunBalancer) -> None:
 
 @pytest.mark.parametrize("frame", [P.ICMP4_ECHO_NOT_VIP, P.ICMP6_ECHO_NOT_VIP, P.ICMP4_ERROR_NOT_VIP_FLOW],
                          ids=["echo-v4-not-vip", "echo-v6-not-vip", "error-about-other-flow"])
-def test_icmp_not_about_a_vip_is_passed(balancer: RunBalancer, frame: Packet) -> None:
-    out = balancer.run(frame)
+def test_icmp_not_about_a_vip_is_passed(run_balancer: RunBalancer, frame: Packet) -> None:
+    out = run_balancer.run(frame)
     assert (out.verdict, out.reason) == ("XDP_PASS", "PASS_ICMP_NOT_VIP")
     assert out.out == bytes(frame)
 
@@ -96,9 +96,9 @@ def test_icmp_error_follows_the_ring_when_the_flow_has_no_session(balancer_facto
         assert steered.outer.dst == fwd.outer.dst, "same hash for the quoted flow reversed"
 
 
-def test_icmpv6_destination_unreachable_is_steered(balancer: RunBalancer) -> None:
+def test_icmpv6_destination_unreachable_is_steered(run_balancer: RunBalancer) -> None:
     err = P.icmp_error_about(P.VIP6, P.CLIENT6, cport=46200, v6_type="unreach")
-    out = balancer.run(err)
+    out = run_balancer.run(err)
     assert out.reason == "TX_ENCAP" and out.events.get("ICMP_STEERED") == 1
 
 
@@ -114,13 +114,13 @@ TOO_BIG = [  # (id, encap case, overhead in bytes)
 
 @pytest.mark.parametrize(("case", "overhead"), [(c, o) for _, c, o in TOO_BIG],
                          ids=[i for i, _, _ in TOO_BIG])
-def test_too_big_is_answered_with_the_real_limit(balancer: RunBalancer, case: P.EncapCase,
+def test_too_big_is_answered_with_the_real_limit(run_balancer: RunBalancer, case: P.EncapCase,
                                                   overhead: int) -> None:
     limit = P.MTU - overhead
-    fits = balancer.run(P.sized_tcp_to(case.vip, limit, sport=47000))
+    fits = run_balancer.run(P.sized_tcp_to(case.vip, limit, sport=47000))
     assert fits.reason == "TX_ENCAP", "a packet of exactly the limit is encapsulated"
     frame = P.sized_tcp_to(case.vip, limit + 1, sport=47001)
-    out = balancer.run(frame)
+    out = run_balancer.run(frame)
     assert (out.verdict, out.reason) == ("XDP_TX", "TX_ICMP_TOO_BIG")
     eth = Ether(out.out)
     assert (eth.src, eth.dst) == (P.LB_MAC, P.CLIENT_MAC)
@@ -152,9 +152,9 @@ def test_too_big_quotes_a_short_packet_whole(balancer_factory: BalancerFactory) 
     assert icmp4_checksum_ok(raw) and int.from_bytes(raw[26:28], "big") == 180
 
 
-def test_too_big_without_df_is_dropped(balancer: RunBalancer) -> None:
+def test_too_big_without_df_is_dropped(run_balancer: RunBalancer) -> None:
     frame = P.sized_tcp_to(P.VIP4, P.MTU, df=False, sport=47200)
-    out = balancer.run(frame)
+    out = run_balancer.run(frame)
     assert (out.verdict, out.reason) == ("XDP_DROP", "DROP_TOO_BIG_NO_DF")
 
 
