@@ -10,8 +10,8 @@ BPF_HDR := $(wildcard bpf/include/*.h)
 BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -Wno-unused-function \
 	-I bpf/include -I/usr/include/$(ARCH)-linux-gnu
 
-.PHONY: all deps deps-all bench bpf native abi abi-check check lint demo test soak test-vagrant \
-	test-vagrant-smoke vagrant-box clean
+.PHONY: all deps deps-all bench bpf native abi abi-check check lint lock demo test test-install soak \
+	test-vagrant test-vagrant-smoke vagrant-box clean
 
 all: bpf native
 
@@ -43,6 +43,10 @@ abi: bpf
 abi-check: bpf
 	$(PY) -m balancer.abigen --check balancer/_abi.py $(BPF_OBJ)
 
+# Regenerate requirements.lock (every venv package, hashed) from pyproject.toml's pins; needs PyPI, minutes.
+lock:
+	bash scripts/lock.sh
+
 lint:
 	$(VENV)/bin/ruff check balancer lab suites reports
 	$(VENV)/bin/mypy
@@ -56,6 +60,11 @@ test: deps-all bpf abi-check lint
 	$(PY) -m pytest suites/ $(PYTEST_ARGS)
 	# The core conformance checks against Linux IPVS in a VM (l4lab's column ran above).
 	$(VENV)/bin/l4lab conform --dut ipvs --no-report
+
+# The package as a user gets it (root, PyPI): `pip install .` into a fresh venv, then that venv's lbctl
+# loads the packaged BPF object on a veth from outside the source tree. Minutes, so not in `make test`.
+test-install: deps bpf
+	L4LAB_INSTALL_TEST=1 $(PY) -m pytest suites/controller/test_cli.py -k fresh_venv -q $(PYTEST_ARGS)
 
 # Fuzz soak (root): SOAK_FRAMES generated frames (1,000,000 by default) through the balancer and both
 # decap programs by test run; prints the seed and a FUZZ SUMMARY line, writes a `fuzz` result.

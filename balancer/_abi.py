@@ -46,6 +46,17 @@ class Family(IntEnum):
     INET6 = 6
 
 
+class Gue(IntEnum):
+    """enum lb_gue"""
+
+    HDR_LEN = 4
+    VERSION_SHIFT = 6
+    C_BIT = 32
+    HLEN_MASK = 31
+    SPORT_BASE = 49152
+    SPORT_MASK = 16383
+
+
 class Limits(IntEnum):
     """enum lb_limits"""
 
@@ -57,6 +68,12 @@ class Limits(IntEnum):
     DEFAULT_GUE_PORT = 6080
     DEFAULT_UDP_TIMEOUT_S = 30
     DEFAULT_MTU = 1500
+
+
+class Outer(IntEnum):
+    """enum lb_outer"""
+
+    TTL = 64
 
 
 class RealFlag(IntFlag):
@@ -262,7 +279,7 @@ RODATA = {
         "cfg_udp_timeout_ns": (40, 8),
     },
     "decap": {
-        "cfg_gue_port": (36, 2),
+        "cfg_gue_port": (44, 2),
     },
     "floor": {
     },
@@ -281,13 +298,47 @@ RODATA = {
     },
 }
 
+# The maps each object defines, by name: what the loader opens, pins and reopens.
+MAPS = {
+    "balancer": (
+        "lb_counts",
+        "lb_real_stats",
+        "lb_reals",
+        "lb_ring",
+        "lb_scratch",
+        "lb_sessions",
+        "lb_settings",
+        "lb_vip_stats",
+        "lb_vips",
+    ),
+    "decap": (
+        "dc_local",
+        "dc_reasons",
+    ),
+    "floor": (
+        "fl_count",
+    ),
+    "healthcheck": (
+        "lb_hc_reals",
+    ),
+    "pass": (
+    ),
+    "trafficgen": (
+        "tg_egress",
+        "tg_seq",
+    ),
+    "xdp_exception": (
+        "xe_count",
+    ),
+}
+
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "ecc8f81b216cc6396016980cb809a94e",
-    "decap": "8f52b826095bcbab57dab88ef945f742",
-    "floor": "b83480fea9390bb1bc108ed748e95d52",
-    "healthcheck": "64731e3caf10cc57a0bbc36ee9302c70",
-    "pass": "b83480fea9390bb1bc108ed748e95d52",
-    "trafficgen": "100a1822ecfbcb7052857bff0c3da047",
-    "xdp_exception": "b83480fea9390bb1bc108ed748e95d52",
+    "balancer": "4a88f33d2cd5133cec6cd796147e9c21",
+    "decap": "3b99ef49a0cbcf6c101709dce1ee8d9a",
+    "floor": "626723075fb6dd5a2eeb2decf7deb831",
+    "healthcheck": "561b5a9b02762f10745ce4be0d0e4cf1",
+    "pass": "8f39d9f24e7339db28876547ef6a9879",
+    "trafficgen": "37e8064bdb28e3f638edcbfe03b2332f",
+    "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",
 }

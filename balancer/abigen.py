@@ -5,7 +5,8 @@
 
 Enums become IntEnum (IntFlag for `*_flag` enums) with the common prefix dropped
 (`LB_DROP_NO_REAL` → `Reason.DROP_NO_REAL`), `lb_*` structs become packed ctypes structures with
-every byte accounted for, `.rodata` constants become offset tables, and each object gets a digest
+every byte accounted for, `.rodata` constants become offset tables, each object's maps a tuple of
+names (what the loader opens and pins), and each object gets a digest
 of its contract that the loader compares before it loads anything.
 """
 
@@ -104,6 +105,11 @@ def render(contracts: dict[str, Contract]) -> str:
         out.append(f'    "{obj}": {{')
         out += [f'        "{v.name}": ({v.offset}, {v.size}),' for v in contracts[obj].rodata]
         out.append("    },")
+    out += ["}", "", "# The maps each object defines, by name: what the loader opens, pins and reopens.", "MAPS = {"]
+    for obj in sorted(contracts):
+        out.append(f'    "{obj}": (')
+        out += [f'        "{m}",' for m in contracts[obj].maps]
+        out.append("    ),")
     out += ["}", "", "# The loader refuses an object whose contract digest is not this one.", "DIGESTS = {"]
     out += [f'    "{obj}": "{contracts[obj].digest()}",' for obj in sorted(contracts)]
     out += ["}", ""]

@@ -64,17 +64,19 @@ class RodataVar:
 
 @dataclass(frozen=True)
 class Contract:
-    """What Python relies on in one object: lb_* structs and enums and its cfg_* constants."""
+    """What Python relies on in one object: lb_* structs and enums, its cfg_* constants and its maps."""
 
     structs: tuple[Struct, ...]
     enums: tuple[Enum, ...]
     rodata: tuple[RodataVar, ...]
+    maps: tuple[str, ...] = ()  # names of the maps the object defines (its .maps section), sorted
 
     def digest(self) -> str:
         blob = json.dumps({"structs": [[s.name, s.size, [list(m.__dict__.values()) for m in s.members]]
                                        for s in self.structs],
                            "enums": [[e.name, [list(v) for v in e.values]] for e in self.enums],
-                           "rodata": [list(v.__dict__.values()) for v in self.rodata]},
+                           "rodata": [list(v.__dict__.values()) for v in self.rodata],
+                           "maps": list(self.maps)},
                           sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
@@ -167,7 +169,7 @@ def _type_name(types: list[BtfType], tid: int) -> tuple[str, int]:
 
 
 def read_contract(path: str | Path) -> Contract:
-    """The lb_* structs and enums and the cfg_* .rodata constants of one compiled object."""
+    """The lb_* structs and enums, the cfg_* .rodata constants and the map names of one compiled object."""
     p = str(path)
     try:
         data = Path(p).read_bytes()
@@ -194,9 +196,11 @@ def read_contract(path: str | Path) -> Contract:
             var_types[t.name] = t.size_or_type
     index = secs["__index__"].split(b",")
     rodata_idx = index.index(b".rodata") if b".rodata" in index else -1
+    maps_idx = index.index(b".maps") if b".maps" in index else -1
     rodata = []
     for name, shndx, value, size in symbols:
         if shndx == rodata_idx and name.startswith("cfg_") and name in var_types:
             rodata.append(RodataVar(name, _type_name(types, var_types[name])[0], value, size))
+    maps = sorted(name for name, shndx, _, _ in symbols if shndx == maps_idx and name)
     return Contract(tuple(structs[k] for k in sorted(structs)), tuple(enums[k] for k in sorted(enums)),
-                    tuple(sorted(rodata, key=lambda v: v.offset)))
+                    tuple(sorted(rodata, key=lambda v: v.offset)), tuple(maps))

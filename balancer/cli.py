@@ -32,6 +32,7 @@ from balancer import controller, preflight
 from balancer.controller import DEFAULT_OBJECT, Instance
 from balancer.datapath import Datapath, xdp_link_ifindex
 from balancer.errors import ConfigError, LbError, crash_report
+from balancer.version import version
 
 
 class UsageError(Exception):
@@ -120,6 +121,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
         report = inst.apply(conf)
     finally:
         inst.close()
+    if args.json:
+        print(json.dumps({"file": args.file, **dataclasses.asdict(report)}, indent=1))
+        return 0
     fields = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in dataclasses.asdict(report).items() if v)
     print(f"applied {args.file}: {fields or 'nothing to change'}")
     return 0
@@ -248,12 +252,21 @@ def _find_vip(c: cfg.Config, address: str, port: int, proto: str) -> int:
     raise UsageError(f"unknown VIP {address}:{port}/{proto}; `lbctl vip list` shows the VIPs")
 
 
+def _print_rows(args: argparse.Namespace, rows: list[dict[str, Any]], line: Callable[[dict[str, Any]], str]) -> None:
+    """A listing: the rows as one JSON array with --json, else one line each."""
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    for row in [] if args.json else rows:
+        print(line(row))
+
+
 def cmd_vip(args: argparse.Namespace) -> int:
     if args.action == "list":
         inst = _instance(args)
         try:
-            for v in inst.config.vips:
-                print(f"{v.name}  encap {v.encap}  reals {len(v.reals)}")
+            vips = [{"vip": v.name, "encap": v.encap, "hash": v.hash, "lru": v.lru, "outer_src": v.outer_src,
+                     "reals": len(v.reals)} for v in inst.config.vips]
+            _print_rows(args, vips, lambda v: f"{v['vip']}  encap {v['encap']}  reals {v['reals']}")
         finally:
             inst.close()
         return 0
@@ -300,8 +313,9 @@ def cmd_real(args: argparse.Namespace) -> int:
         try:
             c = inst.config
             vip = c.vips[_find_vip(c, args.vip, args.port, args.proto)]
-            for r in vip.reals:
-                print(f"{r.address}  weight {r.weight}  id {inst.state.real_ids.get(str(r.address))}")
+            reals = [{"address": str(r.address), "weight": r.weight, "id": inst.state.real_ids.get(str(r.address))}
+                     for r in vip.reals]
+            _print_rows(args, reals, lambda r: f"{r['address']}  weight {r['weight']}  id {r['id']}")
         finally:
             inst.close()
         return 0
@@ -330,6 +344,9 @@ def _port(text: str) -> int:
 
 _FORCE_HELP = ("load although a state file names a datapath whose pins are not visible (check first that "
                "no XDP program is attached to the interfaces; refused if one is)")
+_OBJECT_HELP = ("the balancer's BPF object: a path, or a file name searched in $L4LAB_BUILD_DIR/bpf, the "
+                "installed package and the source tree's build/bpf (default %(default)s)")
+_MODE_HELP = "XDP attach mode: native (driver), generic (skb, slow) or auto (native, else generic)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -337,64 +354,105 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
+def _verb(sub: Any, name: str, help: str, *examples: str) -> argparse.ArgumentParser:
+    """A verb's parser with its help and an epilog of example command lines."""
+    epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, epilog=epilog,
+                                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="lbctl", description="Control an l4lab XDP load balancer instance.")
+    p.add_argument("--version", action="version", version=f"lbctl {version()}",
+                   help="print the version of l4lab and exit")
     p.add_argument("--instance", default=os.environ.get("LBCTL_INSTANCE", "default"),
                    help="instance name (pins under /sys/fs/bpf/lbctl/NAME); env LBCTL_INSTANCE")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="VERB")
 
-    s = sub.add_parser("load", help="load and attach the balancer")
-    s.add_argument("--interface", "-i", action="append", default=[])
-    s.add_argument("--mode", choices=("native", "generic", "auto"))
-    s.add_argument("--config", "-c")
-    s.add_argument("--object", default=DEFAULT_OBJECT)
+    s = _verb(sub, "load", "load and attach the balancer",
+              "lbctl load --interface eth0 --config /etc/l4lab/lb.toml",
+              "lbctl --instance edge load -i eth0 -i eth1 --mode generic")
+    s.add_argument("--interface", "-i", action="append", default=[], metavar="IF",
+                   help="attach to IF (repeat for more); default the config's datapath.interfaces")
+    s.add_argument("--mode", choices=("native", "generic", "auto"), help=_MODE_HELP + "; default native")
+    s.add_argument("--config", "-c", metavar="FILE", help="apply this TOML config once loaded")
+    s.add_argument("--object", default=DEFAULT_OBJECT, metavar="OBJECT", help=_OBJECT_HELP)
     s.add_argument("--force-reload", action="store_true", help=_FORCE_HELP)
     s.set_defaults(fn=cmd_load)
-    s = sub.add_parser("apply", help="reconcile the datapath with a config file")
-    s.add_argument("file")
+    s = _verb(sub, "apply", "reconcile the datapath with a config file", "lbctl apply /etc/l4lab/lb.toml",
+              "lbctl apply lb.toml --json")
+    s.add_argument("file", metavar="FILE", help="the TOML config to apply (VIPs, reals, encap, limits)")
+    s.add_argument("--json", action="store_true", help="print what changed as JSON")
     s.set_defaults(fn=cmd_apply)
-    s = sub.add_parser("upgrade", help="replace the running program without dropping a flow")
-    s.add_argument("--object", default=DEFAULT_OBJECT)
+    s = _verb(sub, "upgrade", "replace the running program without dropping a flow", "lbctl upgrade",
+              "lbctl upgrade --object /opt/l4lab/balancer.o")
+    s.add_argument("--object", default=DEFAULT_OBJECT, metavar="OBJECT", help=_OBJECT_HELP)
     s.set_defaults(fn=cmd_upgrade)
-    s = sub.add_parser("unload", help="detach and remove the instance")
+    s = _verb(sub, "unload", "detach and remove the instance", "lbctl unload", "lbctl --instance edge unload")
     s.set_defaults(fn=cmd_unload)
-    s = sub.add_parser("status", help="interfaces, attach modes, VIPs and reals")
-    s.add_argument("--json", action="store_true")
+    s = _verb(sub, "status", "interfaces, attach modes, VIPs and reals", "lbctl status", "lbctl status --json")
+    s.add_argument("--json", action="store_true", help="print the status as JSON")
     s.set_defaults(fn=cmd_status)
-    s = sub.add_parser("stats", help="counters per VIP, real and reason")
-    s.add_argument("--json", action="store_true")
-    s.add_argument("--watch", type=float, metavar="SECONDS")
+    s = _verb(sub, "stats", "counters per VIP, real and reason", "lbctl stats --json",
+              "lbctl stats --watch 1 --count 10")
+    s.add_argument("--json", action="store_true", help="print the counters as JSON")
+    s.add_argument("--watch", type=float, metavar="SECONDS", help="print the table every SECONDS, with rates")
     s.add_argument("--count", type=int, default=0, help="with --watch: stop after N intervals")
     s.set_defaults(fn=cmd_stats)
 
-    s = sub.add_parser("vip", help="add, delete or list VIPs")
-    s.add_argument("action", choices=("add", "del", "list"))
-    s.add_argument("address", nargs="?")
-    s.add_argument("port", nargs="?", type=_port)
-    s.add_argument("proto", nargs="?", choices=("tcp", "udp"))
-    s.add_argument("--encap", choices=cfg.ENCAPS, default="ipip")
-    s.add_argument("--hash", choices=cfg.HASHES, default="5tuple")
-    s.add_argument("--no-lru", action="store_true")
-    s.add_argument("--outer-src", choices=cfg.OUTER_SRCS)
+    s = _verb(sub, "vip", "add, delete or list VIPs", "lbctl vip add 198.51.100.10 80 tcp --encap gue1",
+              "lbctl vip del 198.51.100.10 80 tcp", "lbctl vip list --json")
+    s.add_argument("action", choices=("add", "del", "list"), help="what to do: add, del or list")
+    s.add_argument("address", nargs="?", help="the VIP's address (IPv4 or IPv6); add and del only")
+    s.add_argument("port", nargs="?", type=_port, help="the VIP's port, 0 for every port; add and del only")
+    s.add_argument("proto", nargs="?", choices=("tcp", "udp"), help="tcp or udp; add and del only")
+    s.add_argument("--encap", choices=cfg.ENCAPS, default="ipip",
+                   help="how packets reach the reals (default %(default)s)")
+    s.add_argument("--hash", choices=cfg.HASHES, default="5tuple",
+                   help="the fields that pick a real (default %(default)s)")
+    s.add_argument("--no-lru", action="store_true", help="no session table: every packet follows the ring")
+    s.add_argument("--outer-src", choices=cfg.OUTER_SRCS,
+                   help="the outer source address: per flow, or fixed (default flow for ipip, else fixed)")
+    s.add_argument("--json", action="store_true", help="with list: print the VIPs as JSON")
     s.set_defaults(fn=cmd_vip)
 
-    s = sub.add_parser("real", help="add, delete, reweight or list the reals of a VIP")
-    s.add_argument("action", choices=("add", "del", "set-weight", "list"))
+    s = _verb(sub, "real", "add, delete, reweight or list the reals of a VIP",
+              "lbctl real add 198.51.100.10 80 tcp 203.0.113.18 --weight 2",
+              "lbctl real set-weight 198.51.100.10 80 tcp 203.0.113.18 --weight 0",
+              "lbctl real list 198.51.100.10 80 tcp --json")
+    s.add_argument("action", choices=("add", "del", "set-weight", "list"),
+                   help="what to do: add, del, set-weight or list")
     s.add_argument("vip", help="VIP address")
-    s.add_argument("port", type=_port)
-    s.add_argument("proto", choices=("tcp", "udp"))
-    s.add_argument("real", nargs="?", help="real address")
-    s.add_argument("--weight", type=_weight, default=1)
+    s.add_argument("port", type=_port, help="VIP port")
+    s.add_argument("proto", choices=("tcp", "udp"), help="VIP protocol")
+    s.add_argument("real", nargs="?", help="real address (all actions but list)")
+    s.add_argument("--weight", type=_weight, default=1, help="the real's weight, 0..65535 (default %(default)s)")
+    s.add_argument("--json", action="store_true", help="with list: print the reals as JSON")
     s.set_defaults(fn=cmd_real)
 
-    s = sub.add_parser("run", help="daemon: health checks, metrics, reload on SIGHUP")
-    s.add_argument("--config", "-c", required=True)
-    s.add_argument("--interface", "-i", action="append", default=[])
-    s.add_argument("--mode", choices=("native", "generic", "auto"))
-    s.add_argument("--object", default=DEFAULT_OBJECT)
+    s = _verb(sub, "run", "daemon: health checks, metrics, reload on SIGHUP",
+              "lbctl run --config /etc/l4lab/lb.toml", "lbctl run -c lb.toml -i eth0 --mode auto")
+    s.add_argument("--config", "-c", required=True, metavar="FILE", help="the TOML config (reread on SIGHUP)")
+    s.add_argument("--interface", "-i", action="append", default=[], metavar="IF",
+                   help="attach to IF (repeat for more); default the config's datapath.interfaces")
+    s.add_argument("--mode", choices=("native", "generic", "auto"), help=_MODE_HELP)
+    s.add_argument("--object", default=DEFAULT_OBJECT, metavar="OBJECT", help=_OBJECT_HELP)
     s.add_argument("--force-reload", action="store_true", help=_FORCE_HELP)
     s.set_defaults(fn=cmd_run)
+
+    s = _verb(sub, "completion", "print a shell completion script", "source <(lbctl completion bash)",
+              "lbctl completion bash >/etc/bash_completion.d/lbctl")
+    s.add_argument("shell", choices=("bash",), help="the shell (bash)")
+    s.set_defaults(fn=cmd_completion)
     return p
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from balancer import completion
+
+    print(completion.bash(build_parser()), end="")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -405,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"lbctl vip {args.action} needs ADDRESS PORT PROTO")
         if getattr(args, "cmd", "") == "real" and args.action != "list" and not args.real:
             raise UsageError(f"lbctl real {args.action} needs the real's address")
+        if args.cmd == "completion":  # prints text only: no host, no instance
+            return int(args.fn(args))
         if args.cmd != "run":  # the daemon checks the host itself and logs refusals as JSON
             _check_host(args)
         if args.cmd in ("run", "status", "stats") or _reads(args):

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar, cast, get_args
 
+from balancer import _abi
 from balancer.errors import ConfigError, show_value
 from balancer.maglev import is_prime
 
@@ -72,13 +73,13 @@ class DatapathConfig:
 
     interfaces: tuple[str, ...] = ("lb-rt",)
     mode: Mode = "native"
-    mtu: int = 1500
-    max_vips: int = 64
-    max_reals: int = 1024
-    ring_size: int = 65537
-    lru_size: int = 65536  # session entries per possible CPU, in one table shared by every CPU
+    mtu: int = int(_abi.Limits.DEFAULT_MTU)
+    max_vips: int = int(_abi.Limits.DEFAULT_MAX_VIPS)
+    max_reals: int = int(_abi.Limits.DEFAULT_MAX_REALS)
+    ring_size: int = int(_abi.Limits.DEFAULT_RING_SIZE)
+    lru_size: int = int(_abi.Limits.DEFAULT_LRU_SIZE)  # session entries per possible CPU, one table for all
     fallback_size: int = 16384  # accepted and ignored: there is no fallback table since issue 11
-    udp_timeout_s: int = 30
+    udp_timeout_s: int = int(_abi.Limits.DEFAULT_UDP_TIMEOUT_S)
     frags: bool = False
 
 
@@ -87,7 +88,7 @@ class EncapConfig:
     """What every encapsulated frame carries: next-hop MAC, GUE port and the outer source prefixes."""
 
     nexthop_mac: str = "02:00:00:00:00:01"
-    gue_port: int = 6080
+    gue_port: int = int(_abi.Limits.DEFAULT_GUE_PORT)
     src4: ipaddress.IPv4Network = ipaddress.IPv4Network("198.51.100.128/25")
     src6: ipaddress.IPv6Network = ipaddress.IPv6Network("2001:db8:1b:80::/64")
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from balancer import _abi, maglev
+from balancer import _abi, maglev, objects
 from balancer import config as cfg
 from balancer.datapath import Datapath, real_bytes, settings_bytes, vip_key
 from balancer.errors import DatapathError, LbError
@@ -38,7 +38,8 @@ STATE_ROOT = os.environ.get("LBCTL_STATE_ROOT", "/run/lbctl")
 # A test hook, read only here: the controller kills itself (SIGKILL) once an apply has written this
 # many ring slots, leaving a ring half-written as a crash would (suites/conformance/test_reliability.py).
 CRASH_AFTER_SLOTS_ENV = "LBCTL_TEST_CRASH_AFTER_SLOTS"
-DEFAULT_OBJECT = str(Path(__file__).resolve().parent.parent / "build" / "bpf" / "balancer.o")
+# A bare name: searched by balancer/objects.py ($L4LAB_BUILD_DIR, the installed package, build/bpf).
+DEFAULT_OBJECT = "balancer.o"
 
 _ENCAPS = {"ipip": _abi.Encap.IPIP, "gue1": _abi.Encap.GUE1, "gue0": _abi.Encap.GUE0}
 
@@ -182,6 +183,7 @@ class Instance:
             except OSError as exc:
                 raise DatapathError(f"find interface '{ifname}'", _errno.ENODEV,
                                     "check the name with `ip link`") from exc
+        obj = objects.find(obj)  # the state file records the path, so `lbctl status` names the file
         dp = Datapath.load(obj, max_vips=d.max_vips, max_reals=d.max_reals, ring_size=d.ring_size,
                            lru_size=d.lru_size, fallback_size=d.fallback_size, udp_timeout_s=d.udp_timeout_s)
         pin_dir = cls.pin_dir(name)
@@ -220,6 +222,7 @@ class Instance:
         The links are updated atomically (BPF_LINK_UPDATE): packets see either program, never none,
         and the session tables, rings and counters are the same maps before and after.
         """
+        obj = objects.find(obj)
         new = Datapath.load_reusing(obj, self.dp, self.config.datapath.udp_timeout_s)
         frags = self.config.datapath.frags
         prog = new.programs["balancer_xdp_frags" if frags else "balancer_xdp"]

@@ -18,15 +18,22 @@ down (a restarted daemon keeps draining them until they pass ``rise`` probes). H
 program to tc egress of the instance's interfaces while the daemon runs; those links are not
 pinned, so they go with the process. Logs are JSON lines on stderr (``balancer/logs.py``); metrics
 are served at ``metrics.listen`` (``balancer/metrics.py``).
+
+Under systemd (``Type=notify``, ``packaging/lbctl.service``) the daemon sends ``READY=1`` once the
+datapath is loaded or adopted and the config applied, ``RELOADING=1`` then ``READY=1`` around a
+SIGHUP reload, ``STOPPING=1`` on SIGTERM, and ``WATCHDOG=1`` from its event loop when the unit sets
+``WatchdogSec=`` (``balancer/sdnotify.py``).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import queue
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -39,7 +46,8 @@ from balancer import config as cfg
 from balancer.controller import DEFAULT_OBJECT, Instance
 from balancer.errors import ConfigError, LbError, crash_report
 from balancer.logs import Logger
-from balancer.metrics import MetricsServer, instance_families, render
+from balancer.metrics import MetricsServer, Snapshot, registry_for
+from balancer.sdnotify import Notifier
 
 __all__ = ["Daemon", "run"]
 
@@ -64,10 +72,11 @@ def _version() -> str:
 class Daemon:
     """One running controller: the instance, its config, the health monitor and the metrics server."""
 
-    def __init__(self, config_path: str, name: str, log: Logger) -> None:
+    def __init__(self, config_path: str, name: str, log: Logger, notifier: Notifier | None = None) -> None:
         self.config_path = config_path
         self.name = name
         self.log = log
+        self.notifier = notifier or Notifier(None)
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self.lock = threading.Lock()  # apply (main thread) against scrapes (metrics thread)
         self.applies: dict[tuple[str, bool], int] = {}
@@ -75,6 +84,8 @@ class Daemon:
         self.config = cfg.Config()
         self.monitor = health.Monitor(self.events.put)
         self.metrics: MetricsServer | None = None
+        self.registry = registry_for(self.scrape)
+        self.last_reload: tuple[bool, float] = (False, 0.0)  # the last start/SIGHUP apply: ok, when it last was
         self.tunnel: health.TunnelEncap | None = None
         self.loaded = False  # whether this start loaded the instance (rather than adopting it)
 
@@ -86,7 +97,7 @@ class Daemon:
         touched; a datapath this start loaded itself is unloaded again if a later step fails."""
         self.config = self._read_config()
         m = self.config.metrics
-        self.metrics = MetricsServer(m.host, m.port, self.scrape, self._scrape_failed)  # a taken port: refused here
+        self.metrics = MetricsServer(m.host, m.port, self.registry, self._scrape_failed)  # a taken port: refused here
         inst = self._load_or_adopt(interfaces, mode, obj, force_reload)
         self.instance = inst
         try:
@@ -162,7 +173,7 @@ class Daemon:
         return health.targets_of(config, self.tunnel.mark)
 
     def _serve_metrics(self, m: cfg.MetricsConfig) -> MetricsServer:
-        server = MetricsServer(m.host, m.port, self.scrape, self._scrape_failed)
+        server = MetricsServer(m.host, m.port, self.registry, self._scrape_failed)
         server.start()
         return server
 
@@ -171,10 +182,26 @@ class Daemon:
 
     # -- events --------------------------------------------------------------------------------
 
+    def notify(self, **fields: object) -> None:
+        """Tell systemd (when it asked, through NOTIFY_SOCKET); a failure is logged, never fatal."""
+        try:
+            self.notifier.send(**fields)
+        except LbError as exc:
+            self.log.error("notify_failed", fields=sorted(fields), error=str(exc))
+
     def serve(self) -> int:
-        """Handle events until SIGTERM or SIGINT; returns the exit status (0)."""
+        """Handle events until SIGTERM or SIGINT; returns the exit status (0). With a systemd
+        watchdog, WATCHDOG=1 goes out from this loop at least every half watchdog period."""
+        period = self.notifier.watchdog_s / 2 if self.notifier.watchdog_s else None
+        pinged = time.monotonic()
         while True:
-            ev = self.events.get()
+            if period is not None and time.monotonic() - pinged >= period:
+                self.notify(WATCHDOG=1)
+                pinged = time.monotonic()
+            try:
+                ev = self.events.get(timeout=None if period is None else max(0.0, pinged + period - time.monotonic()))
+            except queue.Empty:
+                continue
             if isinstance(ev, health.Transition):
                 t = ev.target
                 self.log.log("info" if ev.healthy else "warning", "real_up" if ev.healthy else "real_down",
@@ -182,8 +209,13 @@ class Daemon:
                              check=t.check.type, port=t.check.port)
                 self._apply("health", self.config, raise_errors=False)
             elif ev.signum == signal.SIGHUP:
-                self.reload()
+                self.notify(RELOADING=1, MONOTONIC_USEC=time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
+                try:
+                    self.reload()
+                finally:
+                    self.notify(READY=1, STATUS=self.status_line())
             else:
+                self.notify(STOPPING=1, STATUS="stopping; the datapath stays loaded")
                 self.log.info("stopping", signal=signal.Signals(ev.signum).name,
                               detail="the datapath stays loaded and forwarding; `lbctl unload` removes it")
                 return 0
@@ -214,6 +246,9 @@ class Daemon:
             if old is not None:
                 old.stop()
             self.log.info("metrics_moved", metrics=metrics.listen if metrics else "")
+
+    def status_line(self) -> str:
+        return f"forwarding {len(self.config.vips)} VIPs; metrics at {self.metrics.listen if self.metrics else '-'}"
 
     def _reload_failed(self, error: str, metrics: MetricsServer | None) -> None:
         """Log a refused reload and undo what it started (a new metrics listener, an unneeded tunnel)."""
@@ -256,11 +291,13 @@ class Daemon:
     def _count(self, trigger: str, ok: bool) -> None:
         with self.lock:
             self.applies[(trigger, ok)] = self.applies.get((trigger, ok), 0) + 1
+            if trigger in ("start", "reload"):  # loads of the config file (health applies are not)
+                self.last_reload = (ok, time.time() if ok else self.last_reload[1])
 
     # -- metrics -------------------------------------------------------------------------------
 
-    def scrape(self) -> str:
-        """The metrics text: counters read from the maps now, health and weights as applied."""
+    def scrape(self) -> Snapshot:
+        """What the metrics show: counters read from the maps now, health and weights as applied."""
         inst = self.instance
         assert inst is not None
         status = {(s.target.vip, s.target.address): s for s in self.monitor.snapshot()}
@@ -269,6 +306,7 @@ class Daemon:
             config = self.config
             applied_down = {vip: set(addrs) for vip, addrs in inst.state.down.items()}
             applies = dict(self.applies)
+            last_reload = self.last_reload
         reals: list[dict[str, Any]] = []
         for vip in config.vips:
             for r in vip.reals:
@@ -281,8 +319,8 @@ class Daemon:
                     "checks_ok": st.checks_ok if st else 0, "checks_failed": st.checks_failed if st else 0,
                 })
         build = {"version": _version(), "abi_digest": _abi.DIGESTS.get("balancer", ""),
-                 "python": platform.python_version(), "instance": self.name}
-        return render(instance_families(stats, reals, applies, build))
+                 "python": platform.python_version(), "lb_instance": self.name}
+        return Snapshot(stats, reals, applies, last_reload, build)
 
     # -- stop ----------------------------------------------------------------------------------
 
@@ -314,7 +352,7 @@ def run(config_path: str, instance: str, *, interfaces: Sequence[str] = (), mode
     command that writes to the instance, is refused. An unexpected exception is logged as one
     line naming the file that holds its traceback."""
     log = log or Logger()
-    daemon = Daemon(config_path, instance, log)
+    daemon = Daemon(config_path, instance, log, Notifier.from_environment())
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         daemon.events.put(_Signal(signum))  # SimpleQueue.put is safe inside a signal handler
@@ -338,6 +376,7 @@ def run(config_path: str, instance: str, *, interfaces: Sequence[str] = (), mode
                 log.error("start_failed", instance=instance, config=config_path,
                           error=crash_report("lbctl run", exc, (controller.STATE_ROOT,)))
                 return 1
+            daemon.notify(READY=1, STATUS=daemon.status_line(), MAINPID=os.getpid())
             try:
                 status = daemon.serve()
             except Exception as exc:  # noqa: BLE001 - as above; the datapath keeps forwarding

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from balancer import _abi
+from balancer import _abi, objects
 from balancer.btf import read_contract
 from balancer.errors import AbiMismatchError, DatapathError
 from balancer.libbpf import (
@@ -43,9 +43,8 @@ VipFlag = _abi.VipFlag
 
 PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
 XDP_ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
-BALANCER_MAPS = ("lb_vips", "lb_reals", "lb_ring", "lb_settings", "lb_sessions",
-                 "lb_vip_stats", "lb_real_stats", "lb_counts")
-DECAP_MAPS = ("dc_local", "dc_reasons")
+BALANCER_MAPS = _abi.MAPS["balancer"]  # every map the object defines, read from its BTF by abigen
+DECAP_MAPS = _abi.MAPS["decap"]
 # lb_vips holds, per VIP, its own entry and one address-only entry (port 0, proto 0) for its address;
 # an apply adds the new entries before it removes the old ones, so a config that replaces every VIP
 # needs twice that for a moment. max_vips counts VIPs (VIP numbers, rings, VIP counters).
@@ -150,7 +149,7 @@ class Datapath:
     # -- construction -------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, obj_path: str = "build/bpf/balancer.o", *, max_vips: int = _abi.Limits.DEFAULT_MAX_VIPS,
+    def load(cls, obj_path: str = "balancer.o", *, max_vips: int = _abi.Limits.DEFAULT_MAX_VIPS,
              max_reals: int = _abi.Limits.DEFAULT_MAX_REALS, ring_size: int = _abi.Limits.DEFAULT_RING_SIZE,
              lru_size: int = _abi.Limits.DEFAULT_LRU_SIZE, fallback_size: int | None = None,
              udp_timeout_s: float = _abi.Limits.DEFAULT_UDP_TIMEOUT_S) -> Datapath:
@@ -159,6 +158,7 @@ class Datapath:
         `fallback_size` is accepted and ignored: the session table has no per-CPU slots left empty,
         so there is no shared fallback table any more (configs that set it still load).
         """
+        obj_path = objects.find(obj_path)
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
         try:
@@ -188,6 +188,7 @@ class Datapath:
     @classmethod
     def load_reusing(cls, obj_path: str, running: Datapath, udp_timeout_s: float) -> Datapath:
         """Load obj_path on top of running's maps (sessions, rings, counters all kept)."""
+        obj_path = objects.find(obj_path)
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
         try:
@@ -423,7 +424,8 @@ class Decap:
         self.links: list[Link] = []
 
     @classmethod
-    def load(cls, obj_path: str = "build/bpf/decap.o", gue_port: int = _abi.Limits.DEFAULT_GUE_PORT) -> Decap:
+    def load(cls, obj_path: str = "decap.o", gue_port: int = _abi.Limits.DEFAULT_GUE_PORT) -> Decap:
+        obj_path = objects.find(obj_path)
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
         try:

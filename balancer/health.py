@@ -272,7 +272,7 @@ class TunnelEncap:
     (or the process ending) detaches it.
     """
 
-    def __init__(self, obj_path: str, interfaces: Iterable[str], gue_port: int = 6080) -> None:
+    def __init__(self, obj_path: str, interfaces: Iterable[str], gue_port: int = _abi.Limits.DEFAULT_GUE_PORT) -> None:
         ifaces = list(interfaces)
         if not ifaces:
             raise DatapathError("attach the tunnel health-check program", 0,

@@ -36,12 +36,12 @@ import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from balancer import _abi, objects
 from balancer.errors import RingError
 
 __all__ = [
@@ -59,8 +59,8 @@ __all__ = [
     "slot_counts",
 ]
 
-DEFAULT_RING_SIZE = 65537
-"""The default ring size (prime), the same as the datapath's ``LB_DEFAULT_RING_SIZE``."""
+DEFAULT_RING_SIZE = int(_abi.Limits.DEFAULT_RING_SIZE)
+"""The default ring size (prime): the datapath's ``LB_DEFAULT_RING_SIZE``, read from the ABI."""
 
 NO_REAL = 0
 """The id written into slots that no real owns; real ids given by callers start at 1."""
@@ -181,16 +181,20 @@ def _owners(live: tuple[tuple[str, int], ...], size: int) -> npt.NDArray[np.int6
     return owner
 
 
-_NATIVE_LIB = Path(__file__).resolve().parents[1] / "build" / "lib" / "libl4lab_maglev.so"
+NATIVE_LIB_NAME = "libl4lab_maglev.so"
 
 
 @functools.cache
 def _native() -> Any:
-    """The C fill (balancer/native/maglev_fill.c, built by `make native`), or None when not built."""
-    if os.environ.get("L4LAB_MAGLEV_PYTHON") or not _NATIVE_LIB.is_file():
+    """The C fill (balancer/native/maglev_fill.c, built by `make native` or `pip install .`), or None.
+
+    Found like the BPF objects (balancer/objects.py: $L4LAB_BUILD_DIR/lib, the package, build/lib).
+    """
+    path = objects.locate(NATIVE_LIB_NAME, "lib")
+    if os.environ.get("L4LAB_MAGLEV_PYTHON") or path is None:
         return None
     try:
-        lib = ctypes.CDLL(str(_NATIVE_LIB))
+        lib = ctypes.CDLL(str(path))
     except OSError:
         return None
     fn = lib.l4lab_maglev_fill

@@ -21,6 +21,26 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
+/* The program's state: tunnel.h reads headers only; what is ours and what happened live here. */
+
+/* Load-time setting: the GUE UDP port, host order. */
+const volatile __u16 cfg_gue_port = LB_DEFAULT_GUE_PORT;
+
+/* Addresses of this real server: decapsulation happens only for these outer destinations. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, struct lb_addr_key);
+	__type(value, __u32);
+} dc_local SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_DECAP_REASON_COUNT);
+	__type(key, __u32);
+	__type(value, struct lb_counter);
+} dc_reasons SEC(".maps");
+
 /* bpf_skb_adjust_room flags that Debian's 6.1 UAPI headers lack (the 6.18 kernel has them). */
 enum decap_adj_room_flags {
 	DECAP_ADJ_ROOM_L3_IPV4 = 1 << 7,
@@ -36,6 +56,30 @@ static __always_inline void count_decap(enum lb_decap_reason reason, __u32 bytes
 		c->packets++;
 		c->bytes += bytes;
 	}
+}
+
+static __always_inline int is_local(const __u32 *addr, __u8 family)
+{
+	struct lb_addr_key key = {};
+	__u32 *ours;
+
+	__builtin_memcpy(key.addr, addr, sizeof(key.addr));
+	key.family = family;
+	ours = bpf_map_lookup_elem(&dc_local, &key);
+	return ours && *ours;
+}
+
+/* Fills t for an IPIP / GUE packet to one of our addresses; returns PARSE_OK or the enum
+ * lb_decap_reason that ends the packet. */
+static __always_inline int find_tunnel(void *data, void *data_end, __u32 frame_len, struct tunnel *t)
+{
+	int r = tunnel_outer(data, data_end, frame_len, cfg_gue_port, t);
+
+	if (r != PARSE_OK)
+		return r;
+	if (!is_local(t->dst, t->outer_family))
+		return LB_DECAP_PASS_NOT_LOCAL;
+	return tunnel_inner(data, data_end, t);
 }
 
 static __always_inline __be16 family_ethertype(__u8 family)

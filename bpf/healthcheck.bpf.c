@@ -13,30 +13,18 @@
  * never sent to the VIP bare: the probe then fails instead of being answered by whichever real the
  * balancer would pick.
  */
-#include <linux/bpf.h>
-#include <linux/if_ether.h>
-#include <linux/in.h>
-#include <linux/ip.h>
-#include <linux/ipv6.h>
-#include <linux/udp.h>
 #include <linux/pkt_cls.h>
-#include <bpf/bpf_helpers.h>
-#include <bpf/bpf_endian.h>
 
-#include "abi.h"
+#include "parse.h"
+#include "csum.h"
+#include "gue.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
 enum hc_constants {
-	HC_ETH_LEN = 14,
 	HC_IP4_LEN = 20,
 	HC_IP6_LEN = 40,
 	HC_UDP_LEN = 8,
-	HC_GUE_LEN = 4,
-	HC_TTL = 64,
-	HC_IP4_DF = 0x4000,
-	HC_SPORT_BASE = 0xc000,
-	HC_SPORT_MASK = 0x3fff,
 	HC_CHUNK = 64,
 	HC_MAX_CHUNKS = 24, /* IPv6 GUE probes up to 1536 bytes are checksummed */
 };
@@ -56,26 +44,8 @@ struct hc_outer {
 		struct ipv6hdr ip6;
 	};
 	struct udphdr udp;
-	__u8 gue[HC_GUE_LEN];
+	__u8 gue[LB_GUE_HDR_LEN];
 };
-
-static __always_inline __u16 hc_fold(__u64 sum)
-{
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return ~sum & 0xffff;
-}
-
-static __always_inline __u64 hc_words(const void *p, int words)
-{
-	const __u16 *w = p;
-	__u64 sum = 0;
-
-	for (int i = 0; i < words; i++)
-		sum += w[i];
-	return sum;
-}
 
 /* Ones' complement sum (unfolded) of len bytes of the packet from off; -1 when too long or unreadable. */
 static __always_inline __s64 hc_sum_packet(struct __sk_buff *skb, __u32 off, __u32 len)
@@ -99,7 +69,7 @@ static __always_inline __s64 hc_sum_packet(struct __sk_buff *skb, __u32 off, __u
 			if (tail == 0 || tail >= HC_CHUNK || bpf_skb_load_bytes(skb, off + i * HC_CHUNK, buf, tail))
 				return -1;
 		}
-		sum += hc_words(buf, HC_CHUNK / 2); /* a short last chunk is zero-padded: same sum */
+		sum += csum_words(buf, HC_CHUNK / 2); /* a short last chunk is zero-padded: same sum */
 	}
 	return len > HC_MAX_CHUNKS * HC_CHUNK ? -1 : (__s64)sum;
 }
@@ -113,18 +83,14 @@ static __always_inline int gue_mode(__u8 encap)
 static __always_inline __u32 hc_fill_udp(struct __sk_buff *skb, struct hc_outer *o, const struct lb_hc_target *t,
 					 __u32 inner_len, __u8 inner_proto)
 {
-	__u32 udp_len = HC_UDP_LEN + (t->encap == LB_ENCAP_GUE0 ? HC_GUE_LEN : 0) + inner_len;
+	__u32 udp_len = HC_UDP_LEN + (t->encap == LB_ENCAP_GUE0 ? LB_GUE_HDR_LEN : 0) + inner_len;
 
-	o->udp.source = bpf_htons(HC_SPORT_BASE | (bpf_get_hash_recalc(skb) & HC_SPORT_MASK));
+	o->udp.source = gue_sport(bpf_get_hash_recalc(skb));
 	o->udp.dest = t->gue_port;
 	o->udp.len = bpf_htons(udp_len);
 	o->udp.check = 0;
-	if (t->encap == LB_ENCAP_GUE0) {
-		o->gue[0] = 0; /* version 0, no control, no extension fields */
-		o->gue[1] = inner_proto;
-		o->gue[2] = 0;
-		o->gue[3] = 0;
-	}
+	if (t->encap == LB_ENCAP_GUE0)
+		gue_write_v0(o->gue, inner_proto);
 	return udp_len;
 }
 
@@ -132,12 +98,10 @@ static __always_inline int encap_ip4(struct __sk_buff *skb, const struct lb_hc_t
 {
 	struct iphdr inner;
 	struct hc_outer o = {};
-	__u32 inner_len = skb->len - HC_ETH_LEN, extra = 0, len;
+	__u32 inner_len = skb->len - PARSE_ETH_LEN, extra = 0, len;
 	__u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4;
 
-	if (t->real.family != LB_AF_INET)
-		return TC_ACT_SHOT;
-	if (bpf_skb_load_bytes(skb, HC_ETH_LEN, &inner, sizeof(inner)))
+	if (bpf_skb_load_bytes(skb, PARSE_ETH_LEN, &inner, sizeof(inner)))
 		return TC_ACT_SHOT;
 	if (gue_mode(t->encap)) {
 		extra = hc_fill_udp(skb, &o, t, inner_len, IPPROTO_IPIP) - inner_len;
@@ -147,40 +111,37 @@ static __always_inline int encap_ip4(struct __sk_buff *skb, const struct lb_hc_t
 	o.ip4.ihl = HC_IP4_LEN / 4;
 	o.ip4.tos = inner.tos;
 	o.ip4.tot_len = bpf_htons(HC_IP4_LEN + extra + inner_len);
-	o.ip4.frag_off = inner.frag_off & bpf_htons(HC_IP4_DF);
-	o.ip4.ttl = HC_TTL;
+	o.ip4.frag_off = inner.frag_off & bpf_htons(IP4_DF);
+	o.ip4.ttl = LB_OUTER_TTL;
 	o.ip4.protocol = extra ? IPPROTO_UDP : IPPROTO_IPIP;
 	o.ip4.saddr = inner.saddr;
 	o.ip4.daddr = t->real.addr[0];
-	o.ip4.check = hc_fold(hc_words(&o.ip4, HC_IP4_LEN / 2));
+	o.ip4.check = csum_ipv4_header(&o.ip4);
 	len = HC_IP4_LEN + extra;
 	if (bpf_skb_adjust_room(skb, len, BPF_ADJ_ROOM_MAC, flags))
 		return TC_ACT_SHOT;
 	/* the IP header, then what follows it (UDP and GUE) sits right after in struct hc_outer only for IPv6 */
-	if (bpf_skb_store_bytes(skb, HC_ETH_LEN, &o.ip4, HC_IP4_LEN, 0))
+	if (bpf_skb_store_bytes(skb, PARSE_ETH_LEN, &o.ip4, HC_IP4_LEN, 0))
 		return TC_ACT_SHOT;
-	if (extra && bpf_skb_store_bytes(skb, HC_ETH_LEN + HC_IP4_LEN, &o.udp, extra == HC_UDP_LEN ? HC_UDP_LEN :
-					  HC_UDP_LEN + HC_GUE_LEN, 0))
+	if (extra && bpf_skb_store_bytes(skb, PARSE_ETH_LEN + HC_IP4_LEN, &o.udp, extra == HC_UDP_LEN ? HC_UDP_LEN :
+					  HC_UDP_LEN + LB_GUE_HDR_LEN, 0))
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
 }
 
 static __always_inline int encap_ip6(struct __sk_buff *skb, const struct lb_hc_target *t)
 {
-	struct ipv6hdr inner;
 	struct hc_outer o = {};
-	__u32 inner_len = skb->len - HC_ETH_LEN, extra = 0, udp_len;
+	__u32 inner_len = skb->len - PARSE_ETH_LEN, extra = 0, udp_len;
 	__u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV6;
 
-	if (t->real.family != LB_AF_INET6)
+	/* the inner header as the outer's start: version, traffic class and flow label carried over */
+	if (bpf_skb_load_bytes(skb, PARSE_ETH_LEN, &o.ip6, sizeof(o.ip6)))
 		return TC_ACT_SHOT;
-	if (bpf_skb_load_bytes(skb, HC_ETH_LEN, &inner, sizeof(inner)))
-		return TC_ACT_SHOT;
-	o.ip6 = inner; /* version, traffic class and flow label carried over */
-	o.ip6.hop_limit = HC_TTL;
+	o.ip6.hop_limit = LB_OUTER_TTL;
 	__builtin_memcpy(&o.ip6.daddr, t->real.addr, sizeof(o.ip6.daddr));
 	if (gue_mode(t->encap)) {
-		__s64 inner_sum = hc_sum_packet(skb, HC_ETH_LEN, inner_len);
+		__s64 inner_sum = hc_sum_packet(skb, PARSE_ETH_LEN, inner_len);
 		__u64 sum;
 
 		if (inner_sum < 0)
@@ -190,9 +151,9 @@ static __always_inline int encap_ip6(struct __sk_buff *skb, const struct lb_hc_t
 		flags |= BPF_F_ADJ_ROOM_ENCAP_L4_UDP;
 		o.ip6.nexthdr = IPPROTO_UDP;
 		/* pseudo-header (addresses, length, next header), UDP and GUE headers, the inner packet */
-		sum = (__u64)inner_sum + hc_words(&o.ip6.saddr, 16) + bpf_htons(udp_len) + bpf_htons(IPPROTO_UDP);
-		sum += hc_words(&o.udp, (extra) / 2);
-		o.udp.check = hc_fold(sum);
+		sum = (__u64)inner_sum + csum_words(&o.ip6.saddr, 16) + bpf_htons(udp_len) + bpf_htons(IPPROTO_UDP);
+		sum += csum_words(&o.udp, (extra) / 2);
+		o.udp.check = csum_fold(sum);
 		if (!o.udp.check)
 			o.udp.check = 0xffff;
 	} else {
@@ -201,7 +162,7 @@ static __always_inline int encap_ip6(struct __sk_buff *skb, const struct lb_hc_t
 	o.ip6.payload_len = bpf_htons(extra + inner_len);
 	if (bpf_skb_adjust_room(skb, HC_IP6_LEN + extra, BPF_ADJ_ROOM_MAC, flags))
 		return TC_ACT_SHOT;
-	if (bpf_skb_store_bytes(skb, HC_ETH_LEN, &o, extra == HC_UDP_LEN + HC_GUE_LEN ? sizeof(o) :
+	if (bpf_skb_store_bytes(skb, PARSE_ETH_LEN, &o, extra == HC_UDP_LEN + LB_GUE_HDR_LEN ? sizeof(o) :
 				extra == HC_UDP_LEN ? HC_IP6_LEN + HC_UDP_LEN : HC_IP6_LEN, 0))
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
@@ -218,9 +179,10 @@ int hc_encap(struct __sk_buff *skb)
 	t = bpf_map_lookup_elem(&lb_hc_reals, &mark);
 	if (!t || !(t->real.flags & LB_REAL_PRESENT))
 		return TC_ACT_OK;
-	if (skb->protocol == bpf_htons(ETH_P_IP))
+	/* a probe whose family is not its real's is dropped, as is anything not IP */
+	if (skb->protocol == bpf_htons(ETH_P_IP) && t->real.family == LB_AF_INET)
 		return encap_ip4(skb, t);
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+	if (skb->protocol == bpf_htons(ETH_P_IPV6) && t->real.family == LB_AF_INET6)
 		return encap_ip6(skb, t);
 	return TC_ACT_SHOT;
 }

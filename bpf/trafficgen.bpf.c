@@ -19,6 +19,8 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
+#include "csum.h"
+
 char LICENSE[] SEC("license") = "GPL";
 
 enum tg_limits {
@@ -58,33 +60,15 @@ struct {
 /* Keep the enum in BTF for readers of the object. */
 const volatile enum tg_family tg_abi_family __attribute__((used)) = TG_AF_INET;
 
-/* RFC 1624: fold a 32-bit word change into a ones' complement sum. */
-static __always_inline __u32 sum_change32(__u32 sum, __u32 old, __u32 new)
-{
-	sum += (__u16)~(old & 0xffff);
-	sum += (__u16)~(old >> 16);
-	sum += new & 0xffff;
-	sum += new >> 16;
-	return sum;
-}
-
-static __always_inline __u16 fold_check(__u32 sum)
-{
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return ~sum & 0xffff;
-}
-
 /* The checksum field `check` after source word and port changes (all in packet byte order). */
 static __always_inline __u16 update_check(__u16 check, __u32 old_addr, __u32 new_addr,
 					  __u16 old_port, __u16 new_port)
 {
-	__u32 sum = (__u16)~check;
+	__u64 sum = (__u16)~check;
 
-	sum = sum_change32(sum, old_addr, new_addr);
-	sum += (__u16)~old_port;
-	sum += new_port;
-	return fold_check(sum);
+	sum = csum_change32(sum, old_addr, new_addr);
+	sum = csum_change16(sum, old_port, new_port);
+	return csum_fold(sum);
 }
 
 static __always_inline __u32 next_flow(void)

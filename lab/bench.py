@@ -379,7 +379,7 @@ def measure_controller(opts: Options, report: Report) -> None:
         for _ in range(1 if opts.quick else 3):
             maglev.clear_cache()  # the figure is the fill, not a cache hit
             t0 = time.perf_counter()
-            maglev.build_ring(reals, 65537)
+            maglev.build_ring(reals, maglev.DEFAULT_RING_SIZE)
             times.append(time.perf_counter() - t0)
         builds[str(n)] = min(times) * 1e3
     report.controller["ring_build_ms"] = builds

@@ -7,6 +7,7 @@ Usage and configuration errors print one line on stderr and exit 2; runtime erro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -36,6 +37,8 @@ class Verb:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    examples: tuple[str, ...] = ()
+    root: bool = True  # refused up front, in one line, when not run as root
 
 
 def _add_name(parser: argparse.ArgumentParser) -> None:
@@ -107,9 +110,8 @@ def _run_status(args: argparse.Namespace) -> int:
 
 
 def _add_exec(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("node")
+    parser.add_argument("node", help="the node to run in (a name from the topology: client, lb, real1...)")
     _add_name(parser)
-    parser.epilog = "the command follows `--`: l4lab exec client -- ping -c1 203.0.113.18"
 
 
 def _node_netns(args: argparse.Namespace) -> str:
@@ -135,7 +137,7 @@ def _run_exec(args: argparse.Namespace) -> int:
 
 
 def _add_shell(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("node")
+    parser.add_argument("node", help="the node to open a shell in (a name from the topology)")
     _add_name(parser)
 
 
@@ -156,7 +158,6 @@ def _add_trace(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_trace(args: argparse.Namespace) -> int:
-    import contextlib
     import threading
 
     from lab.trace import Tracer
@@ -261,39 +262,80 @@ def _run_report(args: argparse.Namespace) -> int:
     return render.main(args.args)
 
 
+def _add_completion(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("shell", choices=("bash",), help="the shell (bash)")
+
+
+def _run_completion(args: argparse.Namespace) -> int:
+    from balancer import completion
+
+    print(completion.bash(parser()), end="")
+    return 0
+
+
 VERBS: dict[str, Verb] = {
-    "up": Verb("build a lab from a topology", _add_up, _run_up),
-    "down": Verb("remove a lab", _add_down, _run_down),
-    "status": Verb("show a lab's nodes, links, addresses, programs and VIPs", _add_status, _run_status),
-    "exec": Verb("run a command in a node: l4lab exec NODE -- CMD...", _add_exec, _run_exec),
-    "shell": Verb("open a shell in a node", _add_shell, _run_shell),
+    "up": Verb("build a lab from a topology", _add_up, _run_up,
+               ("l4lab up", "l4lab up scaleout --name mylab", "l4lab up ./my.toml --no-balancer")),
+    "down": Verb("remove a lab", _add_down, _run_down, ("l4lab down", "l4lab down --name mylab")),
+    "status": Verb("show a lab's nodes, links, addresses, programs and VIPs", _add_status, _run_status,
+                   ("l4lab status", "l4lab status --name mylab --json")),
+    "exec": Verb("run a command in a node: l4lab exec NODE -- CMD...", _add_exec, _run_exec,
+                 ("l4lab exec client -- ping -c1 203.0.113.18", "l4lab exec lb -- lbctl stats")),
+    "shell": Verb("open a shell in a node", _add_shell, _run_shell, ("l4lab shell real1",)),
     "demo": Verb("balance real traffic through the default lab in every encap mode", _add_passthrough,
-                 _run_demo),
+                 _run_demo, ("l4lab demo", "l4lab demo --encap ip4-gue1 --requests 200")),
     "bench": Verb("NDR/PDR per encap and frame size beside the XDP_TX/XDP_DROP floors; micro and "
-                  "controller benchmarks", _add_passthrough, _run_bench),
+                  "controller benchmarks", _add_passthrough, _run_bench,
+                  ("l4lab bench", "l4lab bench --quick --encap ip4-ipip")),
     "nic-queues": Verb("per-queue RX packets of a NIC over an interval and their spread (RSS on hardware)",
-                       _add_passthrough, _run_nic_queues),
-    "report": Verb("render results JSON into one HTML report", _add_passthrough, _run_report),
+                       _add_passthrough, _run_nic_queues,
+                       ("l4lab nic-queues eth0 --seconds 10", "l4lab nic-queues r1-rt --name l4lab --node real1"),
+                       root=False),
+    "report": Verb("render results JSON into one HTML report", _add_passthrough, _run_report,
+                   ("l4lab report", "l4lab report --compare HEAD~1 HEAD"), root=False),
     "conform": Verb("run the conformance checks against each device under test (l4lab, ipvs) and print "
-                    "the matrix", _add_passthrough, _run_conform),
+                    "the matrix", _add_passthrough, _run_conform, ("l4lab conform --dut ipvs --no-report",)),
     "trace": Verb("count XDP exceptions, XDP bulk-TX errors and drop reasons per node", _add_trace,
-                  _run_trace),
+                  _run_trace, ("l4lab trace --seconds 10", "l4lab trace --node lb --json")),
     "target": Verb("write a target file (hardware mode: suites over SSH) for a Vagrant or a running netns lab",
-                   _add_target, _run_target),
+                   _add_target, _run_target, ("l4lab target --netns l4lab --out build/target",
+                                              "l4lab target --vagrant default --out build/vg")),
     "vagrant-plan": Verb("print the Vagrant machines a topology implies, as JSON (read by the Vagrantfile)",
-                         _add_vagrant_plan, _run_vagrant_plan),
+                         _add_vagrant_plan, _run_vagrant_plan,
+                         ("l4lab vagrant-plan default", "l4lab vagrant-plan default --lb-config lb"), root=False),
     "vagrant-box": Verb("build the local Debian 12 libvirt box (no Vagrant Cloud needed) and add it to Vagrant",
-                        _add_passthrough, _run_vagrant_box),
+                        _add_passthrough, _run_vagrant_box, ("l4lab vagrant-box",)),
+    "completion": Verb("print a shell completion script", _add_completion, _run_completion,
+                       ("l4lab completion bash >/etc/bash_completion.d/l4lab", "source <(l4lab completion bash)"),
+                       root=False),
 }
 
 
 def parser() -> argparse.ArgumentParser:
-    top = _Parser(prog="l4lab", description="the l4lab lab: netns topologies for the XDP load balancer")
+    from balancer.version import version
+
+    examples = "examples:\n" + "\n".join(f"  {v.examples[0]}" for v in VERBS.values())
+    top = _Parser(prog="l4lab", description="the l4lab lab: netns topologies for the XDP load balancer",
+                  epilog=examples, formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("--version", action="version", version=f"l4lab {version()}",
+                     help="print the version of l4lab and exit")
     sub = top.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
     sub.required = True
     for name, verb in VERBS.items():
-        verb.add_arguments(sub.add_parser(name, help=verb.help, description=verb.help))
+        verb.add_arguments(sub.add_parser(name, help=verb.help, description=verb.help, epilog=_examples(verb),
+                                          formatter_class=argparse.RawDescriptionHelpFormatter))
     return top
+
+
+def _examples(verb: Verb) -> str:
+    return "examples:\n" + "\n".join(f"  {e}" for e in verb.examples)
+
+
+def _require_root(verb: str) -> None:
+    """Refuse a verb that builds or reads labs when not root, before it changes anything."""
+    if VERBS[verb].root and os.geteuid() != 0:
+        raise LabError(f"`l4lab {verb}` must run as root (it works with network namespaces, links and BPF "
+                       f"programs): run it with sudo")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -308,9 +350,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args_list and args_list[0] in PASSTHROUGH:
             # Verbs with options of their own: everything after the verb is theirs.
-            return VERBS[args_list[0]].run(argparse.Namespace(args=args_list[1:]))
+            verb = VERBS[args_list[0]]
+            if {"-h", "--help"} & set(args_list[1:]):  # the verb's own help, then l4lab's examples of it
+                with contextlib.suppress(SystemExit):
+                    verb.run(argparse.Namespace(args=args_list[1:]))
+                print("\n" + _examples(verb))
+                return 0
+            _require_root(args_list[0])
+            return verb.run(argparse.Namespace(args=args_list[1:]))
         args = parser().parse_args(head)
         args.command = tail
+        _require_root(args.verb)
         return VERBS[args.verb].run(args)
     except LabError as exc:
         print(f"l4lab: {exc}", file=sys.stderr)

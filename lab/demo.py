@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from balancer import _abi
 from balancer import config as cfg
 from lab import netns, topology
 from lab.capture import Capture, classify_lb_link
@@ -47,7 +48,7 @@ from lab.poll import poll
 from lab.state import netns_name, state_dir
 
 REPO = Path(__file__).resolve().parent.parent
-GUE_PORT = 6080
+GUE_PORT = int(_abi.Limits.DEFAULT_GUE_PORT)
 UDP_PORT = 9000
 ECHO_PORT = 7007
 SPREAD_FLOWS = 6000  # through the program; about a third land on the real under study
@@ -398,7 +399,7 @@ def _step(what: str) -> Callable[[], None]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="l4lab demo", description="Compare the encap modes on real traffic.")
     ap.add_argument("--name", default="l4lab", help="lab name (default l4lab)")
-    ap.add_argument("--topology", default="default")
+    ap.add_argument("--topology", default="default", help="a name from lab/topologies or a path (default %(default)s)")
     ap.add_argument("--requests", type=int, default=16, help="requests per VIP, service and encap")
     ap.add_argument("--encap", action="append", choices=sorted(ENCAP_IDS), help="default: all")
     ap.add_argument("--nic", action="store_true",

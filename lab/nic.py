@@ -243,11 +243,11 @@ def spread_verdict(counts: Sequence[int], min_p: float = 0.001) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="l4lab nic-queues",
                                  description="Per-queue RX packets of an interface over an interval, and their spread.")
-    ap.add_argument("ifname")
+    ap.add_argument("ifname", help="the interface whose RX queues to read (ethtool -S)")
     ap.add_argument("--name", help="lab name (with --node: read the interface inside that node)")
-    ap.add_argument("--node")
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--node", help="the lab node that holds the interface (with --name)")
+    ap.add_argument("--seconds", type=float, default=5.0, help="the interval to count over (default %(default)s)")
+    ap.add_argument("--json", action="store_true", help="print the counts and their spread as JSON")
     args = ap.parse_args(argv)
     if bool(args.name) != bool(args.node):
         raise UsageError("l4lab nic-queues: give both --name and --node, or neither")

@@ -14,6 +14,7 @@ import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from balancer import objects
 from lab.errors import LabError
 from lab.nsexec import entered
 from lab.state import Program
@@ -36,10 +37,11 @@ def require_bpffs() -> None:
 
 
 def object_path(name: str) -> Path:
-    path = OBJECT_DIR / name
-    if not path.is_file():
+    """The BPF object `name`, found like lbctl's (balancer/objects.py: $L4LAB_BUILD_DIR, the package, build/)."""
+    path = objects.locate(name)
+    if path is None:
         raise LabError(
-            f"BPF object {path} does not exist; run `make bpf` (or bring the lab up with --no-bpf)"
+            f"BPF object {OBJECT_DIR / name} does not exist; run `make bpf` (or bring the lab up with --no-bpf)"
         )
     return path
 

@@ -256,7 +256,7 @@ _BOOT_TIMES = pytest.StashKey[list[tuple[str, float, float]]]()
 @pytest.fixture(scope="module")
 def vm_lab(request: pytest.FixtureRequest) -> Iterator[VmLab]:
     """Name: vm_lab. Scope: module (one boot serves the module's tests).
-    Depends: root, qemu, linux-image-cloud-amd64 (skips otherwise).
+    Depends: root, qemu, the cloud kernel unpacked in build/vm/kernel/ (skips otherwise).
 
     A namespace `vmt-<random>` whose tap is the link of a booted real-server VM::
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from balancer import _abi
 from lab.errors import TopologyError, UsageError
 
 TOPOLOGY_DIR = Path(__file__).resolve().parent / "topologies"
@@ -48,7 +49,7 @@ KINDS = ("netns", "vm")
 SERVICES = {"http": "tcp", "udp-echo": "udp"}
 DECAP_MODES = ("bpf", "kernel")
 BGP_ROLES = ("router", "lb")
-DEFAULT_GUE_PORT = 6080
+DEFAULT_GUE_PORT = int(_abi.Limits.DEFAULT_GUE_PORT)
 DECAP_ATTACH = ("tc", "xdp")
 XDP_MODES = ("native", "generic")
 OFFLOADS = ("tx",)

@@ -9,8 +9,9 @@ namespace, interface and cause:
 
 Only the lab's namespaces are counted: a node is the namespace /run/netns/<lab>-<node>, matched by
 its inode. Kernel structures are read at offsets taken from the running kernel's BTF, so the
-program needs no headers of the running kernel beyond what BCC itself includes (see
-`ensure_kernel_headers`).
+program needs no headers of the running kernel beyond what BCC itself includes: any Debian
+linux-headers package serves, merged under /run/l4lab/bcc-headers/ (see `kernel_headers`); nothing
+is written under /lib/modules.
 
     with Tracer("l4lab") as tracer:
         send_traffic()
@@ -26,7 +27,9 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -148,40 +151,89 @@ RAW_TRACEPOINT_PROBE(kfree_skb)
 """
 
 
+HEADERS_ROOT = Path("/run/l4lab/bcc-headers")  # merged header trees, one per headers package
+
+
 def kernel_build_dir() -> Path:
     return Path("/lib/modules") / os.uname().release
 
 
-def ensure_kernel_headers() -> None:
-    """Make /lib/modules/$(uname -r)/build and source exist, as BCC compiles against them.
+def _merge_tree(dest: Path, sources: list[Path]) -> None:
+    """A tree of symbolic links at `dest` showing `sources` merged: a directory present in several
+    sources is merged again, anything else links to the first source that has it."""
+    dest.mkdir(parents=True)
+    entries: dict[str, list[Path]] = {}
+    for src in sources:
+        for entry in sorted(src.iterdir()):
+            entries.setdefault(entry.name, []).append(entry)
+    for name, found in entries.items():
+        if len(found) > 1 and all(e.is_dir() for e in found):
+            _merge_tree(dest / name, found)
+        else:
+            (dest / name).symlink_to(found[0])
 
-    Kernels without their own headers package (this machine's) get links to Debian's newest
-    linux-headers-*-amd64 and -common: the tracer uses UAPI types only and reads kernel structures
-    at BTF offsets, so headers of another version serve.
+
+def kernel_headers() -> Path | None:
+    """The kernel source tree BCC should compile against, or None for BCC's own default.
+
+    None when /lib/modules/$(uname -r)/build exists or BCC_KERNEL_SOURCE is already set. Otherwise
+    (kernels without their own headers package, like this machine's) a tree under
+    /run/l4lab/bcc-headers/ that merges Debian's newest linux-headers-*-amd64 (generated headers)
+    over its -common (the sources): the tracer uses UAPI types only and reads kernel structures at
+    BTF offsets, so headers of another version serve. Nothing under /lib/modules is touched.
     """
-    moddir = kernel_build_dir()
-    build, source = moddir / "build", moddir / "source"
-    if build.exists() and source.exists():
-        return
+    if (kernel_build_dir() / "build").exists() or os.environ.get("BCC_KERNEL_SOURCE"):
+        return None
+    missing = headers_missing()
+    if missing:
+        raise LabError(f"{missing}; run `{SETUP_HINT}`")
     arch = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
     common = sorted(Path("/usr/src").glob("linux-headers-*-common"))
-    if not arch or not common:
-        raise LabError(
-            f"BCC needs kernel headers: {build} is missing and no linux-headers-*-amd64 / -common "
-            f"is installed under /usr/src; run `{SETUP_HINT}`"
-        )
+    merged = HEADERS_ROOT / arch[-1].name
+    if (merged / "include").is_dir():
+        return merged
     try:
-        moddir.mkdir(parents=True, exist_ok=True)
-        for link, target in ((build, arch[-1]), (source, common[-1])):
-            if not link.exists():
-                if link.is_symlink():  # a dangling link from an earlier headers package
-                    link.unlink()
-                link.symlink_to(target)
+        HEADERS_ROOT.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".stage-", dir=HEADERS_ROOT))
+        try:
+            _merge_tree(stage / "tree", [arch[-1], common[-1]])
+            os.rename(stage / "tree", merged)  # atomic: a concurrent tracer sees no tree or a whole one
+        except OSError:
+            if not (merged / "include").is_dir():  # else a concurrent tracer built it first
+                raise
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
     except OSError as exc:
         raise LabError(
-            f"cannot link {moddir}/build,source to {arch[-1]}, {common[-1]}: {exc.strerror}; "
-            "run as root"
+            f"cannot build the merged kernel headers {merged} from {arch[-1]} and {common[-1]}: "
+            f"{exc.strerror or exc}; run as root"
         ) from exc
+    return merged
+
+
+def headers_missing() -> str | None:
+    """Why BCC has no kernel headers to compile against (None when it has some); reads only."""
+    if (kernel_build_dir() / "build").exists() or os.environ.get("BCC_KERNEL_SOURCE"):
+        return None
+    src = Path("/usr/src")
+    if not any(src.glob("linux-headers-*-amd64")) or not any(src.glob("linux-headers-*-common")):
+        return (f"BCC needs kernel headers: {kernel_build_dir()}/build is missing and no "
+                "linux-headers-*-amd64 / -common is installed under /usr/src")
+    return None
+
+
+def compile_bcc(text: bytes, cflags: Sequence[str] = ()) -> Any:
+    """`bcc.BPF(text=..., cflags=...)` compiled against `kernel_headers()` (BCC_KERNEL_SOURCE is set
+    for the compile only)."""
+    bcc = _bcc()
+    headers = kernel_headers()
+    if headers is None:
+        return bcc.BPF(text=text, cflags=list(cflags))
+    os.environ["BCC_KERNEL_SOURCE"] = str(headers)
+    try:
+        return bcc.BPF(text=text, cflags=list(cflags))
+    finally:
+        del os.environ["BCC_KERNEL_SOURCE"]
 
 
 def _bcc() -> Any:
@@ -203,7 +255,7 @@ def bcc_missing() -> str | None:
         _bcc()
     except LabError as exc:
         return exc.message
-    return None
+    return headers_missing()
 
 
 def lab_nodes(lab: str) -> dict[str, str]:
@@ -328,8 +380,7 @@ class Tracer:
 
     def start(self) -> None:
         """Compile and attach the program; count from now on."""
-        bcc = _bcc()
-        ensure_kernel_headers()
+        _bcc()
         for node, ns in self.nodes.items():
             try:
                 self._inum[os.stat(NETNS_DIR / ns).st_ino] = node
@@ -353,11 +404,11 @@ class Tracer:
         }
         cflags = [f"-D{k}={v}" for k, v in defines.items()]
         try:
-            self._bpf = bcc.BPF(text=_PROGRAM.encode(), cflags=cflags)
+            self._bpf = compile_bcc(_PROGRAM.encode(), cflags)
         except Exception as exc:  # noqa: BLE001 - BCC raises bare Exception on compile/load failures
             raise LabError(
                 f"the tracer's BPF program did not compile or load: {exc}; "
-                f"check {kernel_build_dir()}/build (run `{SETUP_HINT}`)"
+                f"check the kernel headers ({kernel_headers() or kernel_build_dir() / 'build'}; run `{SETUP_HINT}`)"
             ) from exc
         watched = self._bpf[b"watched"]
         for inum in self._inum:

@@ -30,6 +30,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
+from balancer import _abi
 from balancer import config as cfg
 from lab.errors import UsageError
 from lab.lbconf import lb_link, real_addresses
@@ -44,7 +45,7 @@ MANAGEMENT_NETWORK = "192.168.127.0/24"
 TUNNEL_PORT_BASE = 47000  # UDP ports on 127.0.0.1 of the libvirt links: base + 64 * (lab slot) + 2 * link
 SYNCED_FOLDER = "/vagrant"
 PROVISION_DIR = "lab/provision"
-GUE_PORT = 6080
+GUE_PORT = int(_abi.Limits.DEFAULT_GUE_PORT)
 LB_ENCAP = {4: "ipip", 6: "ipip"}
 # (cpus, memory MiB) per role: small enough for six machines on 2 vCPUs; the LB builds the datapath
 # (clang, ~150 MB) and runs it on two CPUs (per-CPU maps, more than one RX path).

@@ -5,8 +5,8 @@
 #   bash packaging/install.sh --root /tmp/stage    # into a staging root (also: DESTDIR=/tmp/stage)
 #   bash packaging/install.sh --lbctl /usr/local/bin/lbctl
 #
-# Installs ROOT/etc/systemd/system/lbctl.service (ExecStart = the lbctl found: --lbctl, else the
-# repository's .venv/bin/lbctl, else `lbctl` on PATH), ROOT/etc/l4lab/lb.toml only if it does not
+# Installs ROOT/etc/systemd/system/lbctl.service (ExecStart = --lbctl, else the installed `lbctl` on
+# PATH; one inside this source tree is refused), ROOT/etc/l4lab/lb.toml only if it does not
 # exist, and ROOT/etc/l4lab/lb.toml.example always. Running it again changes nothing that is
 # already in place; each file is reported as installed, updated, unchanged or kept.
 set -euo pipefail
@@ -30,15 +30,13 @@ done
 root="${root%/}"
 
 if [ -z "$lbctl" ]; then
-  if [ -x "$repo/.venv/bin/lbctl" ]; then
-    lbctl="$repo/.venv/bin/lbctl"
-  elif command -v lbctl >/dev/null 2>&1; then
-    lbctl="$(command -v lbctl)"
-  else
-    echo "install.sh: cannot find lbctl: no $repo/.venv/bin/lbctl and none on PATH;" \
-         "run 'make deps' first or pass --lbctl PATH" >&2
-    exit 1
-  fi
+  lbctl="$(command -v lbctl 2>/dev/null || true)"
+  [ -n "$lbctl" ] || { echo "install.sh: cannot find an installed lbctl on PATH;" \
+    "install the package (pip install . into a venv outside the source tree) or pass --lbctl PATH" >&2; exit 1; }
+  case "$(readlink -f "$lbctl")" in
+    "$repo"/*) echo "install.sh: the lbctl on PATH ($lbctl) lives in the source tree $repo; the unit runs an" \
+                    "installed one: pip install . into a venv outside the tree, or pass --lbctl PATH" >&2; exit 1 ;;
+  esac
 fi
 case "$lbctl" in
   /*) ;;

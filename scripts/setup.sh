@@ -5,7 +5,9 @@
 #   scripts/setup.sh --extra X  also the packages of feature X (vm, frr, trace, browser, tools, vagrant, ssh)
 #   scripts/setup.sh --all      every feature (what `make test` needs to run every suite)
 #
-# A second run installs nothing. A package that cannot be installed is named on one line.
+# The VM's kernel is never installed on this host: `--extra vm` downloads the package that
+# linux-image-cloud-amd64 depends on and unpacks it into build/vm/kernel/ (lab/vm_init/image.py
+# reads it there). A second run installs nothing. A package that cannot be installed is named on one line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +16,7 @@ core_pkgs=(clang llvm libbpf-dev bpftool iproute2 ethtool tcpdump iptables procp
            python3 python3-venv python3-dev gcc make curl)
 # Optional feature sets, installed on request (suites skip with the command to run).
 declare -A extra_pkgs=(
-  [vm]="qemu-system-x86 busybox-static cpio linux-image-cloud-amd64 libc6-dev ipvsadm"
+  [vm]="qemu-system-x86 busybox-static cpio libc6-dev ipvsadm kmod"
   [frr]="frr"
   [trace]="python3-bpfcc linux-headers-amd64"
   [browser]="chromium"
@@ -29,11 +31,14 @@ die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "must run as root (it installs packages and mounts bpffs)"
 
 wanted=("${core_pkgs[@]}")
+vm_kernel=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --all) for x in "${!extra_pkgs[@]}"; do read -r -a more <<<"${extra_pkgs[$x]}"; wanted+=("${more[@]}"); done ;;
+    --all) for x in "${!extra_pkgs[@]}"; do read -r -a more <<<"${extra_pkgs[$x]}"; wanted+=("${more[@]}"); done
+           vm_kernel=1 ;;
     --extra) shift; [ -n "${extra_pkgs[$1]:-}" ] || die "unknown extra '$1' (known: ${!extra_pkgs[*]})"
-             read -r -a more <<<"${extra_pkgs[$1]}"; wanted+=("${more[@]}") ;;
+             read -r -a more <<<"${extra_pkgs[$1]}"; wanted+=("${more[@]}")
+             [ "$1" = vm ] && vm_kernel=1 ;;
     *) die "unknown argument '$1'" ;;
   esac
   shift
@@ -77,15 +82,46 @@ if [ ${#missing[@]} -gt 0 ]; then
   trap - EXIT
 fi
 
+# The VM's kernel: the image package linux-image-cloud-amd64 depends on, downloaded (not installed)
+# and unpacked into build/vm/kernel/VERSION/{boot,lib/modules}; depmod writes the modules.dep that
+# the package's postinst would have. Nothing goes into /boot, /lib/modules or dpkg's database.
+unpack_vm_kernel() {
+  local meta=linux-image-cloud-amd64 pkg dest work deb
+  pkg=$(apt-cache depends "$meta" 2>/dev/null | awk '$1 == "Depends:" && $2 ~ /^linux-image-/ {print $2; exit}')
+  if [ -z "$pkg" ]; then
+    apt-get -o DPkg::Lock::Timeout=300 -y -q update >/dev/null || die "apt-get update failed"
+    pkg=$(apt-cache depends "$meta" 2>/dev/null | awk '$1 == "Depends:" && $2 ~ /^linux-image-/ {print $2; exit}')
+  fi
+  [ -n "$pkg" ] || die "cannot find the kernel package behind '$meta' (apt-cache depends $meta names none)"
+  dest="build/vm/kernel/${pkg#linux-image-}"
+  [ -f "$dest/lib/modules/${pkg#linux-image-}/modules.dep" ] && return 0
+  log "unpacking $pkg into $dest (not installed on this host)"
+  mkdir -p build/vm/kernel
+  work=$(mktemp -d build/vm/kernel/.download.XXXXXX)
+  # -o APT::Sandbox::User=root: apt's _apt user cannot write into the work tree.
+  (cd "$work" && apt-get -q -o APT::Sandbox::User=root download "$pkg" >/dev/null) \
+    || { rm -rf "$work"; die "cannot download package '$pkg' (apt-get download $pkg failed)"; }
+  deb=("$work"/*.deb)
+  mkdir "$work/root"
+  dpkg-deb -x "${deb[0]}" "$work/root" || { rm -rf "$work"; die "cannot unpack ${deb[0]}"; }
+  depmod -b "$work/root" "${pkg#linux-image-}" \
+    || { rm -rf "$work"; die "depmod failed for the unpacked kernel ${pkg#linux-image-}"; }
+  rm -rf "$dest"
+  mv "$work/root" "$dest"
+  rm -rf "$work"
+}
+if [ -n "$vm_kernel" ]; then unpack_vm_kernel; fi
+
 # The venv is made from the system interpreter so that Debian's python3-bpfcc (bcc) is importable.
 venv=.venv
-req_hash=$(sha256sum requirements.txt pyproject.toml | sha256sum | cut -c1-16)
+req_hash=$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.l4lab-req" 2>/dev/null)" != "$req_hash" ]; then
   log "creating Python environment in $venv"
   [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv" \
     || die "cannot create venv (is python3-venv installed?)"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r requirements.txt \
-    || die "pip install -r requirements.txt failed"
+  # Every package pinned with its hashes (requirements.lock, made by `make lock` from pyproject.toml).
+  "$venv/bin/pip" install -q --disable-pip-version-check --require-hashes -r requirements.lock \
+    || die "pip install --require-hashes -r requirements.lock failed"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e . \
     || die "pip install -e . failed"
   echo "$req_hash" >"$venv/.l4lab-req"

@@ -1,6 +1,6 @@
 /* abi.h: the types and constants shared by the datapath and the controller (the BPF/Python contract).
  *
- * Python never copies anything from this file by hand: tools/gen_abi.py reads the compiled
+ * Python never copies anything from this file by hand: balancer/abigen.py (make abi) reads the compiled
  * object's BTF and writes balancer/_abi.py. Constants are named enum members (BTF does not record
  * macros); every enum has one exported global below so BTF keeps it. Addresses and ports are in
  * network byte order; an IPv4 address sits in addr[0] with addr[1..3] zero.

@@ -9,11 +9,13 @@
  * - The outer IPv6 flow label carries 20 bits of the flow hash (RFC 6438), one label per flow.
  * - Outer source: settings.src4 / src6, or with LB_VIP_OUTER_SRC_FLOW the flow hash fills the host
  *   bits given by settings.src4_mask / src6_mask (RSS entropy for the reals' NICs).
- * - GUE: UDP source port 49152 + 14 bits of the flow hash (the RFC 6335 dynamic range), destination
- *   settings.gue_port. The outer UDP checksum is computed, over IPv4 and IPv6, unless the VIP has
+ * - GUE (gue.h): UDP source port 49152 + 14 bits of the flow hash (the RFC 6335 dynamic range),
+ *   destination settings.gue_port. The outer UDP checksum is computed, over IPv4 and IPv6, unless the VIP has
  *   LB_VIP_GUE_CSUM_ZERO: then it is 0 (RFC 768 allows it over IPv4; over IPv6 only the operator's
  *   opt-in makes it acceptable, RFC 6935/6936, and the reals must accept zero checksums).
  *   Variant 0 adds the 4-byte header version 0, C 0, hlen 0, proto/ctype = 4 (IPv4) or 41 (IPv6), flags 0.
+ * encap_packet makes the room and keeps the L2 header; encap_ip6 / encap_ip4 write the outer IP
+ * header of the real's family; encap_gue writes UDP (and GUE) and the UDP checksum.
  * - Ethernet: destination settings.nexthop_mac, source the input frame's destination MAC; an
  *   802.1Q tag on the input is kept on the output.
  */
@@ -22,13 +24,11 @@
 
 #include "parse.h"
 #include "csum.h"
+#include "csum_frame.h"
+#include "gue.h"
 #include "hash.h"
 
 enum encap_constants {
-	ENCAP_TTL = 64,
-	ENCAP_GUE_HDR_LEN = 4,
-	ENCAP_GUE_SPORT_BASE = 0xc000, /* 49152 */
-	ENCAP_GUE_SPORT_MASK = 0x3fff,
 	ENCAP_FLOW_LABEL_MASK = 0xfffff,
 };
 
@@ -40,7 +40,7 @@ static __always_inline __u32 encap_overhead(__u8 mode, __u8 real_family)
 	if (mode == LB_ENCAP_GUE1 || mode == LB_ENCAP_GUE0)
 		len += sizeof(struct udphdr);
 	if (mode == LB_ENCAP_GUE0)
-		len += ENCAP_GUE_HDR_LEN;
+		len += LB_GUE_HDR_LEN;
 	return len;
 }
 
@@ -83,126 +83,162 @@ static __always_inline int encap_write_l2(void *data, void *data_end, const __u8
 	return 0;
 }
 
-/* Encapsulates the parsed packet for `real`; returns LB_TX_ENCAP or LB_DROP_ENCAP_FAILED. */
-static __always_inline int encap_packet(struct xdp_md *ctx, const struct packet *pkt, const struct lb_real *real,
-					__u8 mode, __u32 hash, const struct lb_settings *s, __u32 vip_flags)
+/* What the outer headers of one packet are made of (the arguments encap_packet passes down). */
+struct encap_args {
+	const struct packet *pkt;
+	const struct lb_real *real;
+	const struct lb_settings *s;
+	__u32 hash;
+	__u32 vip_flags;
+	__u32 l2_len;
+	__u32 overhead;
+	__u32 udp_len;     /* the outer IP payload length (UDP length for GUE) */
+	__be16 sport;      /* GUE UDP source port */
+	__u8 outer_proto;  /* IPPROTO_UDP for GUE, else inner_proto */
+	__u8 inner_proto;  /* IPPROTO_IPIP or IPPROTO_IPV6 */
+};
+
+/* Writes the L2 header and the outer IPv6 header at the new frame start; returns 0, or -1 when
+ * the frame is too short. */
+static __always_inline int encap_ip6(void *data, void *data_end, const __u8 *old_l2, const struct encap_args *a)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	__u32 l2_len = pkt->l2_len == PARSE_ETH_LEN ? PARSE_ETH_LEN : PARSE_ETH_LEN + PARSE_VLAN_LEN;
-	__u32 overhead = encap_overhead(mode, real->family);
-	__u8 inner_proto = pkt->flow.family == LB_AF_INET ? IPPROTO_IPIP : IPPROTO_IPV6;
-	__u8 gue = mode == LB_ENCAP_GUE1 || mode == LB_ENCAP_GUE0;
-	__u8 outer_proto = gue ? IPPROTO_UDP : inner_proto;
-	__u32 udp_len = pkt->ip_len + overhead -
-			(real->family == LB_AF_INET6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr));
-	__u16 sport = bpf_htons(ENCAP_GUE_SPORT_BASE | (hash & ENCAP_GUE_SPORT_MASK));
-	__u8 old_l2[PARSE_L2_MAX];
+	struct ipv6hdr ip6 = {};
+	__u32 word0 = (6U << 28) | ((__u32)a->pkt->tos << 20) | (a->hash & ENCAP_FLOW_LABEL_MASK);
 	void *hdr;
 
-	if (data + PARSE_L2_MAX > data_end)
-		return LB_DROP_ENCAP_FAILED;
-	__builtin_memcpy(old_l2, data, PARSE_L2_MAX);
-	if (bpf_xdp_adjust_head(ctx, -(int)overhead))
-		return LB_DROP_ENCAP_FAILED;
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
+	if (encap_write_l2(data, data_end, old_l2, a->l2_len, a->s, bpf_htons(ETH_P_IPV6)))
+		return -1;
+	*(__be32 *)&ip6 = bpf_htonl(word0);
+	ip6.payload_len = bpf_htons(a->udp_len);
+	ip6.nexthdr = a->outer_proto;
+	ip6.hop_limit = LB_OUTER_TTL;
+	encap_src6((__u32 *)&ip6.saddr, a->s, a->vip_flags, a->hash);
+	__builtin_memcpy(&ip6.daddr, a->real->addr, 16);
+	hdr = data + a->l2_len;
+	if (hdr + sizeof(ip6) > data_end)
+		return -1;
+	__builtin_memcpy(hdr, &ip6, sizeof(ip6));
+	return 0;
+}
 
-	if (real->family == LB_AF_INET6) {
-		struct ipv6hdr ip6 = {};
-		__u32 word0 = (6U << 28) | ((__u32)pkt->tos << 20) | (hash & ENCAP_FLOW_LABEL_MASK);
+/* The same for an IPv4 real: DF set, ID 0, the header checksum computed. */
+static __always_inline int encap_ip4(void *data, void *data_end, const __u8 *old_l2, const struct encap_args *a)
+{
+	struct iphdr ip = {};
+	void *hdr;
 
-		if (encap_write_l2(data, data_end, old_l2, l2_len, s, bpf_htons(ETH_P_IPV6)))
-			return LB_DROP_ENCAP_FAILED;
-		*(__be32 *)&ip6 = bpf_htonl(word0);
-		ip6.payload_len = bpf_htons(udp_len);
-		ip6.nexthdr = outer_proto;
-		ip6.hop_limit = ENCAP_TTL;
-		encap_src6((__u32 *)&ip6.saddr, s, vip_flags, hash);
-		__builtin_memcpy(&ip6.daddr, real->addr, 16);
-		hdr = data + l2_len;
-		if (hdr + sizeof(ip6) > data_end)
-			return LB_DROP_ENCAP_FAILED;
-		__builtin_memcpy(hdr, &ip6, sizeof(ip6));
-		hdr += sizeof(ip6);
-	} else {
-		struct iphdr ip = {};
+	if (encap_write_l2(data, data_end, old_l2, a->l2_len, a->s, bpf_htons(ETH_P_IP)))
+		return -1;
+	ip.version = 4;
+	ip.ihl = 5;
+	ip.tos = a->pkt->tos;
+	ip.tot_len = bpf_htons(a->pkt->ip_len + a->overhead);
+	ip.frag_off = bpf_htons(IP4_DF);
+	ip.ttl = LB_OUTER_TTL;
+	ip.protocol = a->outer_proto;
+	ip.saddr = encap_src4(a->s, a->vip_flags, a->hash);
+	ip.daddr = a->real->addr[0];
+	ip.check = csum_ipv4_header(&ip);
+	hdr = data + a->l2_len;
+	if (hdr + sizeof(ip) > data_end)
+		return -1;
+	__builtin_memcpy(hdr, &ip, sizeof(ip));
+	return 0;
+}
 
-		if (encap_write_l2(data, data_end, old_l2, l2_len, s, bpf_htons(ETH_P_IP)))
-			return LB_DROP_ENCAP_FAILED;
-		ip.version = 4;
-		ip.ihl = 5;
-		ip.tos = pkt->tos;
-		ip.tot_len = bpf_htons(pkt->ip_len + overhead);
-		ip.frag_off = bpf_htons(IP4_DF);
-		ip.ttl = ENCAP_TTL;
-		ip.protocol = outer_proto;
-		ip.saddr = encap_src4(s, vip_flags, hash);
-		ip.daddr = real->addr[0];
-		ip.check = csum_ipv4_header(&ip);
-		hdr = data + l2_len;
-		if (hdr + sizeof(ip) > data_end)
-			return LB_DROP_ENCAP_FAILED;
-		__builtin_memcpy(hdr, &ip, sizeof(ip));
-		hdr += sizeof(ip);
-	}
-	if (!gue)
-		return LB_TX_ENCAP;
-
-	struct udphdr *udp = hdr;
+/* Writes the UDP (and variant-0 GUE) header at udp and fills in the UDP checksum, over the
+ * pseudo-header, the UDP (and GUE) header and the inner packet, unless the VIP asks for zero. */
+static __always_inline int encap_gue(struct xdp_md *ctx, struct udphdr *udp, void *data_end, __u8 mode,
+				     const struct encap_args *a)
+{
 	__u64 sum;
 	__s64 inner_sum;
 
-	if ((void *)(udp + 1) + ENCAP_GUE_HDR_LEN > data_end)
+	if ((void *)(udp + 1) + LB_GUE_HDR_LEN > data_end)
 		return LB_DROP_ENCAP_FAILED;
-	udp->source = sport;
-	udp->dest = s->gue_port;
-	udp->len = bpf_htons(udp_len);
+	udp->source = a->sport;
+	udp->dest = a->s->gue_port;
+	udp->len = bpf_htons(a->udp_len);
 	udp->check = 0;
-	if (mode == LB_ENCAP_GUE0) {
-		__u8 *gh = (void *)(udp + 1);
-
-		gh[0] = 0;
-		gh[1] = inner_proto;
-		gh[2] = 0;
-		gh[3] = 0;
-	}
-	if (vip_flags & LB_VIP_GUE_CSUM_ZERO)
+	if (mode == LB_ENCAP_GUE0)
+		gue_write_v0(udp + 1, a->inner_proto);
+	if (a->vip_flags & LB_VIP_GUE_CSUM_ZERO)
 		return LB_TX_ENCAP;
 
-	/* UDP checksum over the pseudo-header, the UDP (and GUE) header and the inner packet. */
-	inner_sum = csum_region(ctx, l2_len + overhead, pkt->ip_len);
+	inner_sum = csum_region(ctx, a->l2_len + a->overhead, a->pkt->ip_len);
 	if (inner_sum < 0)
 		return LB_DROP_ENCAP_FAILED;
 	sum = (__u64)inner_sum;
-	if (real->family == LB_AF_INET6) {
+	if (a->real->family == LB_AF_INET6) {
 		__u32 src[4];
 
-		encap_src6(src, s, vip_flags, hash);
+		encap_src6(src, a->s, a->vip_flags, a->hash);
 		sum += csum_words(src, 8);
-		sum += csum_words(real->addr, 8);
+		sum += csum_words(a->real->addr, 8);
 	} else {
-		__u32 src4 = encap_src4(s, vip_flags, hash);
+		__u32 src4 = encap_src4(a->s, a->vip_flags, a->hash);
 
 		sum += csum_words(&src4, 2);
-		sum += csum_words(real->addr, 2);
+		sum += csum_words(a->real->addr, 2);
 	}
-	sum += bpf_htons(udp_len) * 2; /* pseudo-header length and UDP length field */
+	sum += bpf_htons(a->udp_len) * 2; /* pseudo-header length and UDP length field */
 	sum += bpf_htons(IPPROTO_UDP);
-	sum += sport;
-	sum += s->gue_port;
+	sum += a->sport;
+	sum += a->s->gue_port;
 	if (mode == LB_ENCAP_GUE0)
-		sum += bpf_htons(inner_proto);
+		sum += bpf_htons(a->inner_proto);
 
-	data = (void *)(long)ctx->data;
+	/* csum_region may have moved the packet: find the UDP header again. */
 	data_end = (void *)(long)ctx->data_end;
-	udp = data + l2_len + (real->family == LB_AF_INET6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr));
+	udp = (void *)(long)ctx->data + a->l2_len +
+	      (a->real->family == LB_AF_INET6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr));
 	if ((void *)(udp + 1) > data_end)
 		return LB_DROP_ENCAP_FAILED;
 	udp->check = csum_fold(sum);
 	if (!udp->check)
 		udp->check = 0xffff;
 	return LB_TX_ENCAP;
+}
+
+/* Encapsulates the parsed packet for `real`; returns LB_TX_ENCAP or LB_DROP_ENCAP_FAILED. */
+static __always_inline int encap_packet(struct xdp_md *ctx, const struct packet *pkt, const struct lb_real *real,
+					__u8 mode, __u32 hash, const struct lb_settings *s, __u32 vip_flags)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u8 gue = mode == LB_ENCAP_GUE1 || mode == LB_ENCAP_GUE0;
+	struct encap_args a = {
+		.pkt = pkt, .real = real, .s = s, .hash = hash, .vip_flags = vip_flags,
+		.l2_len = pkt->l2_len == PARSE_ETH_LEN ? PARSE_ETH_LEN : PARSE_ETH_LEN + PARSE_VLAN_LEN,
+		.overhead = encap_overhead(mode, real->family),
+		.inner_proto = pkt->flow.family == LB_AF_INET ? IPPROTO_IPIP : IPPROTO_IPV6,
+	};
+	__u8 old_l2[PARSE_L2_MAX];
+	void *hdr;
+
+	a.outer_proto = gue ? IPPROTO_UDP : a.inner_proto;
+	a.udp_len = pkt->ip_len + a.overhead -
+		    (real->family == LB_AF_INET6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr));
+	a.sport = gue_sport(hash);
+	if (data + PARSE_L2_MAX > data_end)
+		return LB_DROP_ENCAP_FAILED;
+	__builtin_memcpy(old_l2, data, PARSE_L2_MAX);
+	if (bpf_xdp_adjust_head(ctx, -(int)a.overhead))
+		return LB_DROP_ENCAP_FAILED;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (real->family == LB_AF_INET6) {
+		if (encap_ip6(data, data_end, old_l2, &a))
+			return LB_DROP_ENCAP_FAILED;
+		hdr = data + a.l2_len + sizeof(struct ipv6hdr);
+	} else {
+		if (encap_ip4(data, data_end, old_l2, &a))
+			return LB_DROP_ENCAP_FAILED;
+		hdr = data + a.l2_len + sizeof(struct iphdr);
+	}
+	if (!gue)
+		return LB_TX_ENCAP;
+	return encap_gue(ctx, hdr, data_end, mode, &a);
 }
 
 #endif

@@ -4,6 +4,8 @@
 
 #include "parse.h"
 #include "csum.h"
+#include "csum_frame.h"
+#include "gue.h"
 
 /* <linux/icmp.h> does not build for -target bpf with Debian's headers; the few fields needed here. */
 struct icmp4_hdr {
@@ -32,7 +34,6 @@ enum icmp_types {
 	ICMP6_TIME_EXCEEDED = 3,
 	ICMP6_ECHO_REQUEST = 128,
 	ICMP6_ECHO_REPLY = 129,
-	ICMP_TTL = 64,
 	ICMP4_QUOTE_TOTAL = 576,  /* RFC 1812: an ICMPv4 error is at most 576 bytes */
 	ICMP6_QUOTE_TOTAL = 1280, /* RFC 4443: an ICMPv6 error is at most the minimum MTU */
 };
@@ -84,7 +85,7 @@ static __always_inline int icmp_echo_reply(struct xdp_md *ctx, const struct pack
 		tmp = ip->saddr;
 		ip->saddr = ip->daddr;
 		ip->daddr = tmp;
-		ip->ttl = ICMP_TTL;
+		ip->ttl = LB_OUTER_TTL;
 		ip->check = 0;
 		ip->check = csum_ipv4_header(ip);
 		icmp->type = ICMP4_ECHO_REPLY;
@@ -116,7 +117,7 @@ static __always_inline int icmp_echo_reply(struct xdp_md *ctx, const struct pack
 		tmp = ip6->saddr;
 		ip6->saddr = ip6->daddr;
 		ip6->daddr = tmp;
-		ip6->hop_limit = ICMP_TTL;
+		ip6->hop_limit = LB_OUTER_TTL;
 		icmp6->type = ICMP6_ECHO_REPLY;
 		icmp6->checksum = csum_replace16(icmp6->checksum, bpf_htons(ICMP6_ECHO_REQUEST << 8),
 						 bpf_htons(ICMP6_ECHO_REPLY << 8));
@@ -278,7 +279,7 @@ static __always_inline int icmp_send_too_big(struct xdp_md *ctx, const struct pa
 		ip.version = 4;
 		ip.ihl = 5;
 		ip.tot_len = bpf_htons(hdrs + quote);
-		ip.ttl = ICMP_TTL;
+		ip.ttl = LB_OUTER_TTL;
 		ip.protocol = IPPROTO_ICMP;
 		ip.saddr = pkt->flow.dst[0];
 		ip.daddr = pkt->flow.src[0];
@@ -301,7 +302,7 @@ static __always_inline int icmp_send_too_big(struct xdp_md *ctx, const struct pa
 		*(__be32 *)&ip6 = bpf_htonl(6U << 28);
 		ip6.payload_len = bpf_htons(plen);
 		ip6.nexthdr = IPPROTO_ICMPV6;
-		ip6.hop_limit = ICMP_TTL;
+		ip6.hop_limit = LB_OUTER_TTL;
 		__builtin_memcpy(&ip6.saddr, pkt->flow.dst, 16);
 		__builtin_memcpy(&ip6.daddr, pkt->flow.src, 16);
 		icmp6.type = ICMP6_PACKET_TOO_BIG;

@@ -1,4 +1,4 @@
-/* maps.h: the balancer's BPF maps (VIPs, reals, Maglev ring, settings, the session table, counters). */
+/* maps.h: the balancer's BPF maps (VIPs, reals, Maglev ring, settings, the session table, counters, scratch). */
 #ifndef L4LAB_MAPS_H
 #define L4LAB_MAPS_H
 
@@ -80,5 +80,22 @@ struct {
 	__type(key, __u32);
 	__type(value, struct lb_counts);
 } lb_counts SEC(".maps");
+
+enum scratch_limits {
+	SCRATCH_LEN = 512, /* bpf_csum_diff sums at most 512 bytes per call */
+};
+
+struct scratch_page {
+	__u8 bytes[SCRATCH_LEN];
+};
+
+/* One page of per-CPU scratch: packet bytes are copied here (bpf_xdp_load_bytes works across
+ * xdp.frags fragments) and summed with bpf_csum_diff (csum_frame.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct scratch_page);
+} lb_scratch SEC(".maps");
 
 #endif

@@ -1,32 +1,11 @@
-/* tunnel.h: recognises an IPIP or GUE packet addressed to this real server and locates its inner IP packet. */
+/* tunnel.h: recognises an IPIP or GUE packet and locates its inner IP packet (whether it is addressed to us is the caller's question). */
 #ifndef L4LAB_TUNNEL_H
 #define L4LAB_TUNNEL_H
 
 #include "parse.h"
-
-/* Load-time setting: the GUE UDP port, host order. */
-const volatile __u16 cfg_gue_port = LB_DEFAULT_GUE_PORT;
-
-/* Addresses of this real server: decapsulation happens only for these outer destinations. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 64);
-	__type(key, struct lb_addr_key);
-	__type(value, __u32);
-} dc_local SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, LB_DECAP_REASON_COUNT);
-	__type(key, __u32);
-	__type(value, struct lb_counter);
-} dc_reasons SEC(".maps");
+#include "gue.h"
 
 enum tunnel_constants {
-	TUNNEL_GUE_HDR_LEN = 4,
-	TUNNEL_GUE_VERSION_SHIFT = 6, /* GUE version: top two bits of the first byte (1: variant 1) */
-	TUNNEL_GUE_C_BIT = 0x20,      /* variant 0 control message */
-	TUNNEL_GUE_HLEN_MASK = 0x1f,  /* variant 0 optional fields, in 4-byte words */
 	TUNNEL_MAX_HDRS = 512,        /* L2 + outer IP (+ extension headers) + UDP + GUE + inner IP */
 	TUNNEL_MAX_OUTER_OFF = 384,   /* no outer header chain we decapsulate ends later than this */
 };
@@ -39,18 +18,9 @@ struct tunnel {
 	__u8 outer_family;
 	__u8 kind;          /* LB_DECAP_IPIP or LB_DECAP_GUE */
 	__u8 pad;
+	__u32 dst[4];       /* the outer destination address */
+	__u32 off;          /* between tunnel_outer and tunnel_inner: the offset reached so far */
 };
-
-static __always_inline int tunnel_is_local(const __u32 *addr, __u8 family)
-{
-	struct lb_addr_key key = {};
-	__u32 *ours;
-
-	__builtin_memcpy(key.addr, addr, sizeof(key.addr));
-	key.family = family;
-	ours = bpf_map_lookup_elem(&dc_local, &key);
-	return ours && *ours;
-}
 
 /* Walks the outer IPv6 extension headers from `*off` (the first one announced by `*nh`) to the
  * header that follows them, leaving *off and *nh there. Hop-by-hop and destination options are
@@ -89,12 +59,13 @@ static __always_inline __u8 ipip_family(__u8 proto)
 	return 0;
 }
 
-/* Fills t for an IPIP / GUE packet to one of our addresses; returns PARSE_OK or the enum
- * lb_decap_reason that ends the packet. */
-static __always_inline int find_tunnel(void *data, void *data_end, __u32 frame_len, struct tunnel *t)
+/* The outer headers: fills t's outer family, kind, destination and the offset of the UDP payload
+ * (GUE) or the inner packet (IPIP); returns PARSE_OK or the enum lb_decap_reason that ends the
+ * packet. gue_port is host order. */
+static __always_inline int tunnel_outer(void *data, void *data_end, __u32 frame_len, __u16 gue_port,
+					struct tunnel *t)
 {
 	struct packet pkt = {};
-	__u32 dst[4] = {};
 	__u32 off;
 	__u8 proto;
 
@@ -113,17 +84,16 @@ static __always_inline int find_tunnel(void *data, void *data_end, __u32 frame_l
 		if (ip->frag_off & bpf_htons(IP4_MF | IP4_OFFSET))
 			return LB_DECAP_PASS_NOT_ENCAP; /* the stack reassembles first */
 		proto = ip->protocol;
-		dst[0] = ip->daddr;
+		t->dst[0] = ip->daddr;
 		off = t->l2_len + ip->ihl * 4;
 	} else {
 		struct ipv6hdr *ip6 = data + t->l2_len;
-
 		int r;
 
 		if ((void *)(ip6 + 1) > data_end)
 			return LB_DECAP_PASS_NOT_ENCAP;
 		proto = ip6->nexthdr;
-		__builtin_memcpy(dst, &ip6->daddr, 16);
+		__builtin_memcpy(t->dst, &ip6->daddr, 16);
 		off = t->l2_len + sizeof(*ip6);
 		r = tunnel_skip_ext_hdrs(data, data_end, &off, &proto);
 		if (r != PARSE_OK)
@@ -135,39 +105,45 @@ static __always_inline int find_tunnel(void *data, void *data_end, __u32 frame_l
 		t->inner_family = ipip_family(proto);
 	} else if (proto == IPPROTO_UDP) {
 		struct udphdr *udp = data + (off & 0x1ff);
-		__u8 *gue;
 
-		if ((void *)(udp + 1) > data_end || udp->dest != bpf_htons(cfg_gue_port))
+		if ((void *)(udp + 1) > data_end || udp->dest != bpf_htons(gue_port))
 			return LB_DECAP_PASS_NOT_ENCAP;
 		t->kind = LB_DECAP_GUE;
-		if (!tunnel_is_local(dst, t->outer_family))
-			return LB_DECAP_PASS_NOT_LOCAL;
-		gue = (void *)(udp + 1);
-		if ((void *)(gue + TUNNEL_GUE_HDR_LEN) > data_end)
-			return LB_DECAP_DROP_MALFORMED;
 		off += sizeof(*udp);
-		switch (gue[0] >> TUNNEL_GUE_VERSION_SHIFT) {
+	} else {
+		return LB_DECAP_PASS_NOT_ENCAP;
+	}
+	t->off = off;
+	return PARSE_OK;
+}
+
+/* After tunnel_outer: reads the GUE header, checks that the inner header is there and is what the
+ * outer headers announced, and sets t->outer_len; returns PARSE_OK or the enum lb_decap_reason. */
+static __always_inline int tunnel_inner(void *data, void *data_end, struct tunnel *t)
+{
+	__u32 off = t->off;
+
+	if (t->kind == LB_DECAP_GUE) {
+		__u8 *gue = data + (off & 0x1ff);
+
+		if ((void *)(gue + LB_GUE_HDR_LEN) > data_end)
+			return LB_DECAP_DROP_MALFORMED;
+		switch (gue[0] >> LB_GUE_VERSION_SHIFT) {
 		case 1: /* variant 1: the IP header itself; its version nibble says which */
 			t->inner_family = gue[0] >> 4 == 4 ? LB_AF_INET : gue[0] >> 4 == 6 ? LB_AF_INET6 : 0;
 			break;
 		case 0: /* variant 0: 4-byte header, optional fields, then the protocol it names */
-			if (gue[0] & TUNNEL_GUE_C_BIT)
+			if (gue[0] & LB_GUE_C_BIT)
 				return LB_DECAP_PASS_GUE_CONTROL; /* see decap.bpf.c */
 			t->inner_family = ipip_family(gue[1]);
-			off += TUNNEL_GUE_HDR_LEN + (gue[0] & TUNNEL_GUE_HLEN_MASK) * 4;
+			off += LB_GUE_HDR_LEN + (gue[0] & LB_GUE_HLEN_MASK) * 4;
 			break;
 		default:
 			return LB_DECAP_DROP_MALFORMED;
 		}
 		if (!t->inner_family)
 			return LB_DECAP_DROP_MALFORMED;
-	} else {
-		return LB_DECAP_PASS_NOT_ENCAP;
 	}
-	if (t->kind == LB_DECAP_IPIP && !tunnel_is_local(dst, t->outer_family))
-		return LB_DECAP_PASS_NOT_LOCAL;
-
-	/* The inner header must be there and be what the outer headers announced. */
 	if (off > TUNNEL_MAX_HDRS)
 		return LB_DECAP_DROP_MALFORMED;
 	{

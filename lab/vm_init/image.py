@@ -1,5 +1,8 @@
 """The real-server VM's boot image: Debian's cloud kernel plus an initramfs assembled from host packages.
 
+The kernel and its modules come from build/vm/kernel/VERSION/, where `scripts/setup.sh --extra vm`
+unpacks the downloaded package (nothing is installed into the host's /boot or /lib/modules).
+
 The initramfs holds static busybox with its applets, iproute2's `ip` as /usr/sbin/ip and ethtool
 as /bin/ethtool with their ELF interpreter and shared libraries (busybox `ip` has no `fou`; init.sh
 calls iproute2's by path),
@@ -16,7 +19,6 @@ Example::
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 import re
@@ -31,6 +33,7 @@ from lab.errors import LabError
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
 DEFAULT_CACHE_DIR = REPO_ROOT / "build" / "vm"
+KERNEL_ROOT = DEFAULT_CACHE_DIR / "kernel"  # setup.sh unpacks linux-image-*-cloud-amd64 here
 SETUP_HINT = "bash scripts/setup.sh --extra vm"
 
 # Modules the VM loads (with their dependencies, resolved from modules.dep).
@@ -68,18 +71,24 @@ def _version_key(version: str) -> list[int | str]:
     return [int(p) if p.isdigit() else p for p in re.split(r"[.-]", version)]
 
 
-def find_kernel() -> KernelInfo:
-    """The newest /boot/vmlinuz-*-cloud-amd64 that has its modules under /lib/modules."""
+def find_kernel(kernel_root: Path | None = None) -> KernelInfo:
+    """The newest Debian cloud kernel unpacked under `kernel_root` (``build/vm/kernel/VERSION/``,
+    where `scripts/setup.sh --extra vm` puts the downloaded package) whose modules.dep exists.
+
+    The host's /boot and /lib/modules are never read: the VM's kernel is not installed on the host.
+    """
+    root = kernel_root if kernel_root is not None else KERNEL_ROOT
     found: list[KernelInfo] = []
-    for path in glob.glob("/boot/vmlinuz-*-cloud-amd64"):
-        version = path.removeprefix("/boot/vmlinuz-")
-        modules = Path("/lib/modules") / version
+    for vmlinuz in root.glob("*/boot/vmlinuz-*-cloud-amd64"):
+        version = vmlinuz.name.removeprefix("vmlinuz-")
+        modules = vmlinuz.parent.parent / "lib" / "modules" / version
         if (modules / "modules.dep").is_file():
-            found.append(KernelInfo(version, Path(path), modules))
+            found.append(KernelInfo(version, vmlinuz, modules))
     if not found:
         raise ImageError(
-            "no Debian cloud kernel for the VM: /boot/vmlinuz-*-cloud-amd64 with "
-            f"/lib/modules/<version>/modules.dep is missing; run `{SETUP_HINT}`"
+            f"no Debian cloud kernel for the VM: {root}/<version>/boot/vmlinuz-*-cloud-amd64 with "
+            f"lib/modules/<version>/modules.dep is missing; run `{SETUP_HINT}` (it unpacks the "
+            "kernel package there and installs nothing into /boot)"
         )
     return max(found, key=lambda k: _version_key(k.version))
 
@@ -121,7 +130,7 @@ def module_load_order(modules_dir: Path, wanted: tuple[str, ...] = WANTED_MODULE
         if name not in by_name:
             raise ImageError(
                 f"kernel module '{name}' is neither built in nor in {modules_dir}/modules.dep; "
-                f"the VM needs a kernel with it (reinstall linux-image-cloud-amd64: `{SETUP_HINT}`)"
+                f"the VM needs a kernel with it (unpack the cloud kernel package again: `{SETUP_HINT}`)"
             )
         visit(by_name[name])
     return order

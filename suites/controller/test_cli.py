@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from balancer import controller
+from balancer import cli, completion, controller, objects
+from balancer.errors import DatapathError
 from lab.harness import unique_name
 from lab.nsexec import nsenter_argv
 
@@ -39,14 +45,19 @@ reals = [{ address = "203.0.113.18" }, { address = "203.0.113.34", weight = 2 }]
 
 
 class Ctl:
-    """lbctl run as a command inside a netns with its own instance name."""
+    """lbctl run as a command inside a netns with its own instance name.
+
+    `lbctl` is the command (the checkout's by default; an installed one for the package test) and
+    `cwd` the folder it runs in."""
 
     def __init__(self, ns: str, instance: str, tmp: Path) -> None:
         self.ns, self.instance, self.tmp = ns, instance, tmp
+        self.lbctl: list[str] = [sys.executable, "-m", "balancer.cli"]
+        self.cwd = REPO
 
     def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "balancer.cli", "--instance", self.instance, *args]
-        return subprocess.run(nsenter_argv(self.ns, argv), capture_output=True, text=True, cwd=REPO,
+        argv = [*self.lbctl, "--instance", self.instance, *args]
+        return subprocess.run(nsenter_argv(self.ns, argv), capture_output=True, text=True, cwd=self.cwd,
                               timeout=60, check=False)
 
     def state(self) -> str:
@@ -211,3 +222,167 @@ def test_stats_watch_prints_rates(ctl: Ctl) -> None:
     tables = [t for t in done.stdout.split("\n\n\n") if t.strip()]
     assert done.stdout.count("pkt/s") == 2, done.stdout  # one table with a rate column per interval
     assert "events:" in tables[-1]
+
+
+def lbctl(*args: str, user: int | None = None) -> subprocess.CompletedProcess[str]:
+    """lbctl from the checkout, outside any netns; as the uid `user` (setpriv) when given."""
+    argv = [sys.executable, "-m", "balancer.cli", *args]
+    if user is not None:
+        argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=60, check=False)
+
+
+def test_version_is_the_installed_distributions() -> None:
+    done = lbctl("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"lbctl {metadata.version('l4lab')}"
+    assert metadata.version("l4lab") == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+def test_every_argument_has_help_and_every_verb_examples() -> None:
+    top = cli.build_parser()
+    verbs = completion._subcommands(top)
+    assert {"load", "apply", "upgrade", "unload", "status", "stats", "vip", "real", "run", "completion"} <= set(verbs)
+    for name, parser in [("", top), *verbs.items()]:
+        for action in parser._actions:
+            if not isinstance(action, argparse._SubParsersAction | argparse._HelpAction):
+                assert action.help, f"lbctl {name} {action.dest} has no help text"
+        if name:
+            epilog = parser.epilog or ""
+            assert epilog.startswith("examples:\n") and f"lbctl {name}" in epilog, f"lbctl {name} has no example"
+            for example in epilog.splitlines()[1:]:  # every plain example parses
+                if example.strip().startswith("lbctl ") and ">" not in example:
+                    cli.build_parser().parse_args(example.split()[1:])
+
+
+def test_listings_and_apply_print_json(ctl: Ctl) -> None:
+    assert ctl("load", "--config", str(ctl.tmp / "lb.toml")).returncode == 0
+    more = ctl.tmp / "more.toml"
+    more.write_text(CONFIG + '[[vips]]\naddress = "198.51.100.101"\nport = 53\nproto = "udp"\nencap = "gue1"\n')
+    applied = ctl("apply", str(more), "--json")
+    assert applied.returncode == 0, applied.stderr
+    report = json.loads(applied.stdout)
+    assert report["file"] == str(more) and report["vips_added"] == 1 and report["vips_removed"] == 0, report
+    vips = json.loads(ctl("vip", "list", "--json").stdout)
+    assert vips == [{"vip": "198.51.100.100:80/tcp", "encap": "ipip", "hash": "5tuple", "lru": True,
+                     "outer_src": "flow", "reals": 2},
+                    {"vip": "198.51.100.101:53/udp", "encap": "gue1", "hash": "5tuple", "lru": True,
+                     "outer_src": "fixed", "reals": 0}]
+    reals = json.loads(ctl("real", "list", "198.51.100.100", "80", "tcp", "--json").stdout)
+    assert [(r["address"], r["weight"]) for r in reals] == [("203.0.113.18", 1), ("203.0.113.34", 2)]
+    status = json.loads(ctl("status", "--json").stdout)
+    assert [r["id"] for r in reals] == [r["id"] for r in status["vips"][0]["reals"]]
+    again = json.loads(ctl("apply", str(more), "--json").stdout)
+    assert again.pop("file") and set(again.values()) == {0}, again  # nothing to change
+    for vip in (("198.51.100.100", "80", "tcp"), ("198.51.100.101", "53", "udp")):
+        assert ctl("vip", "del", *vip).returncode == 0
+    assert json.loads(ctl("vip", "list", "--json").stdout) == []
+
+
+def _complete(script: str, *words: str) -> list[str]:
+    """What bash completes after `words` (the last one being the word under the cursor)."""
+    probe = script + (
+        f"\nCOMP_WORDS=({' '.join(shlex.quote(w) for w in words)}); COMP_CWORD={len(words) - 1}"
+        f"\n_{words[0]}; printf '%s\\n' \"${{COMPREPLY[@]}}\"\n"
+    )
+    done = subprocess.run(["bash", "--norc", "-c", probe], capture_output=True, text=True, timeout=30, check=True)
+    return done.stdout.split()
+
+
+def test_bash_completion_follows_the_parser() -> None:
+    done = lbctl("completion", "bash")
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("complete -F _lbctl lbctl"), done.stdout
+    script = done.stdout
+    assert _complete(script, "lbctl", "st") == ["status", "stats"]
+    assert _complete(script, "lbctl", "--instance", "st", "u") == ["upgrade", "unload"]  # the value is no verb
+    assert _complete(script, "lbctl", "load", "--mode", "") == ["native", "generic", "auto"]
+    assert _complete(script, "lbctl", "vip", "add", "198.51.100.1", "80", "tcp", "--encap", "gue") == ["gue1", "gue0"]
+    assert _complete(script, "lbctl", "load", "-i", "l") == ["lo"]
+    assert "--weight" in _complete(script, "lbctl", "real", "--")
+    bad = lbctl("completion", "zsh")
+    assert bad.returncode == 2 and "invalid choice: 'zsh'" in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) is missing: cannot drop root")
+def test_non_root_is_refused_up_front_in_one_line() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: run as root (the test drops to uid 65534 itself)")
+    for verb in (("status",), ("vip", "list"), ("load", "--interface", "lo")):
+        done = lbctl(*verb, user=65534)
+        assert done.returncode == 1, done
+        assert done.stderr.startswith(f"lbctl: `lbctl {verb[0]}` needs CAP_BPF") and "run it as root" in done.stderr
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+    for free in (("--version",), ("--help",), ("load", "--help"), ("completion", "bash")):
+        done = lbctl(*free, user=65534)
+        assert done.returncode == 0 and done.stdout and not done.stderr, done
+
+
+def test_objects_are_searched_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(objects.ENV, raising=False)
+    default = objects.find("balancer.o")
+    assert Path(default).is_file() and Path(default).parent in objects.search_dirs("bpf")
+    (tmp_path / "bpf").mkdir()
+    shutil.copy(default, tmp_path / "bpf" / "balancer.o")
+    monkeypatch.setenv(objects.ENV, str(tmp_path))
+    assert objects.search_dirs("bpf")[0] == tmp_path / "bpf"
+    assert objects.find("balancer.o") == str(tmp_path / "bpf" / "balancer.o")
+    assert objects.find("decap.o") != str(tmp_path / "bpf" / "decap.o")  # not there: the next folder
+    assert objects.find("some/where.o") == "some/where.o"  # a path is used as given
+    with pytest.raises(DatapathError) as err:
+        objects.find("nosuch.o")
+    assert str(err.value).startswith(f"cannot find the BPF object 'nosuch.o': No such file or directory; "
+                                     f"looked in {tmp_path / 'bpf'}, ")
+    assert "run `make bpf`" in str(err.value) and objects.ENV in str(err.value)
+
+
+def test_a_missing_object_is_one_line(ctl: Ctl) -> None:
+    done = ctl("load", "--interface", "lbc0", "--object", "nosuch.o")
+    assert done.returncode == 1
+    assert done.stderr.startswith("lbctl: cannot find the BPF object 'nosuch.o'") and len(done.stderr.splitlines()) == 1
+    assert not Path(controller.Instance.pin_dir(ctl.instance)).exists()
+
+
+INSTALL_ENV = "L4LAB_INSTALL_TEST"
+
+
+def test_pins_agree_between_requirements_pyproject_and_lock() -> None:
+    def pins(lines: list[str]) -> dict[str, str]:
+        found = (re.match(r"([A-Za-z0-9_.-]+)==([^\s;\\]+)", line.strip()) for line in lines)
+        return {m[1].lower().replace("_", "-"): m[2] for m in found if m}
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = [*project["dependencies"], *(d for extra in project["optional-dependencies"].values() for d in extra)]
+    assert set(project["optional-dependencies"]) == {"lab", "report", "trex", "dev"}
+    wanted = pins((REPO / "requirements.txt").read_text().splitlines())
+    assert pins(declared) == wanted
+    lock = (REPO / "requirements.lock").read_text()
+    locked = pins(lock.splitlines())
+    assert {k: locked.get(k) for k in wanted} == wanted, "requirements.lock is stale: run make lock"
+    assert "wheel" in locked and "l4lab" not in locked
+    for block in re.split(r"\n(?=\S)", lock):
+        if "==" in block and not block.startswith("#"):
+            assert "--hash=sha256:" in block, f"no hash for {block.splitlines()[0]}"
+
+
+def test_fresh_venv_install_runs_lbctl_without_the_source_tree(ctl: Ctl, tmp_path: Path) -> None:
+    """`pip install .` into a new venv; its lbctl, run from another folder, loads the packaged object."""
+    if not os.environ.get(INSTALL_ENV):
+        pytest.skip(f"builds a venv and installs l4lab from PyPI (minutes): make test-install (sets {INSTALL_ENV}=1)")
+    venv = tmp_path / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", objects.ENV)}
+    done = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(REPO)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=1500, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for prog in ("lbctl", "l4lab"):
+        version = subprocess.run([str(venv / "bin" / prog), "--version"], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=60, check=False)
+        assert version.stdout.strip() == f"{prog} {metadata.version('l4lab')}", version
+    ctl.lbctl, ctl.cwd = [str(venv / "bin" / "lbctl")], tmp_path
+    loaded = ctl("load", "--config", str(ctl.tmp / "lb.toml"))
+    assert loaded.returncode == 0 and "lbc0 (native)" in loaded.stdout, loaded.stderr
+    status = json.loads(ctl("status", "--json").stdout)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    assert status["object"] == str(site / "balancer" / "_build" / "bpf" / "balancer.o")
+    assert (site / "balancer" / "_build" / "lib" / "libl4lab_maglev.so").is_file()
+    assert ctl("unload").returncode == 0

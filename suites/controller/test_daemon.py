@@ -228,10 +228,10 @@ type = "udp"
     def env(self) -> dict[str, str]:
         return dict(os.environ, LBCTL_STATE_ROOT=str(self.state_root), PYTHONPATH=str(REPO))
 
-    def start_daemon(self, config: Path) -> int:
+    def start_daemon(self, config: Path, env_extra: dict[str, str] | None = None) -> int:
         """Start the daemon; returns the log line index from which its own lines start."""
         mark = len(self.logs())
-        env = self.env()
+        env = self.env() | (env_extra or {})
         with open(self.log_path, "ab") as log:
             self.daemon = subprocess.Popen(
                 ["nsenter", f"--net=/run/netns/{self.lb}", PY, "-m", "balancer.cli", "--instance",
@@ -445,8 +445,13 @@ FAMILIES = {
     "l4lab_health_checks_total": ("counter", {"vip", "real", "result"}),
     "l4lab_applies_total": ("counter", {"trigger"}),
     "l4lab_apply_errors_total": ("counter", {"trigger"}),
-    "l4lab_build_info": ("gauge", {"version", "abi_digest", "python", "instance"}),
+    "l4lab_last_reload_success": ("gauge", set()),
+    "l4lab_last_reload_success_timestamp_seconds": ("gauge", set()),
+    "l4lab_build_info": ("gauge", {"version", "abi_digest", "python", "lb_instance"}),
 }
+# prometheus_client's process metrics of the daemon (Linux), beside ours.
+PROCESS_FAMILIES = {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_virtual_memory_bytes",
+                    "process_start_time_seconds", "process_open_fds", "process_max_fds"}
 
 
 def _get(samples: Samples, name: str, **labels: str) -> float:
@@ -548,8 +553,10 @@ def test_metrics_parse_with_the_prometheus_parser_and_match_lbctl_stats(world: W
 
     # Every family: its TYPE, a HELP text, and exactly its label names on every sample.
     families = _families(text)
-    assert set(families) == set(FAMILIES)
+    assert set(families) == set(FAMILIES) | PROCESS_FAMILIES
     for name, fam in families.items():
+        if name in PROCESS_FAMILIES:
+            continue
         kind, label_names = FAMILIES[name]
         assert fam.type == kind, f"{name} is typed {fam.type}, expected {kind}"
         assert (kind == "counter") == name.endswith("_total"), name
@@ -571,7 +578,12 @@ def test_metrics_parse_with_the_prometheus_parser_and_match_lbctl_stats(world: W
     assert _get(s, "l4lab_apply_errors_total", trigger="start") == 0
     (info,) = families["l4lab_build_info"].samples
     assert info.value == 1
-    assert info.labels["instance"] == world.instance
+    assert info.labels["lb_instance"] == world.instance
+    assert not [(n, k) for n, k in s if "instance" in dict(k)], "a label named instance clashes with Prometheus's"
+    assert _get(s, "l4lab_last_reload_success") == 1
+    assert time.time() - 600 < _get(s, "l4lab_last_reload_success_timestamp_seconds") <= time.time()
+    assert _get(s, "process_open_fds") > 3  # the daemon's own: maps, sockets, the log
+    assert _get(s, "process_start_time_seconds") <= time.time()
     assert world.scrape("/")[0] == 404
 
 
@@ -588,6 +600,9 @@ def test_sighup_applies_a_changed_config_and_keeps_state_on_a_bad_one(world: Wor
     world.daemon.send_signal(signal.SIGHUP)
     world.wait_event("applied", mark, 10.0, match=lambda r: r["trigger"] == "reload")
     id_c = world.real_id(EXTRA_REAL)
+    reloaded = _samples(world.scrape()[2])
+    assert _get(reloaded, "l4lab_last_reload_success") == 1
+    good_at = _get(reloaded, "l4lab_last_reload_success_timestamp_seconds")
     assert world.ring_ids(TCP_VIP) == ids | {id_c}
     assert world.ring_ids(UDP_VIP) == ids | {id_c}
     poll(5.0, lambda: _get(_samples(world.scrape()[2]), "l4lab_health_checks_total", vip=TCP_VIP,
@@ -626,6 +641,8 @@ def test_sighup_applies_a_changed_config_and_keeps_state_on_a_bad_one(world: Wor
     s = _samples(world.scrape()[2])
     assert _get(s, "l4lab_applies_total", trigger="reload") == 1
     assert _get(s, "l4lab_apply_errors_total", trigger="reload") == 3
+    assert _get(s, "l4lab_last_reload_success") == 0  # the last SIGHUP was refused ...
+    assert _get(s, "l4lab_last_reload_success_timestamp_seconds") == good_at  # ... the good one stays the last
     assert _get(s, "l4lab_real_up", vip=TCP_VIP, real=EXTRA_REAL) == 1  # probes still run
 
 
@@ -668,6 +685,58 @@ def test_killed_daemon_leaves_forwarding_and_a_restart_adopts_it(world: World) -
     world.wait_event("stopped", mark, SETTLE_S)
     assert world.prog_id() == prog  # a clean stop leaves the datapath loaded too
     assert world.flow_real(sport) == first
+
+
+def _notifications(sock: socket.socket, until: str, timeout: float) -> list[dict[str, str]]:
+    """The sd_notify datagrams that arrive on `sock`, parsed, up to the first with the line `until`."""
+    got: list[dict[str, str]] = []
+    deadline = time.monotonic() + timeout
+    while not got or until not in [f"{k}={v}" for k, v in got[-1].items()]:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"no {until} from the daemon after {timeout:g} s; got {got}")
+        sock.settimeout(remaining)
+        with contextlib.suppress(TimeoutError):
+            got.append(dict(line.split("=", 1) for line in sock.recv(4096).decode().splitlines()))
+    return got
+
+
+def test_under_systemd_it_notifies_ready_after_the_maps_are_programmed(world: World, tmp_path: Path) -> None:
+    """`lbctl run` speaks sd_notify(3) to the socket in NOTIFY_SOCKET (the unit is Type=notify):
+    READY=1 once the datapath is loaded and the config applied, RELOADING=1 then READY=1 around a
+    SIGHUP, WATCHDOG=1 from its event loop when WATCHDOG_USEC asks, STOPPING=1 on SIGTERM."""
+    for addr in REALS:
+        world.start_server(addr)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    world.stack.callback(sock.close)
+    sock.bind(str(tmp_path / "notify.sock"))
+    mark = world.start_daemon(world.write_config(REALS),
+                              {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "400000"})
+    assert world.daemon is not None
+
+    before = _notifications(sock, "READY=1", SETTLE_S)
+    # The moment READY=1 arrives the ring already holds both reals, and the log says so first.
+    assert world.ring_ids(TCP_VIP) == {world.real_id(a) for a in REALS}
+    events = [r["event"] for r in world.logs()[mark:]]
+    assert events.index("applied") < events.index("running")
+    assert len(before) == 1, f"notifications before READY=1: {before}"
+    ready = before[-1]
+    assert ready["MAINPID"] == str(world.daemon.pid)  # nsenter execs: the daemon is the process we started
+    assert ready["STATUS"] == f"forwarding 2 VIPs; metrics at 127.0.0.1:{METRICS_PORT}"
+
+    # Watchdog period 0.4 s: pings at least every 0.2 s while nothing happens.
+    pings = _notifications(sock, "WATCHDOG=1", SETTLE_S) + _notifications(sock, "WATCHDOG=1", SETTLE_S)
+    assert all(p == {"WATCHDOG": "1"} for p in pings), pings
+
+    world.daemon.send_signal(signal.SIGHUP)
+    reload = [n for n in _notifications(sock, "READY=1", SETTLE_S) if n != {"WATCHDOG": "1"}]
+    assert [sorted(n) for n in reload] == [["MONOTONIC_USEC", "RELOADING"], ["READY", "STATUS"]], reload
+    assert int(reload[0]["MONOTONIC_USEC"]) > 0
+
+    world.daemon.send_signal(signal.SIGTERM)
+    stop = [n for n in _notifications(sock, "STOPPING=1", SETTLE_S) if n != {"WATCHDOG": "1"}]
+    assert stop == [{"STOPPING": "1", "STATUS": "stopping; the datapath stays loaded"}]
+    assert world.daemon.wait(timeout=10) == 0
 
 
 def test_a_config_it_cannot_run_is_refused_at_start(world: World) -> None:
@@ -734,6 +803,12 @@ def test_install_script_installs_into_a_root_and_is_idempotent(tmp_path: Path) -
     assert "ExecStart=/opt/l4lab/bin/lbctl run --config /etc/l4lab/lb.toml\n" in text
     assert "Restart=on-failure\n" in text
     assert "ExecReload=/bin/kill -HUP $MAINPID\n" in text
+    assert "Type=notify\n" in text and "WatchdogSec=" in text  # lbctl run sends READY=1, WATCHDOG=1
+    assert "CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_NET_ADMIN CAP_SYS_ADMIN\n" in text
+    for hardening in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
+                      "ReadWritePaths=/sys/fs/bpf", "RuntimeDirectory=lbctl", "RuntimeDirectoryPreserve=yes"):
+        assert f"{hardening}\n" in text, hardening
+    assert ".venv" not in text
     assert conf.read_text() == (REPO / "packaging" / "lb.toml").read_text()
     health.require_supported(cfg.load(conf), str(conf))  # the example is a valid config
     if shutil.which("systemd-analyze"):  # the unit as systemd reads it, with an lbctl that exists
@@ -757,3 +832,17 @@ def test_install_script_installs_into_a_root_and_is_idempotent(tmp_path: Path) -
     bad = subprocess.run(["bash", str(script), "--root", str(root), "--lbctl", "lbctl"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "must be an absolute path" in bad.stderr
+
+    # Without --lbctl: the installed lbctl on PATH, never the one in this source tree.
+    installed = tmp_path / "bin" / "lbctl"
+    installed.parent.mkdir()
+    installed.write_text("#!/bin/sh\n")
+    installed.chmod(0o755)
+    path_env = dict(os.environ, PATH=f"{installed.parent}:/usr/bin:/bin")
+    subprocess.run(["bash", str(script), "--root", str(root)], env=path_env, check=True, capture_output=True)
+    assert f"ExecStart={installed} run --config" in unit.read_text()
+    in_tree = REPO / ".venv" / "bin"
+    if (in_tree / "lbctl").exists():
+        refused = subprocess.run(["bash", str(script), "--root", str(root)], capture_output=True, text=True,
+                                 env=dict(os.environ, PATH=f"{in_tree}:/usr/bin:/bin"))
+        assert refused.returncode == 1 and "lives in the source tree" in refused.stderr, refused.stderr

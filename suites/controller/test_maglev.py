@@ -382,7 +382,7 @@ def test_fills_are_cached_per_set_of_reals() -> None:
 def test_c_fill_matches_the_python_fill() -> None:
     """The C fill (make native) and the Python fill give the same owner for every slot."""
     if maglev._native() is None:
-        pytest.skip(f"{maglev._NATIVE_LIB} is not built: run make native")
+        pytest.skip(f"{maglev.NATIVE_LIB_NAME} is not built: run make native")
     rng = random.Random(6011)
     for size, n in ((1009, 3), (65537, 100), (65537, 1000), (1009, 1009)):
         offsets = [rng.randrange(size) for _ in range(n)]

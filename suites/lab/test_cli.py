@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+from balancer import completion
 from lab import cli, nsexec, topology
 from lab.errors import LabError
 from lab.state import LabState
@@ -183,3 +188,79 @@ def test_nsexec_run_names_the_failing_command(default_lab: LabState) -> None:
     assert nsexec.run(lb, ["ip", "-br", "link", "show", "lb-rt"]).stdout.startswith("lb-rt@")
     with pytest.raises(LabError, match=rf"'ip link show nope' in {lb} failed with exit code 1: "):
         nsexec.run(lb, ["ip", "link", "show", "nope"])
+
+
+def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "--version")
+    assert code == 0 and err == ""
+    assert out == f"l4lab {metadata.version('l4lab')}\n"
+
+
+def test_every_argument_has_help_and_every_verb_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    top = cli.parser()
+    verbs = completion._subcommands(top)
+    assert set(verbs) == set(cli.VERBS)
+    for name, parser in [("", top), *verbs.items()]:
+        for action in parser._actions:
+            if not isinstance(action, argparse._SubParsersAction | argparse._HelpAction):
+                assert action.help, f"l4lab {name} {action.dest} has no help text"
+        if not name:
+            continue
+        epilog = parser.epilog or ""
+        assert epilog.startswith("examples:\n") and f"l4lab {name}" in epilog, f"l4lab {name} has no example"
+        for example in epilog.splitlines()[1:]:  # every example of a verb l4lab parses itself parses
+            words = shlex.split(example)[1:]
+            if example.strip().startswith("l4lab ") and words[0] not in cli.PASSTHROUGH and ">" not in example:
+                cli.parser().parse_args(words[: words.index("--")] if "--" in words else words)
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and all(f"  l4lab {v}" in out for v in cli.VERBS)  # one example per verb
+
+
+@pytest.mark.parametrize("verb", cli.PASSTHROUGH)
+def test_verbs_with_their_own_options_show_examples_that_use_them(verb: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`l4lab VERB --help` is the verb's own help (no root needed), then l4lab's examples of it."""
+    code, out, err = run(capsys, verb, "--help")
+    assert code == 0 and err == "", err
+    assert out.startswith(f"usage: l4lab {verb}") and f"\nexamples:\n  l4lab {verb}" in out
+    for example in cli.VERBS[verb].examples:
+        for option in (w for w in shlex.split(example) if w.startswith("--")):
+            assert f"{option} " in out.split("examples:")[0], f"`{example}` uses {option}, which l4lab {verb} lacks"
+
+
+def test_bash_completion_follows_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    code, script, _ = run(capsys, "completion", "bash")
+    assert code == 0 and script.rstrip().endswith("complete -F _l4lab l4lab")
+
+    def complete(*words: str) -> list[str]:
+        probe = (f"{script}\nCOMP_WORDS=({' '.join(shlex.quote(w) for w in words)}); COMP_CWORD={len(words) - 1}\n"
+                 '_l4lab; printf "%s\\n" "${COMPREPLY[@]}"\n')
+        done = subprocess.run(["bash", "--norc", "-c", probe], capture_output=True, text=True, timeout=30, check=True)
+        return done.stdout.split()
+
+    assert complete("l4lab", "sh") == ["shell"]
+    assert complete("l4lab", "vagrant-") == ["vagrant-plan", "vagrant-box"]
+    assert complete("l4lab", "status", "--") == ["--help", "--name", "--json"]
+    assert complete("l4lab", "completion", "") == ["-h", "--help", "bash"]
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) is missing: cannot drop root")
+def test_root_verbs_are_refused_up_front_in_one_line() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: run as root (the test drops to uid 65534 itself)")
+
+    def as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "lab.cli", *argv]
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
+                              env={**os.environ, "HOME": "/nonexistent"})
+
+    for argv in (["up", "--name", "lbt-nobody"], ["status"], ["demo"], ["exec", "client", "--", "true"]):
+        done = as_nobody(*argv)
+        assert done.returncode == 1, done
+        assert done.stderr == f"l4lab: `l4lab {argv[0]}` must run as root (it works with network namespaces, " \
+                              "links and BPF programs): run it with sudo\n"
+    assert probes.leftovers("lbt-nobody") == []
+    for argv in (["--version"], ["--help"], ["up", "--help"], ["demo", "--help"], ["completion", "bash"],
+                 ["vagrant-plan", "default"]):
+        done = as_nobody(*argv)
+        assert done.returncode == 0 and done.stdout and done.stderr == "", done

@@ -8,11 +8,14 @@ them afterwards. The small XDP programs are compiled by BCC, which the tracer ne
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -20,8 +23,9 @@ from lab import cli
 from lab.errors import UsageError
 from lab.harness import poll, unique_name
 from lab.nsexec import NETNS_DIR, entered
-from lab.trace import SETUP_HINT, Tracer, TraceReport, bcc_missing
+from lab.trace import HEADERS_ROOT, SETUP_HINT, Tracer, TraceReport, bcc_missing, compile_bcc, kernel_build_dir
 
+REPO = Path(__file__).resolve().parents[2]
 PREFIX = "trt-"
 A_ADDR, B_ADDR = "192.0.2.1", "192.0.2.2"
 CLOSED_PORT = 9  # nothing listens in b
@@ -100,7 +104,7 @@ def _attach_xdp(netns: str, ifname: str, program: str, stack: ExitStack) -> None
     """Attach BCC-compiled `program` to `ifname` in `netns` (it goes when the namespace is deleted)."""
     from bcc import BPF
 
-    bpf = BPF(text=XDP_PROGRAMS.encode())
+    bpf = compile_bcc(XDP_PROGRAMS.encode())
     stack.callback(bpf.cleanup)
     fn = bpf.load_func(program.encode(), BPF.XDP)
     with entered(netns):
@@ -187,3 +191,37 @@ def test_cli_prints_the_report_as_json(pair: Pair, capsys: pytest.CaptureFixture
     assert out["lab"] == pair.lab
     assert [n["node"] for n in out["nodes"]] == ["b"]
     assert out["nodes"][0]["netns"] == pair.b
+
+
+HIDDEN_BUILD_PROBE = """
+import os, sys
+from pathlib import Path
+from lab.trace import HEADERS_ROOT, compile_bcc, kernel_build_dir, kernel_headers
+assert not (kernel_build_dir() / "build").exists()
+headers = kernel_headers()
+assert headers is not None and headers.parent == HEADERS_ROOT, headers
+bpf = compile_bcc(sys.argv[1].encode())
+bpf.load_func(b"xdp_tx", bpf.XDP)
+assert "BCC_KERNEL_SOURCE" not in os.environ
+print(headers)
+"""
+
+
+def test_bcc_compiles_without_the_lib_modules_build_link(tmp_path: Path) -> None:
+    """The tracer's compile needs nothing under /lib/modules: with /lib/modules/$(uname -r) hidden
+    behind an empty directory (in a private mount namespace), BCC compiles against the merged
+    headers under /run/l4lab/bcc-headers/, and nothing is written into the hidden place."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) (util-linux) to hide /lib/modules in a private mount namespace")
+    empty = tmp_path / "modules"
+    empty.mkdir()
+    moddir = kernel_build_dir()
+    script = f'if [ -d "{moddir}" ]; then mount --bind "{empty}" "{moddir}" || exit 1; fi; exec "$@"'
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "probe",
+         sys.executable, "-c", HIDDEN_BUILD_PROBE, XDP_PROGRAMS],
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().startswith(str(HEADERS_ROOT))
+    assert list(empty.iterdir()) == []

@@ -36,6 +36,7 @@ from lab.nsexec import entered, nsenter_argv
 from lab.pytest_plugin import record_boot
 from lab.services import starttime
 from lab.state import LabState, netns_name, state_dir
+from lab.vm_init.image import DEFAULT_CACHE_DIR
 from suites.lab import probes
 from suites.lab.probes import bpf_available
 
@@ -182,8 +183,10 @@ def settled_tx_encap(lab: KernelDecapLab, quiet: float = 0.3, timeout: float = 5
 
 
 def _qemus() -> dict[int, int]:
-    """{pid: inode of its network namespace} of every live qemu on this machine."""
+    """{pid: inode of its network namespace} of every live qemu of this checkout (its files are
+    under build/vm/; qemus of other checkouts on the machine are not ours to count)."""
     found = {}
+    ours = str(DEFAULT_CACHE_DIR).encode() + b"/"
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
@@ -191,7 +194,7 @@ def _qemus() -> dict[int, int]:
                 inode = os.stat(entry / "ns" / "net").st_ino
             except OSError:
                 continue
-            if argv.startswith(b"qemu-system") and starttime(int(entry.name)):
+            if argv.startswith(b"qemu-system") and ours in argv and starttime(int(entry.name)):
                 found[int(entry.name)] = inode
     return found
 

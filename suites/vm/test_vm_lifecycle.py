@@ -23,7 +23,7 @@ def vm_netns() -> Iterator[str]:
 
     Name: vm_netns
     Scope: function
-    Depends: root, qemu, linux-image-cloud-amd64 (skips otherwise)
+    Depends: root, qemu, the cloud kernel unpacked in build/vm/kernel/ (skips otherwise)
 
         def test_x(vm_netns):
             with VmReal("r", vm_netns, "192.0.2.10", 24, "192.0.2.1", []) as vm: ...
