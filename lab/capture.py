@@ -65,17 +65,11 @@ class LbLinkCounts:
 
 
 def decapsulate(outer: Any, gue_port: int) -> Any:
-    """The inner IP packet of an IPIP or GUE (variant 0 or 1) packet, else the payload as is."""
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.inet6 import IPv6
+    """The inner IP packet (scapy) of an IPIP, 6in6, 4in6 or GUE (variant 0 or 1) packet, else the payload as is."""
+    from lab.packets.decode import decapsulate_ip
 
-    inner = outer.payload
-    if isinstance(inner, UDP) and inner.dport == gue_port:
-        raw = bytes(inner.payload)
-        if raw and raw[0] >> 6 == 0:  # variant 0: a 4-byte GUE header first
-            raw = raw[4:]
-        inner = IP(raw) if raw and raw[0] >> 4 == 4 else IPv6(raw)
-    return inner
+    enc = decapsulate_ip(bytes(outer), gue_port)
+    return enc.inner.layer if enc is not None else outer.payload
 
 
 def classify_lb_link(pcap: Path, lb_mac: str, vips: set[str], clients: set[str],

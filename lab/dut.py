@@ -58,7 +58,7 @@ def encap_capability(encap_id: str) -> str:
 
 
 class LabLike(Protocol):
-    """What a DUT needs of a running lab (suites.conftest.Lab and lab.state objects have it)."""
+    """What a DUT needs of a running lab (lab.harness.Lab and lab.state objects have it)."""
 
     name: str
     topology: Topology

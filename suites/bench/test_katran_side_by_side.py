@@ -14,12 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from scapy.layers.inet import IP, UDP
+from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 from scapy.utils import checksum
 
 from lab import bench, katran, katranbench
 from lab.errors import LabError
+from lab.packets.decode import decapsulate
 
 NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="loading BPF programs needs root")
 
@@ -92,20 +93,19 @@ def test_katran_programmed_by_us_forwards_new_flows_and_hits_sessions(objects: d
         lru = kt.counter(katran.LRU_CNTRS)
         assert lru == (2, 1), f"two VIP packets, one miss: {lru}"
         for out in (first.data, second.data):
-            eth = Ether(out)
-            assert eth.dst == katranbench.CLIENT_MAC
-            outer = eth[IP]
-            assert outer.dst in katranbench.REALS
+            enc = decapsulate(out, katran.GUE_PORT)
+            assert enc is not None, f"not an encapsulated frame: {Ether(out).summary()}"
+            assert enc.frame.dst_mac == katranbench.CLIENT_MAC
+            assert enc.outer.version == 4 and enc.outer.dst in katranbench.REALS
             if gue:
-                udp = outer[UDP]
-                assert udp.dport == katran.GUE_PORT and outer.src == katranbench.SRC4
-                raw = bytes(outer)
+                assert enc.kind == "gue1", enc.kind
+                assert enc.udp_dport == katran.GUE_PORT and enc.outer.src == katranbench.SRC4
+                raw = enc.outer.raw
                 pseudo = raw[12:20] + bytes([0, 17]) + len(raw[20:]).to_bytes(2, "big")
-                assert udp.chksum != 0 and checksum(pseudo + raw[20:]) == 0, "Katran computes the UDP checksum"
+                assert enc.udp_checksum != 0 and checksum(pseudo + raw[20:]) == 0, "Katran computes the UDP checksum"
             else:
-                assert outer.proto == 4
-            inner = bytes(outer[UDP].payload) if gue else bytes(outer.payload)
-            assert inner == (syn if out is first.data else ack)[14:], "the client's packet, byte for byte"
+                assert enc.outer.proto == 4
+            assert enc.inner.raw == (syn if out is first.data else ack)[14:], "the client's packet, byte for byte"
         assert Ether(first.data)[IP].dst == Ether(second.data)[IP].dst, "the ACK follows its session"
         assert sum(kt.real_counter(i + 1)[0] for i in range(len(katranbench.REALS))) == 2
 

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from balancer import _abi
 from lab.capture import classify_lb_link
 from lab.harness import Lab, LabBalancer
 from lab.lbconf import lb_link, real_addresses
 
 pytestmark = [pytest.mark.topology("default"), pytest.mark.hardware]
-GUE_PORT = 6080
+GUE_PORT = _abi.Limits.DEFAULT_GUE_PORT
 REQUESTS = 18
 
 

@@ -19,15 +19,17 @@ from typing import Any
 
 import pytest
 
+from balancer import _abi
 from lab.capture import classify_lb_link, decapsulate
 from lab.dut import Capability, Dut
 from lab.harness import poll
 from lab.lbconf import ENCAP_IDS, real_addresses
+from lab.packets.gue import GUE
 from reports.schema import ConformanceFigure as Figure
 from suites.conformance._tcp_services import Services
 
 pytestmark = [pytest.mark.topology("default")]
-GUE_PORT = 6080
+GUE_PORT = _abi.Limits.DEFAULT_GUE_PORT
 REQUESTS = 12
 CHURN_FLOWS = 90
 SINK_PORT = 5001
@@ -132,8 +134,7 @@ def test_outer_header_is_the_encap(lab: Any, dut: Dut, dut_encap: str, tmp_path:
             if proto != 17 or outer[UDP].dport != GUE_PORT:
                 wrong.append(f"GUE frame is not UDP to {GUE_PORT}: {outer.summary()}")
                 continue
-            head = bytes(outer[UDP].payload)[:1]
-            variant = 0 if head and head[0] >> 6 == 0 else 1
+            variant = 0 if isinstance(GUE(bytes(outer[UDP].payload)), GUE) else 1
             if variant != int(mode[-1]):
                 wrong.append(f"GUE variant {variant}, expected {mode[-1]}: {bytes(outer[UDP].payload)[:4].hex()}")
     assert not wrong, f"{len(wrong)} of {len(out)} frames are not {dut_encap}: {wrong[:5]}"

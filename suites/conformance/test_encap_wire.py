@@ -45,17 +45,12 @@ from pathlib import Path
 
 import pytest
 
+from balancer import _abi
 from balancer import config as cfg
 from lab.harness import Lab, LabBalancer, poll
 from lab.lbconf import ENCAP_IDS, lb_link, real_addresses
 from lab.netns import set_tx_checksum, tx_checksum
-
-from ._record import recorded
-from ._settle import wait_client_quiet
-from ._wire import (
-    ETH_P_ARP,
-    GUE_SPORT_RANGE,
-    PROTO_ICMPV6,
+from lab.packets.decode import (
     PROTO_IPIP,
     PROTO_IPV6,
     PROTO_TCP,
@@ -63,10 +58,18 @@ from ._wire import (
     Encapsulated,
     FlowKey,
     IpPacket,
-    counts_by,
     decapsulate,
-    first,
     ip_of,
+)
+
+from ._record import recorded
+from ._settle import wait_client_quiet
+from ._wire import (
+    ETH_P_ARP,
+    GUE_SPORT_RANGE,
+    PROTO_ICMPV6,
+    counts_by,
+    first,
     ipv4_header_ok,
     l4_checksum_ok,
     normalised,
@@ -78,7 +81,7 @@ from ._wire import (
 )
 
 pytestmark = pytest.mark.topology("default")
-GUE_PORT = 6080
+GUE_PORT = _abi.Limits.DEFAULT_GUE_PORT
 ENCAP_TTL = 64
 # Outer family and mode of each encap id this module checks: the lab's, plus 4in6 (IPv4 VIP, IPv6 reals).
 WIRE_ENCAPS = {**ENCAP_IDS, "ip6-ip4ip6": (6, "ipip")}

@@ -45,8 +45,16 @@ from typing import Any
 
 import pytest
 
+from balancer import _abi
 from lab.harness import Lab, LabBalancer, poll
 from lab.lbconf import lb_link, real_addresses
+from lab.packets.decode import (
+    PROTO_TCP,
+    PROTO_UDP,
+    Frame,
+    decapsulate,
+    ip_of,
+)
 from suites.conformance._counters import counters
 
 from ._record import recorded
@@ -55,17 +63,12 @@ from ._wire import (
     ETH_P_ARP,
     PROTO_ICMP,
     PROTO_ICMPV6,
-    PROTO_TCP,
-    PROTO_UDP,
-    Frame,
     counts_by,
-    decapsulate,
-    ip_of,
     read_frames,
 )
 
 pytestmark = pytest.mark.topology("default")
-GUE_PORT = 6080
+GUE_PORT = _abi.Limits.DEFAULT_GUE_PORT
 UDP_DATAGRAMS = 25
 TCP_CONNECTIONS = 10
 QUIET_DEADLINE_S = 20.0

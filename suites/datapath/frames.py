@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 from scapy.layers.inet import IP
 from scapy.layers.inet6 import IPv6
@@ -11,20 +10,7 @@ from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Packet
 from scapy.utils import checksum
 
-ETH_P_IP, ETH_P_IPV6, ETH_P_8021Q = 0x0800, 0x86DD, 0x8100
-IPPROTO_IPIP, IPPROTO_IPV6, IPPROTO_UDP = 4, 41, 17
-
-
-@dataclass(frozen=True)
-class Encapsulated:
-    """An encapsulated frame taken apart: Ethernet, outer IP header, optional UDP/GUE, inner bytes."""
-
-    eth: Ether
-    outer: Packet  # IP or IPv6, whole outer packet
-    outer_bytes: bytes  # the outer IP packet as emitted
-    udp: tuple[int, int, int, int] | None  # sport, dport, length, checksum
-    gue0: bytes | None  # the 4-byte variant-0 header
-    inner: bytes  # the inner IP packet, exactly as long as the outer lengths say
+from lab.packets.decode import Encapsulated, decapsulate
 
 
 def ip_packet_of(frame: Packet | bytes) -> bytes:
@@ -37,37 +23,17 @@ def ip_packet_of(frame: Packet | bytes) -> bytes:
 
 
 def decode_encap(out: bytes, gue_port: int) -> Encapsulated:
-    eth = Ether(out)
-    off = 14
-    ethertype = struct.unpack("!H", out[12:14])[0]
-    if ethertype == ETH_P_8021Q:
-        ethertype = struct.unpack("!H", out[16:18])[0]
-        off = 18
-    if ethertype == ETH_P_IP:
-        total = struct.unpack("!H", out[off + 2: off + 4])[0]
-        outer_bytes = out[off: off + total]
-        outer: Packet = IP(outer_bytes)
-        proto, hdr = outer_bytes[9], (outer_bytes[0] & 0xF) * 4
-    elif ethertype == ETH_P_IPV6:
-        total = 40 + struct.unpack("!H", out[off + 4: off + 6])[0]
-        outer_bytes = out[off: off + total]
-        outer = IPv6(outer_bytes)
-        proto, hdr = outer_bytes[6], 40
-    else:
-        raise AssertionError(f"emitted frame has ethertype {ethertype:#06x}, not IP: {out.hex()}")
-    assert len(outer_bytes) == total, f"outer packet claims {total} bytes, frame holds {len(outer_bytes)}"
-    rest = outer_bytes[hdr:]
-    udp = gue0 = None
-    if proto == IPPROTO_UDP:
-        udp = struct.unpack("!HHHH", rest[:8])
-        assert udp[1] == gue_port, f"UDP destination {udp[1]} is not the GUE port {gue_port}"
-        assert udp[2] == len(rest), f"UDP length {udp[2]} but {len(rest)} bytes follow the IP header"
-        rest = rest[8:]
-        if rest[0] >> 6 == 0:
-            gue0, rest = rest[:4], rest[4:]
-    else:
-        assert proto in (IPPROTO_IPIP, IPPROTO_IPV6), f"outer protocol {proto} is neither IPIP nor UDP"
-    return Encapsulated(eth, outer, outer_bytes, udp, gue0, rest)
+    """The emitted frame taken apart (lab/packets/decode.py), with the lengths a table row relies on checked."""
+    enc = decapsulate(out, gue_port)
+    assert enc is not None, f"emitted frame is not IPIP, 6in6, 4in6 or GUE to UDP {gue_port}: {out.hex()}"
+    assert not enc.outer.truncated and not enc.inner.truncated, (
+        f"outer packet claims {len(enc.outer.raw)} bytes, frame holds fewer: {out.hex()}")
+    if enc.udp:
+        assert enc.udp_len == len(enc.outer.payload), (
+            f"UDP length {enc.udp_len} but {len(enc.outer.payload)} bytes follow the IP header")
+    carried = len(enc.outer.payload) - len(enc.udp) - len(enc.gue)
+    assert len(enc.inner.raw) == carried, f"inner packet of {len(enc.inner.raw)} bytes, the outer carries {carried}"
+    return enc
 
 
 def ipv4_header_ok(ip_bytes: bytes) -> bool:

@@ -31,6 +31,8 @@ from scapy.layers.inet6 import (
 from scapy.layers.l2 import ARP, Dot1AD, Dot1Q, Ether
 from scapy.packet import Packet, Raw
 
+from lab.packets.gue import GUE
+
 from . import packets as P
 
 ETH_MIN = 14  # BPF_PROG_TEST_RUN refuses shorter frames (they cannot exist on a wire either)
@@ -139,9 +141,9 @@ def gue_frames(inner: bytes, outer_dst: str) -> Iterator[Packet]:
     proto = 4 if inner[0] >> 4 == 4 else 41
     udp = UDP(sport=50000, dport=P.GUE_PORT)
     yield P.eth() / outer / udp / Raw(inner)
-    yield P.eth() / outer / udp / Raw(bytes([0, proto, 0, 0]) + inner)
-    yield P.eth() / outer / udp / Raw(bytes([1, proto, 0, 0]) + b"\0" * 4 + inner)
-    yield P.eth() / outer / udp / Raw(bytes([0x20, 0, 0, 0]) + inner)
+    yield P.eth() / outer / udp / GUE(proto=proto) / Raw(inner)
+    yield P.eth() / outer / udp / GUE(proto=proto, options=b"\0" * 4) / Raw(inner)
+    yield P.eth() / outer / udp / GUE(control=1) / Raw(inner)
     yield P.eth() / outer / UDP(sport=50000, dport=P.GUE_PORT + 1) / Raw(inner)
 
 

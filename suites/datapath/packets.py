@@ -23,6 +23,8 @@ from scapy.layers.inet6 import (
 from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Packet, Raw
 
+from balancer import _abi
+
 CLIENT_MAC = "01:00:00:00:00:00"
 LB_MAC = "02:00:00:00:00:00"
 ROUTER_MAC = "00:00:de:ad:be:af"
@@ -38,7 +40,7 @@ SRC4 = "192.0.2.254"  # outer source of encapsulated packets (fixed)
 SRC4_NET = "192.0.2.0/24"  # outer source prefix when flow-derived
 SRC6 = "2001:db8:b::1"
 SRC6_NET = "2001:db8:b::/64"
-GUE_PORT = 6080
+GUE_PORT = _abi.Limits.DEFAULT_GUE_PORT
 MTU = 1500
 
 REALS4 = ("192.0.2.11", "192.0.2.12", "192.0.2.13")

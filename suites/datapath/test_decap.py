@@ -21,6 +21,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import NoPayload, Packet, Raw
 
 from balancer.datapath import Decap
+from lab.packets.gue import GUE
 
 from . import packets as P
 from .frames import ip_packet_of
@@ -62,8 +63,9 @@ def test_decap_restores_the_clients_packet(run_balancer: RunBalancer, decap: Dec
     assert out[14:] == ip_packet_of(frame)
 
 
-def gue(outer: Packet, port: int, body: bytes) -> Packet:
-    return P.eth() / outer / UDP(sport=50000, dport=port) / Raw(body)
+def gue(outer: Packet, port: int, body: Packet | bytes) -> Packet:
+    """UDP to `port` carrying body: a GUE layer (variant 0, lab/packets/gue.py) or bytes as they are."""
+    return P.eth() / outer / UDP(sport=50000, dport=port) / (body if isinstance(body, Packet) else Raw(body))
 
 
 INNER4 = bytes(IP(src=P.CLIENT4, dst=P.VIP4) / UDP(sport=1, dport=2) / P.PAYLOAD)
@@ -106,22 +108,22 @@ DECAP_TABLE: list[tuple[str, Packet | bytes, str, str, Check | None]] = [
     ("IPIP fragment: left to reassembly", P.eth() / IP(src=P.SRC4, dst=LOCAL4, proto=4, flags="MF")
      / Raw(INNER4), "pass", "PASS_NOT_ENCAP", None),
     ("GUE variant 0 with one word of options",
-     gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, bytes([1, 4, 0, 0]) + b"\0\0\0\0" + INNER4),
+     gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, GUE(proto=4, options=b"\0" * 4) / Raw(INNER4)),
      "pass", "GUE", lambda out: out[14:] == INNER4),
     ("GUE variant 0 announcing IPv6 over IPv4",
-     gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, bytes([0, 41, 0, 0]) + INNER6),
+     gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, GUE(proto=41) / Raw(INNER6)),
      "pass", "GUE", lambda out: out[12:14] == b"\x86\xdd" and out[14:] == INNER6),
     ("GUE variant 0 control message: left to the stack",
-     gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, bytes([0x20, 0, 0, 0]) + INNER4),
+     gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, GUE(control=1) / Raw(INNER4)),
      "pass", "PASS_GUE_CONTROL", None),
     ("GUE variant 0 control message over IPv6",
-     gue(IPv6(src=P.SRC6, dst=LOCAL6), P.GUE_PORT, bytes([0x21, 0, 0, 0]) + b"\0" * 4 + INNER6),
+     gue(IPv6(src=P.SRC6, dst=LOCAL6), P.GUE_PORT, GUE(control=1, options=b"\0" * 4) / Raw(INNER6)),
      "pass", "PASS_GUE_CONTROL", None),
     ("GUE variant 0 control message to an address that is not local",
-     gue(IP(src=P.SRC4, dst="192.0.2.99"), P.GUE_PORT, bytes([0x20, 0, 0, 0]) + INNER4),
+     gue(IP(src=P.SRC4, dst="192.0.2.99"), P.GUE_PORT, GUE(control=1) / Raw(INNER4)),
      "pass", "PASS_NOT_LOCAL", None),
     ("GUE variant 0 naming protocol 17",
-     gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, bytes([0, 17, 0, 0]) + INNER4),
+     gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, GUE(proto=17) / Raw(INNER4)),
      "drop", "DROP_MALFORMED", None),
     ("GUE variant 1 with IP version 5", gue(IP(src=P.SRC4, dst=LOCAL4), P.GUE_PORT, b"\x55" + INNER4[1:]),
      "drop", "DROP_MALFORMED", None),
@@ -142,7 +144,7 @@ DECAP_TABLE: list[tuple[str, Packet | bytes, str, str, Check | None]] = [
      / Raw(INNER6), "pass", "GUE", inner_is(INNER6)),
     ("GUE variant 0 after hop-by-hop with 32 bytes of options",
      P.eth() / IPv6(src=P.SRC6, dst=LOCAL6) / IPv6ExtHdrHopByHop(options=[PadN(optdata=b"\0" * 28)])
-     / UDP(sport=50000, dport=P.GUE_PORT) / Raw(bytes([0, 4, 0, 0]) + INNER4), "pass", "GUE", inner_is(INNER4)),
+     / UDP(sport=50000, dport=P.GUE_PORT) / GUE(proto=4) / Raw(INNER4), "pass", "GUE", inner_is(INNER4)),
     ("6in6 after a fragment header: left to reassembly",
      outer6(IPv6ExtHdrFragment(m=1, id=5), 41, INNER6), "pass", "PASS_NOT_ENCAP", None),
     ("6in6 after AH: the stack authenticates",

@@ -32,37 +32,37 @@ def test_encapsulated_headers(run_balancer: RunBalancer, case: P.EncapCase) -> N
     enc = decode_encap(out.out, P.GUE_PORT)
 
     assert (enc.eth.dst, enc.eth.src) == (P.ROUTER_MAC, P.LB_MAC)
-    assert enc.inner == ip_packet_of(frame), "the inner packet is the client's packet, byte for byte"
+    assert enc.inner.raw == ip_packet_of(frame), "the inner packet is the client's packet, byte for byte"
     inner_proto = 4 if case.inner == 4 else 41
     if case.outer == 4:
-        o = enc.outer
+        o = enc.outer.layer
         assert isinstance(o, IP)
         assert (o.src, o.ttl, o.tos, o.id, o.flags.DF, o.frag) == (P.SRC4, 64, TOS, 0, True, 0)
         assert o.dst in case.reals
-        assert ipv4_header_ok(enc.outer_bytes), "outer IPv4 header checksum"
+        assert ipv4_header_ok(enc.outer.raw), "outer IPv4 header checksum"
         assert o.proto == (17 if case.mode != "IPIP" else inner_proto)
     else:
-        o6 = enc.outer
+        o6 = enc.outer.layer
         assert isinstance(o6, IPv6)
         assert (o6.src, o6.hlim, o6.tc) == (P.SRC6, 64, TOS)
         assert o6.dst in case.reals
         assert o6.nh == (17 if case.mode != "IPIP" else inner_proto)
         assert o6.fl != 0, "the flow label carries the flow hash"
     if case.mode == "IPIP":
-        assert enc.udp is None and enc.gue0 is None
+        assert not enc.udp and not enc.gue
         return
-    assert enc.udp is not None
-    sport, dport, _length, csum = enc.udp
+    assert enc.udp
+    sport, dport, csum = enc.udp_sport, enc.udp_dport, enc.udp_checksum
     assert 49152 <= sport <= 65535, "GUE source port in the dynamic range"
     assert dport == P.GUE_PORT
     if case.outer == 4:
-        assert csum != 0 and l4_checksum_ok_v4(enc.outer_bytes), "outer UDP checksum over IPv4"
+        assert csum != 0 and l4_checksum_ok_v4(enc.outer.raw), "outer UDP checksum over IPv4"
     else:
-        assert csum != 0 and l4_checksum_ok_v6(enc.outer_bytes), "outer UDP checksum over IPv6"
+        assert csum != 0 and l4_checksum_ok_v6(enc.outer.raw), "outer UDP checksum over IPv6"
     if case.mode == "GUE0":
-        assert enc.gue0 == bytes([0, inner_proto, 0, 0])
+        assert enc.gue == bytes([0, inner_proto, 0, 0])
     else:
-        assert enc.gue0 is None and enc.inner[0] >> 4 == case.inner
+        assert not enc.gue and enc.inner.raw[0] >> 4 == case.inner
 
 
 @pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
@@ -70,10 +70,9 @@ def test_one_flow_keeps_its_real_source_port_and_label(run_balancer: RunBalancer
     first = decode_encap(run_balancer.run(flow(case, sport=40300)).out, P.GUE_PORT)
     again = decode_encap(run_balancer.run(flow(case, sport=40300, flags="A")).out, P.GUE_PORT)
     assert first.outer.dst == again.outer.dst
-    assert first.udp == again.udp or (first.udp is not None and again.udp is not None
-                                      and first.udp[:2] == again.udp[:2])
+    assert (first.udp_sport, first.udp_dport) == (again.udp_sport, again.udp_dport)
     if case.outer == 6:
-        assert first.outer.fl == again.outer.fl
+        assert first.outer.flow_label == again.outer.flow_label
 
 
 @pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
@@ -82,9 +81,9 @@ def test_flows_spread_over_reals_ports_and_labels(run_balancer: RunBalancer, cas
             for i in range(48)]
     assert {o.outer.dst for o in outs} == set(case.reals), "every real gets some of 48 flows"
     if case.mode != "IPIP":
-        assert len({o.udp[0] for o in outs if o.udp}) >= 40, "GUE source ports follow the flow"
+        assert len({o.udp_sport for o in outs if o.udp}) >= 40, "GUE source ports follow the flow"
     if case.outer == 6:
-        assert len({o.outer.fl for o in outs}) >= 40, "flow labels follow the flow"
+        assert len({o.outer.flow_label for o in outs}) >= 40, "flow labels follow the flow"
 
 
 @pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
@@ -99,11 +98,11 @@ def test_outer_source_from_the_flow_stays_in_the_prefix(balancer_factory: Balanc
         enc = decode_encap(b.run(flow(case, sport=43000 + i)).out, P.GUE_PORT)
         assert ipaddress.ip_address(enc.outer.src) in net
         if case.outer == 4:
-            assert ipv4_header_ok(enc.outer_bytes)
+            assert ipv4_header_ok(enc.outer.raw)
             if case.mode != "IPIP":
-                assert l4_checksum_ok_v4(enc.outer_bytes), "checksum covers the flow-derived source"
+                assert l4_checksum_ok_v4(enc.outer.raw), "checksum covers the flow-derived source"
         elif case.mode != "IPIP":
-            assert l4_checksum_ok_v6(enc.outer_bytes), "checksum covers the flow-derived source"
+            assert l4_checksum_ok_v6(enc.outer.raw), "checksum covers the flow-derived source"
         srcs.append(enc.outer.src)
     assert len(set(srcs)) >= 24, "32 flows use many outer sources"
     again = decode_encap(b.run(flow(case, sport=43000, flags="A")).out, P.GUE_PORT)
@@ -119,11 +118,11 @@ def test_jumbo_frame_through_the_frags_program(balancer_factory: BalancerFactory
     out = b.run(frame, frags=True)
     assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP")
     enc = decode_encap(out.out, P.GUE_PORT)
-    assert enc.inner == ip_packet_of(frame)
+    assert enc.inner.raw == ip_packet_of(frame)
     if case.outer == 6 and case.mode != "IPIP":
-        assert l4_checksum_ok_v6(enc.outer_bytes), "UDP checksum over all fragments of the buffer"
+        assert l4_checksum_ok_v6(enc.outer.raw), "UDP checksum over all fragments of the buffer"
     if case.outer == 4 and case.mode != "IPIP":
-        assert l4_checksum_ok_v4(enc.outer_bytes), "UDP checksum over all fragments of the buffer"
+        assert l4_checksum_ok_v4(enc.outer.raw), "UDP checksum over all fragments of the buffer"
 
 
 GUE_CASES = [c for c in P.ENCAPS if c.mode != "IPIP"]
@@ -137,8 +136,8 @@ def test_gue_checksum_is_zero_when_the_vip_opts_in(balancer_factory: BalancerFac
     out = b.run(flow(case, sport=43100))
     assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP")
     enc = decode_encap(out.out, P.GUE_PORT)
-    assert enc.udp is not None and enc.udp[3] == 0, f"outer UDP checksum {enc.udp}"
-    assert enc.inner == ip_packet_of(flow(case, sport=43100))
+    assert enc.udp and enc.udp_checksum == 0, f"outer UDP checksum {enc.udp.hex()}"
+    assert enc.inner.raw == ip_packet_of(flow(case, sport=43100))
 
 
 @pytest.mark.parametrize("case", [P.ENCAPS[0], P.ENCAPS[4]], ids=[P.ENCAPS[0].id, P.ENCAPS[4].id])

@@ -73,7 +73,7 @@ def check_one(b: RunBalancer, frame: bytes) -> None:
     off, length = bounds
     ip_packet = frame[off: off + length]
     if out.reason == "TX_ENCAP":
-        inner = decode_encap(out.out, P.GUE_PORT).inner
+        inner = decode_encap(out.out, P.GUE_PORT).inner.raw
         assert inner == ip_packet, f"inner bytes differ for {frame.hex()}"
     elif out.reason == "TX_ICMP_TOO_BIG":
         quote_at = off + (28 if frame[off] >> 4 == 4 else 48)

@@ -281,15 +281,15 @@ def check_encap(out: bytes, frame: bytes, reals: set[str], gue: bool) -> str:
     enc = decode_encap(out, KATRAN_GUE_PORT)
     if (enc.eth.dst, enc.eth.src) != ("00:00:de:ad:be:af", Ether(frame).dst):
         return f"MACs {enc.eth.dst}/{enc.eth.src}"
-    if (enc.udp is not None) != gue:
+    if bool(enc.udp) != gue:
         return "outer protocol: GUE expected" if gue else "outer protocol: IPIP expected"
     if str(enc.outer.dst) not in reals:
         return f"outer destination {enc.outer.dst} is not a live real of the VIP ({sorted(reals)})"
-    if enc.inner != ip_packet_of(frame):
+    if enc.inner.raw != ip_packet_of(frame):
         return "inner packet differs from the input's IP packet"
-    if isinstance(enc.outer, IP) and not ipv4_header_ok(enc.outer_bytes):
+    if enc.outer.version == 4 and not ipv4_header_ok(enc.outer.raw):
         return "outer IPv4 header checksum"
-    if isinstance(enc.outer, IPv6) and gue and not l4_checksum_ok_v6(enc.outer_bytes):
+    if enc.outer.version == 6 and gue and not l4_checksum_ok_v6(enc.outer.raw):
         return "outer UDP checksum"
     return ""
 

@@ -25,23 +25,17 @@ from dataclasses import dataclass
 import pytest
 from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
-from scapy.packet import Packet, Raw
+from scapy.packet import Packet
 
 from lab.harness.vmlab import VmLab
 from lab.nsexec import entered
+from lab.packets.gue import GUE
 
 GUE_PORT = 6080
 FOU_PORT = 6081
 ECHO_PORT = 9000
 HTTP_PORT = 80
 REPLY_TIMEOUT_S = 5.0
-IPPROTO_IPIP = 4
-IPPROTO_IPV6 = 41
-
-
-def gue0_header(inner_proto: int) -> bytes:
-    """GUE variant 0 header without options: version 0, C=0, hlen 0, proto/ctype, flags 0."""
-    return bytes([0, inner_proto, 0, 0])
 
 
 @dataclass(frozen=True)
@@ -76,18 +70,15 @@ ENCAPS = [
     Encap("ip4-gue1", socket.AF_INET, socket.AF_INET,
           lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=GUE_PORT) / p),
     Encap("ip4-gue0", socket.AF_INET, socket.AF_INET,
-          lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=GUE_PORT)
-          / Raw(gue0_header(IPPROTO_IPIP)) / p),
+          lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=GUE_PORT) / GUE() / p),
     Encap("ip4-gue1-csum0", socket.AF_INET, socket.AF_INET,
           lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=GUE_PORT, chksum=0) / p),
     Encap("ip4-gue0-csum0", socket.AF_INET, socket.AF_INET,
-          lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=GUE_PORT, chksum=0)
-          / Raw(gue0_header(IPPROTO_IPIP)) / p),
+          lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=GUE_PORT, chksum=0) / GUE() / p),
     Encap("ip6-gue1", socket.AF_INET6, socket.AF_INET6,
           lambda lab, p: _outer6(lab) / UDP(sport=_sport(), dport=GUE_PORT) / p),
     Encap("ip6-gue0", socket.AF_INET6, socket.AF_INET6,
-          lambda lab, p: _outer6(lab) / UDP(sport=_sport(), dport=GUE_PORT)
-          / Raw(gue0_header(IPPROTO_IPV6)) / p),
+          lambda lab, p: _outer6(lab) / UDP(sport=_sport(), dport=GUE_PORT) / GUE() / p),
     Encap("ip4-fou", socket.AF_INET, socket.AF_INET,
           lambda lab, p: _outer4(lab) / UDP(sport=_sport(), dport=FOU_PORT) / p),
 ]
