@@ -45,6 +45,7 @@ from lab.capture import Capture, classify_lb_link
 from lab.errors import LabError
 from lab.lbconf import balancer_config, lb_link, peer_mac, real_addresses
 from lab.nsexec import nsenter_argv
+from lab.poll import poll
 from lab.state import netns_name, state_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -188,16 +189,19 @@ def run_traffic(lab: str, topo: topology.Topology, run: EncapRun, requests: int,
 def _settled(pcap: Path, lb_sent: Callable[[], int], quiet_s: float = 0.2, deadline_s: float = 3.0) -> None:
     """Wait until the capture file and the LB's encap counter have stopped changing for quiet_s: the
     last frame the LB sent (a closing ACK) is on file before tcpdump stops, so in and out still match."""
-    end = time.monotonic() + deadline_s
-    last = (pcap.stat().st_size if pcap.exists() else 0, lb_sent())
-    still_since = time.monotonic()
-    while time.monotonic() < end:
-        time.sleep(0.05)  # polling interval: the loop re-reads the file size and the counter
-        now = (pcap.stat().st_size if pcap.exists() else 0, lb_sent())
-        if now != last:
-            last, still_since = now, time.monotonic()
-        elif time.monotonic() - still_since >= quiet_s:
-            return
+    def reading() -> tuple[int, int]:
+        return (pcap.stat().st_size if pcap.exists() else 0, lb_sent())
+
+    last, since = [reading()], [time.monotonic()]
+
+    def quiet() -> bool:
+        now = reading()
+        if now != last[0]:
+            last[0], since[0] = now, time.monotonic()
+            return False
+        return time.monotonic() - since[0] >= quiet_s
+
+    poll(deadline_s, quiet, "the capture and the LB's counter still", check=False)
 
 
 def run_spread(topo: topology.Topology, run: EncapRun) -> None:

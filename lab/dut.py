@@ -22,8 +22,8 @@ import contextlib
 import dataclasses
 import ipaddress
 import json
+import operator
 import subprocess
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from balancer import encaps
 from lab.errors import LabError
 from lab.lbconf import balancer_config, lb_link, real_addresses
+from lab.poll import poll
 from lab.topology import Topology
 
 DUT_NAMES = ("l4lab", "ipvs", "katran")
@@ -67,7 +68,7 @@ def encap_capability(encap_id: str) -> str:
 
 
 class LabLike(Protocol):
-    """What a DUT needs of a running lab (suites.conftest.Lab and lab.state objects have it)."""
+    """What a DUT needs of a running lab (lab.harness.Lab and lab.state objects have it)."""
 
     name: str
     topology: Topology
@@ -421,12 +422,10 @@ class IpvsDut(Dut):
 
     def settle(self, deadline_s: float = 20.0) -> None:
         """Wait until IPVS's UDP connection entries expired (it keeps using them after a change)."""
-        deadline = time.monotonic() + deadline_s
-        while any(c["proto"] == "udp" for c in self.vm.connections()):
-            if time.monotonic() > deadline:
-                raise LabError(f"IPVS kept UDP connection entries for {deadline_s:g} s: "
-                               f"{self.vm.connections()[:3]}")
-            time.sleep(0.5)  # polling IPVS's connection table, bounded by the deadline above
+        udp = poll(deadline_s, lambda: [c for c in self.vm.connections() if c["proto"] == "udp"],
+                   "IPVS's UDP connection entries expired", until=operator.not_, check=False, interval_s=0.5)
+        if udp:
+            raise LabError(f"IPVS kept UDP connection entries for {deadline_s:g} s: {udp[:3]}")
 
     def evidence(self) -> str:
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import operator
 import os
 import pwd
 import shutil
@@ -36,6 +37,7 @@ from typing import Any
 
 from lab.errors import LabError
 from lab.nsexec import nsenter_argv
+from lab.poll import poll
 from lab.services import log_tail
 from lab.state import Process, state_dir
 from lab.topology import IpAddress, Node, Topology
@@ -201,17 +203,20 @@ def wait_daemon(lab: str, proc: Process, daemon: str, timeout: float = READY_TIM
     from lab.services import starttime
 
     sock = node_dir(lab, proc.node) / f"{daemon}.vty"
-    deadline = time.monotonic() + timeout
-    while not sock.exists():
+
+    def ready() -> bool:
+        if sock.exists():
+            return True
         if starttime(proc.pid) != proc.starttime:
             raise LabError(
                 f"{daemon} of {proc.node} exited before it was ready: {log_tail(proc.log)}",
                 command=" ".join(proc.argv),
                 stderr=log_tail(proc.log),
             )
-        if time.monotonic() > deadline:
-            raise LabError(f"{daemon} of {proc.node} made no vty socket {sock} within {timeout:g} s; see {proc.log}")
-        time.sleep(0.01)  # polling interval, not synchronisation: the loop re-checks state
+        return False
+
+    if not poll(timeout, ready, f"{daemon}'s vty socket", check=False, interval_s=0.01):
+        raise LabError(f"{daemon} of {proc.node} made no vty socket {sock} within {timeout:g} s; see {proc.log}")
 
 
 def hook_argv(lab: str, instance: str, node: str, interface: str, vips: Sequence[IpAddress], ready: Path) -> list[str]:
@@ -233,15 +238,18 @@ def start_hook(lab: str, netns: str, topo: Topology, node: str, interface: str) 
 def wait_hook(lab: str, proc: Process, timeout: float = READY_TIMEOUT_S) -> None:
     from lab.services import starttime
 
-    ready = node_dir(lab, proc.node) / "hook.ready"
-    deadline = time.monotonic() + timeout
-    while not ready.exists():
+    ready_file = node_dir(lab, proc.node) / "hook.ready"
+
+    def ready() -> bool:
+        if ready_file.exists():
+            return True
         if starttime(proc.pid) != proc.starttime:
             raise LabError(f"the health hook of {proc.node} exited before it was ready: {log_tail(proc.log)}",
                            command=" ".join(proc.argv))
-        if time.monotonic() > deadline:
-            raise LabError(f"the health hook of {proc.node} was not ready within {timeout:g} s; see {proc.log}")
-        time.sleep(0.01)  # polling interval, not synchronisation: the loop re-checks state
+        return False
+
+    if not poll(timeout, ready, "the health hook's ready file", check=False, interval_s=0.01):
+        raise LabError(f"the health hook of {proc.node} was not ready within {timeout:g} s; see {proc.log}")
 
 
 # ---- asking the daemons
@@ -293,23 +301,22 @@ def neighbor_states(lab: str, node: str) -> dict[str, str]:
 def wait_established(lab: str, topo: Topology, timeout: float = ESTABLISHED_TIMEOUT_S) -> float:
     """Poll until every BGP session of the lab is Established; the seconds it took."""
     started = time.monotonic()
-    deadline = started + timeout
-    while True:
-        pending = []
+
+    def pending() -> list[str]:
+        out = []
         for node in topo.bgp_nodes():
             states = neighbor_states(lab, node.name)
             for _, peer, _ in peers(topo, node.name):
                 state = states.get(str(peer), "absent")
                 if state != "Established":
-                    pending.append(f"{node.name}->{peer} {state}")
-        if not pending:
-            return time.monotonic() - started
-        if time.monotonic() > deadline:
-            raise LabError(
-                f"BGP sessions not Established within {timeout:g} s: {', '.join(pending[:4])}; "
-                f"see the logs under {state_dir(lab) / 'frr'}"
-            )
-        time.sleep(0.05)  # polling interval, not synchronisation: the loop re-checks state
+                    out.append(f"{node.name}->{peer} {state}")
+        return out
+
+    left = poll(timeout, pending, "every BGP session Established", until=operator.not_, check=False)
+    if left:
+        raise LabError(f"BGP sessions not Established within {timeout:g} s: {', '.join(left[:4])}; "
+                       f"see the logs under {state_dir(lab) / 'frr'}")
+    return time.monotonic() - started
 
 
 # ---- the health hook (runs inside an LB node)

@@ -33,8 +33,8 @@ import socket
 import statistics
 import struct
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from balancer import encaps
 from lab import katran as K
 from lab.checksum import inet_checksum
 from lab.errors import LabError
+from lab.harness.cpu import pinned_cpu
 
 XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
 ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
@@ -199,15 +200,9 @@ def program_insns(prog: Any) -> tuple[int, int]:
 # --- timing -----------------------------------------------------------------------------------------
 
 
-@contextmanager
-def pinned() -> Iterator[int]:
-    before = os.sched_getaffinity(0)
-    cpu = max(before)
-    os.sched_setaffinity(0, {cpu})
-    try:
-        yield cpu
-    finally:
-        os.sched_setaffinity(0, before)
+def pinned() -> AbstractContextManager[int]:
+    """This process on one CPU (the highest it may use) for the block; yields the CPU."""
+    return pinned_cpu(max(os.sched_getaffinity(0)))
 
 
 @dataclass

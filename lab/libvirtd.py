@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.errors import LabError
+from lab.poll import poll
 
 RUN_DIR = Path("/run/l4lab-vg")
 URI = "qemu:///system"
@@ -169,11 +170,8 @@ def start(deadline: float = 60.0) -> Started:
             if done.returncode != 0:
                 raise LabError(f"cannot start {name}: {done.stderr.strip()}", command=name, stderr=done.stderr)
         ours.append(name)
-    until = time.monotonic() + deadline
-    while not answering():
-        if time.monotonic() > until:
-            raise LabError(f"libvirtd started but does not answer on {URI} within {deadline:g} s")
-        time.sleep(0.5)  # polling for the daemon's socket, with a deadline
+    if not poll(deadline, answering, f"libvirtd answering on {URI}", check=False, interval_s=0.5):
+        raise LabError(f"libvirtd started but does not answer on {URI} within {deadline:g} s")
     return Started(tuple(ours))
 
 
@@ -185,11 +183,9 @@ def stop(deadline: float = 60.0) -> list[str]:
         if pid is None:
             continue
         os.kill(pid, signal.SIGTERM)
-        until = time.monotonic() + deadline
-        while _pid(name) is not None:
-            if time.monotonic() > until:
-                raise LabError(f"{name} (pid {pid}) did not exit within {deadline:g} s of SIGTERM")
-            time.sleep(0.2)  # polling for the process to exit, with a deadline
+        if poll(deadline, lambda: _pid(name), f"{name} gone", until=lambda p: p is None,  # noqa: B023
+                check=False, interval_s=0.2) is not None:
+            raise LabError(f"{name} (pid {pid}) did not exit within {deadline:g} s of SIGTERM")
         (RUN_DIR / f"{name}.pid").unlink(missing_ok=True)
         stopped.append(name)
     return stopped

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import operator
 import os
 import shutil
 import socket
@@ -33,6 +34,7 @@ from balancer.errors import LbError
 from lab import programs, services
 from lab.errors import LabError, LabExistsError
 from lab.nsexec import entered, netns_path
+from lab.poll import poll
 from lab.state import (
     BPF_DIR,
     RUN_DIR,
@@ -308,16 +310,11 @@ class Builder:
     def _wait_links_ready(self) -> None:
         """Poll until every lab interface has carrier and no address is tentative."""
         with self._step("wait for links up and addresses usable"):
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while True:
-                pending = [f"{netns_name(self.lab, n)}/{what}" for n, what in self._not_ready()]
-                if not pending:
-                    return
-                if time.monotonic() > deadline:
-                    raise LabError(
-                        f"links or addresses not ready within {READY_TIMEOUT_S:g} s: {', '.join(pending[:5])}"
-                    )
-                time.sleep(0.001)  # polling interval, not synchronisation: the loop re-checks state
+            pending = poll(READY_TIMEOUT_S,
+                           lambda: [f"{netns_name(self.lab, n)}/{what}" for n, what in self._not_ready()],
+                           "links up and addresses usable", until=operator.not_, check=False, interval_s=0.001)
+            if pending:
+                raise LabError(f"links or addresses not ready within {READY_TIMEOUT_S:g} s: {', '.join(pending[:5])}")
 
     def _not_ready(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []

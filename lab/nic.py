@@ -36,6 +36,7 @@ from typing import TypeVar
 
 from lab.errors import LabError, UsageError
 from lab.nsexec import nsenter_argv
+from lab.poll import poll
 from lab.rss import chi2_sf
 from lab.state import netns_name
 
@@ -175,13 +176,12 @@ def observe_queues(
 def _wait_for_total(counters: Callable[[], dict[int, int]], before: dict[int, int], total: int,
                     timeout: float) -> tuple[list[int], dict[int, int]]:
     """(per-queue deltas since `before`, the counters read) once they reach `total` packets or time is up."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def read() -> tuple[list[int], dict[int, int]]:
         now = counters()
-        got = deltas(before, now)
-        if sum(got) >= total or time.monotonic() >= deadline:
-            return got, now
-        time.sleep(_POLL_S)  # between counter reads; the loop waits for the count, bounded above
+        return deltas(before, now), now
+
+    return poll(timeout, read, f"{total} packets counted on the queues", until=lambda r: sum(r[0]) >= total,
+                check=False, interval_s=_POLL_S)
 
 
 def queue_counters(ethtool_s: str) -> dict[int, int]:

@@ -30,6 +30,7 @@ from lab.errors import LabError
 from lab.lbconf import balancer_config, lb_link, real_addresses
 from lab.nic import deltas, flow_hash_fields, queue_counters, spread_verdict
 from lab.nsexec import entered, nsenter_argv
+from lab.poll import poll
 from lab.state import netns_name, state_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,20 +72,19 @@ def _guest(lab: str, *argv: str) -> str:
 def _wait_for(total: int, before: dict[int, int], read: Callable[[], dict[int, int]],
               timeout: float = 10.0) -> list[int]:
     """Per-queue deltas since `before` once they add up to `total` (or at the deadline)."""
-    deadline = time.monotonic() + timeout
-    got = deltas(before, read())
-    while sum(got) < total and time.monotonic() < deadline:
-        time.sleep(0.02)  # between counter reads; the loop waits for the count, bounded above
-        got = deltas(before, read())
-    return got
+    return poll(timeout, lambda: deltas(before, read()), f"{total} packets counted on the queues",
+                until=lambda got: sum(got) >= total, check=False, interval_s=0.02)
 
 
 def _settle(read: Callable[[], dict[int, int]], timeout: float = 5.0) -> None:
     """Return once two readings in a row are equal (or at the deadline)."""
-    deadline = time.monotonic() + timeout
-    last, now = read(), read()
-    while now != last and time.monotonic() < deadline:
-        last, now = now, read()
+    readings = [read()]
+
+    def steady() -> bool:
+        readings.append(read())
+        return readings[-1] == readings[-2]
+
+    poll(timeout, steady, "two equal readings in a row", check=False, interval_s=0.0)
 
 
 def _send(lab: str, fam: int, sockets: contextlib.ExitStack, sport: int, vip: str, port: int) -> socket.socket:

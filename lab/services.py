@@ -16,18 +16,19 @@ import contextlib
 import errno
 import http.server
 import ipaddress
+import operator
 import os
 import signal
 import socket
 import socketserver
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from lab.errors import LabError
 from lab.nsexec import nsenter_argv
+from lab.poll import poll
 from lab.state import Process
 
 READY_TIMEOUT_S = 10.0
@@ -160,9 +161,9 @@ def spawn_detached(full: Sequence[str], *, node: str, log: Path, what: str, argv
 
 def wait_ready(processes: Sequence[Process], run_dir: Path, timeout: float = READY_TIMEOUT_S) -> None:
     """Poll until every process has written its ready file; raise naming the first that died or hung."""
-    deadline = time.monotonic() + timeout
     waiting = list(processes)
-    while waiting:
+
+    def still_waiting() -> list[Process]:
         for proc in list(waiting):
             if (run_dir / f"{proc.node}.ready").exists():
                 waiting.remove(proc)
@@ -173,13 +174,11 @@ def wait_ready(processes: Sequence[Process], run_dir: Path, timeout: float = REA
                     command=" ".join(proc.argv),
                     stderr=tail,
                 )
-        if waiting and time.monotonic() > deadline:
-            names = ", ".join(p.node for p in waiting)
-            raise LabError(
-                f"the services of {names} were not ready within {timeout:g} s; see {waiting[0].log}"
-            )
-        if waiting:
-            time.sleep(0.005)  # polling interval, not synchronisation: the loop re-checks state
+        return waiting
+
+    if poll(timeout, still_waiting, "every ready file", until=operator.not_, check=False, interval_s=0.005):
+        names = ", ".join(p.node for p in waiting)
+        raise LabError(f"the services of {names} were not ready within {timeout:g} s; see {waiting[0].log}")
 
 
 def stop(proc: Process, timeout: float = STOP_TIMEOUT_S) -> None:
@@ -192,11 +191,9 @@ def stop(proc: Process, timeout: float = STOP_TIMEOUT_S) -> None:
             os.kill(proc.pid, sig)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not _alive(proc.pid):
-                return
-            time.sleep(0.002)  # polling interval, not synchronisation: the loop re-checks state
+        if not poll(timeout, lambda: _alive(proc.pid), f"pid {proc.pid} gone", until=operator.not_, check=False,
+                    interval_s=0.002):
+            return
     raise LabError(f"the services of {proc.node} (pid {proc.pid}) survived SIGKILL for {timeout:g} s")
 
 

@@ -19,12 +19,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from lab.errors import LabError
+from lab.poll import poll
 from lab.services import log_tail
 from lab.state import Process
 from lab.topology import Node, Topology
@@ -101,14 +101,17 @@ def wait_ready(proc: Process, run_dir: Path, timeout: float = READY_TIMEOUT_S) -
     from lab.services import starttime
 
     path = run_dir / f"{proc.node}.ready"
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+
+    def ready() -> bool:
+        if path.exists():
+            return True
         if starttime(proc.pid) != proc.starttime:
             tail = log_tail(proc.log)
             raise LabError(f"VM real {proc.node} did not boot: {tail}", command=" ".join(proc.argv), stderr=tail)
-        if time.monotonic() > deadline:
-            raise LabError(f"VM real {proc.node} was not ready within {timeout:g} s; see {proc.log}")
-        time.sleep(0.05)  # polling interval, not synchronisation: the loop re-checks state
+        return False
+
+    if not poll(timeout, ready, f"VM real {proc.node}'s ready file", check=False):
+        raise LabError(f"VM real {proc.node} was not ready within {timeout:g} s; see {proc.log}")
     return Ready(**json.loads(path.read_text()))
 
 

@@ -39,6 +39,7 @@ from lab.gen.base import (
     frame_mix,
 )
 from lab.nsexec import entered
+from lab.poll import poll
 
 OBJECT = Path(__file__).resolve().parents[2] / "build" / "bpf" / "trafficgen.o"
 PROGRAM = "trafficgen_xdp"
@@ -293,14 +294,16 @@ class XdpLiveGenerator(Generator):
 
     def _settled(self) -> int:
         """The sink's count once it has stopped moving (frames still in flight have arrived)."""
-        deadline = time.monotonic() + SETTLE_DEADLINE_S
-        last, quiet = self.sink(), 0
-        while quiet < SETTLE_QUIET_POLLS and time.monotonic() < deadline:
-            time.sleep(SETTLE_POLL_S)
+        last, quiet = [self.sink()], [-1]  # poll reads once at once: that reading counts no quiet interval
+
+        def still() -> bool:
             now = self.sink()
-            quiet = quiet + 1 if now == last else 0
-            last = now
-        return last
+            quiet[0] = quiet[0] + 1 if now == last[0] else 0
+            last[0] = now
+            return quiet[0] >= SETTLE_QUIET_POLLS
+
+        poll(SETTLE_DEADLINE_S, still, "the sink's count still", check=False, interval_s=SETTLE_POLL_S)
+        return last[0]
 
     def close(self) -> None:
         for _, link in self._parked.values():

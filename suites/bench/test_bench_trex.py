@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import pytest
 
 from lab import bench
 from lab.gen.base import Endpoints, Family, FrameSpec, Generator, Latency, TrialResult
+from lab.harness import poll
 from lab.target import Target, for_netns_lab
 from lab.target import load as load_target
 from lab.trexbench import BENCH_INSTANCE, FloorHold, LbHost, RemoteBalancer, bench_config, bench_trex, lb_host
@@ -388,9 +388,13 @@ def test_sigterm_during_the_bench_leaves_the_lb_clean(target: Target, tmp_path: 
     proc = subprocess.Popen(_bench_cli(target, tmp_path), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while _xdp(target) is None:  # the XDP_DROP floor is held while the client tries to connect
-            assert proc.poll() is None and time.monotonic() < deadline, "the bench never attached the floor"
+        def attached() -> bool:  # the XDP_DROP floor is held while the client tries to connect
+            if _xdp(target) is not None:
+                return True
+            assert proc.poll() is None, "the bench never attached the floor"
+            return False
+
+        poll(60.0, attached, "the bench's floor attached")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:

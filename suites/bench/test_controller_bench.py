@@ -14,7 +14,6 @@ import ipaddress
 import os
 import statistics
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from balancer import config as cfg
 from balancer import controller, maglev
 from balancer.controller import Instance
 from balancer.datapath import Datapath
+from lab.harness import unique_name
 from reports.schema import BenchPayload, ControllerFigure, case_id, write_result
 
 OBJ = Path(__file__).resolve().parents[2] / "build" / "bpf" / "balancer.o"
@@ -92,7 +92,7 @@ def pinned_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
     A unique instance name whose pins and state go to test-only roots; asserts the pins are gone after.
         def test_x(pinned_names: str) -> None: Instance.load(pinned_names, [], ...)
     """
-    name = f"tbench-{uuid.uuid4().hex[:8]}"
+    name = unique_name("tbench", 4)
     monkeypatch.setattr(controller, "PIN_ROOT", "/sys/fs/bpf/lbctl-test")
     monkeypatch.setattr(controller, "STATE_ROOT", str(tmp_path / "state"))
     yield name

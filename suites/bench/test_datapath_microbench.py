@@ -34,7 +34,7 @@ from balancer.datapath import Datapath
 from balancer.libbpf import BpfObject, Program
 from reports.schema import BenchPayload, MicroFigure, case_id, write_result
 from suites.datapath import packets as P
-from suites.datapath.conftest import Balancer, standard_world
+from suites.datapath.rig import RunBalancer, standard_world
 
 BUILD = Path(__file__).resolve().parents[2] / "build" / "bpf"
 RING_SIZE = 65537  # the production ring size: ring lookups touch a realistic array
@@ -50,7 +50,7 @@ class Case:
     program: Program
     frames: tuple[bytes, ...]
     action: int
-    balancer: Balancer | None = None
+    balancer: RunBalancer | None = None
     counts: tuple[str, ...] = ()
 
 
@@ -73,12 +73,12 @@ def runs_per_case() -> int:
     return int(raw)
 
 
-def load_balancer(stack: ExitStack, path: Path) -> Balancer:
+def load_balancer(stack: ExitStack, path: Path) -> RunBalancer:
     # The session table holds every new-flow client (2^17 addresses), so new flows never evict.
     dp = Datapath.load(str(path), max_vips=16, max_reals=64, ring_size=RING_SIZE, lru_size=1 << 17,
                        fallback_size=1024)
     stack.callback(dp.close)
-    b = Balancer(dp)
+    b = RunBalancer(dp)
     b.settings()
     standard_world(b)
     return b
@@ -91,7 +91,7 @@ def load_program(stack: ExitStack, obj_name: str, prog: str) -> Program:
     return obj.program(prog)
 
 
-def balancer_cases(b: Balancer, tag: str, runs: int) -> list[Case]:
+def balancer_cases(b: RunBalancer, tag: str, runs: int) -> list[Case]:
     """The balancer's paths: non-VIP pass, LRU hits per encap, new flows, a SYN re-hash, a too-big answer."""
     prog = b.dp.programs["balancer_xdp"]
     by_id = {c.id: c for c in P.ENCAPS}
@@ -182,11 +182,11 @@ def time_cases(cases: list[Case], runs: int) -> dict[str, float]:
     return {name: float(statistics.median(s)) for name, s in samples.items()}
 
 
-def counters_of(b: Balancer) -> dict[str, int]:
+def counters_of(b: RunBalancer) -> dict[str, int]:
     return {**b.dp.reasons(), **b.dp.events()}
 
 
-def check_paths(b: Balancer, cases: list[Case], calls: int, before: dict[str, int]) -> None:
+def check_paths(b: RunBalancer, cases: list[Case], calls: int, before: dict[str, int]) -> None:
     """Every reason and event counter moved by exactly what the cases declared for `calls` calls each."""
     after = counters_of(b)
     moved = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}

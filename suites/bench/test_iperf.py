@@ -6,15 +6,14 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
 from balancer import config as cfg
 from balancer.encaps import IP4_GUE1, IP4_IPIP, IP6_IP6IP6
+from lab.harness import Lab, LabBalancer, poll
 from lab.lbconf import real_addresses
 from lab.nsexec import nsenter_argv
-from suites.conftest import Balancer, Lab
 
 pytestmark = [pytest.mark.topology("default"),
               pytest.mark.skipif(shutil.which("iperf3") is None,
@@ -23,7 +22,7 @@ PORT = 5201
 
 
 @pytest.mark.parametrize("encap", [IP4_IPIP, IP4_GUE1, IP6_IP6IP6])
-def test_iperf3_through_the_vip(lab: Lab, balancer: Balancer) -> None:
+def test_iperf3_through_the_vip(lab: Lab, balancer: LabBalancer) -> None:
     conf = balancer.config_for()
     first = conf.vips[0]
     balancer.apply(cfg.Config(datapath=conf.datapath, encap=conf.encap, metrics=conf.metrics,
@@ -39,10 +38,8 @@ def test_iperf3_through_the_vip(lab: Lab, balancer: Balancer) -> None:
                for node in sorted(real_addresses(lab.topology, balancer.family))}
     try:
         for node in servers:  # every server listens before the client connects (polled, bounded)
-            deadline = time.monotonic() + 15
-            while f":{PORT} " not in lab.run(node, ["ss", "-ltnH"], timeout=10).stdout:
-                assert time.monotonic() < deadline, f"iperf3 on {node} is not listening"
-                time.sleep(0.02)  # polling interval, not synchronisation: the loop re-checks the socket
+            poll(15.0, lambda: f":{PORT} " in lab.run(node, ["ss", "-ltnH"], timeout=10).stdout,  # noqa: B023
+                 f"iperf3 on {node} listening", interval_s=0.02)
         done = lab.run("client", ["iperf3", "-c", vip, "-p", str(PORT), "-t", "2", "-J"], check=False, timeout=30)
         assert done is not None and done.returncode == 0, done.stdout[-1500:] if done else "no run"
         result = json.loads(done.stdout)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,23 +28,6 @@ def _needs_bpf() -> None:
         pytest.skip("loading BPF programs needs root: run as root, e.g. sudo make test")
     if not Path(OBJECT).is_file():
         pytest.skip(f"{OBJECT} is missing: run make bpf")
-
-
-@pytest.fixture
-def one_cpu() -> Iterator[int]:
-    """Name: one_cpu. Scope: function. Depends: nothing.
-
-    Pins the test thread to one CPU (the program's sequence is per CPU) and restores the mask.
-
-        def test_x(one_cpu): ...   # successive test runs share one per-CPU sequence
-    """
-    before = os.sched_getaffinity(0)
-    cpu = min(before)
-    os.sched_setaffinity(0, {cpu})
-    try:
-        yield cpu
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 def program(size: int, family: int, flows: int, addrs: int, egress: int = 0) -> TrafficgenProgram:

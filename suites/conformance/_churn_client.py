@@ -234,7 +234,7 @@ class ChurnClient:
     """The client above, running in a lab node; `mark()` and `stop()` talk to it over its stdin."""
 
     def __init__(self, lab: str | Any, node: str, vip: str, port: int, *args: str, ready_timeout: float = 30.0) -> None:
-        """`lab` is a netns lab's name, or a suites.conftest.Lab (netns or --target; over ssh the
+        """`lab` is a netns lab's name, or a lab.harness.Lab (netns or --target; over ssh the
         client ends when its input closes, as it does here)."""
         module_args = ["--vip", vip, "--port", str(port), *args]
         if isinstance(lab, str):

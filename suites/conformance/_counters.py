@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from balancer.controller import Instance
-from suites.conftest import Balancer
+from lab.harness import LabBalancer
 
 
-def counters(balancer: Balancer) -> dict[str, Any]:
+def counters(balancer: LabBalancer) -> dict[str, Any]:
     """What `lbctl stats --json` prints for the balancer's instance (asked over ssh on a --target lab)."""
     if balancer.lab.target is not None:
         return balancer.stats()

@@ -70,7 +70,7 @@ def _outer_dst(frame: bytes) -> str:
 def ring_owners(lab: Any, balancer: Any, vip: str, port: int, conns: list[dict[str, Any]]) -> dict[int, str]:
     """The node its VIP's ring gives each connection ({index, addr, port} of a churn client) now.
 
-    `lab` is a suites.conftest.Lab, `balancer` a suites.conftest.Balancer (run on its node)."""
+    `lab` is a lab.harness.Lab, `balancer` a lab.harness.LabBalancer (run on its node)."""
     by_addr = {a: n for n, a in real_addresses(lab.topology, balancer.family).items()}
     out: dict[int, str] = {}
     for client in sorted({c["addr"] for c in conns}):

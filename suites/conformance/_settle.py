@@ -7,24 +7,9 @@ the request returns would race with those packets; it polls for the state instea
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from typing import TypeVar
+import operator
 
-from suites.conftest import Lab
-
-T = TypeVar("T")
-POLL_INTERVAL_S = 0.05
-
-
-def poll(deadline_s: float, probe: Callable[[], T]) -> T:
-    """Call probe() until it returns a falsy value or deadline_s passes; returns its last value."""
-    end = time.monotonic() + deadline_s
-    value = probe()
-    while value and time.monotonic() < end:
-        time.sleep(POLL_INTERVAL_S)  # the interval between probes; the loop waits for the state
-        value = probe()
-    return value
+from lab.harness import Lab, poll
 
 
 def client_busy(lab: Lab, vip: str) -> list[str]:
@@ -35,5 +20,6 @@ def client_busy(lab: Lab, vip: str) -> list[str]:
 
 def wait_client_quiet(lab: Lab, vip: str, deadline_s: float = 20.0) -> None:
     """Return once every client connection to vip is closed or in TIME-WAIT; fail after deadline_s."""
-    busy = poll(deadline_s, lambda: client_busy(lab, vip))
+    busy = poll(deadline_s, lambda: client_busy(lab, vip), f"client sockets to {vip} closed",
+                until=operator.not_, check=False)
     assert not busy, f"client sockets to {vip} still open after {deadline_s} s: {busy}"

@@ -129,7 +129,7 @@ class Services:
 
     def __init__(self, lab: str | Any, nodes: Sequence[str], kind: str, binds: Sequence[str],
                  cpu: int | None = None) -> None:
-        """`lab` is a netns lab's name, or a suites.conftest.Lab (netns or --target)."""
+        """`lab` is a netns lab's name, or a lab.harness.Lab (netns or --target)."""
         self.lab = lab
         self.remote = not isinstance(lab, str) and lab.target is not None
         self.cpu = cpu

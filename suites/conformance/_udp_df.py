@@ -15,8 +15,9 @@ import errno
 import json
 import socket
 import sys
-import time
 from typing import Any
+
+from lab.harness import poll
 
 # Linux socket options (include/uapi/linux/in.h, in6.h); older Pythons lack some names.
 IP_MTU_DISCOVER = 10
@@ -37,11 +38,8 @@ def probe(vip: str, port: int, size: int, wait_s: float) -> dict[str, Any]:
         s.connect((vip, port))
         before = s.getsockopt(level, mtu_opt)
         s.send(payload)
-        deadline = time.monotonic() + wait_s
-        learnt = s.getsockopt(level, mtu_opt)
-        while learnt >= size and time.monotonic() < deadline:
-            time.sleep(0.01)  # polling interval: the loop re-reads the socket's path MTU
-            learnt = s.getsockopt(level, mtu_opt)
+        learnt = poll(wait_s, lambda: s.getsockopt(level, mtu_opt), "a path MTU below the datagram",
+                      until=lambda mtu: mtu < size, check=False, interval_s=0.01)
         try:
             s.send(payload)
             resend = "sent"

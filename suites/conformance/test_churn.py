@@ -58,13 +58,13 @@ from balancer import config as cfg
 from balancer import maglev
 from balancer.encaps import IP4_IPIP, IP6_IP6IP6
 from lab.dut import Capability
+from lab.harness import Lab, LabBalancer
 from lab.lbconf import real_addresses
 from reports.schema import ChurnPayload, ChurnPoint, ConnectionOutcomes, KatranChurn, write_result
 from suites.conformance._churn_client import ChurnClient
 from suites.conformance._counters import changed, counters
 from suites.conformance._owners import owner_changed, ring_owners
 from suites.conformance._tcp_services import Services
-from suites.conftest import Balancer, Lab
 from suites.corpus import KATRAN_CORPUS
 
 pytestmark = [pytest.mark.topology("default"), pytest.mark.hardware]
@@ -162,7 +162,7 @@ def _vip(lab: Lab, family: int) -> str:
     return next(str(v.address) for v in lab.topology.vips if v.address.version == family)
 
 
-def _configure(balancer: Balancer, *, without: str | None = None, lru: bool = True, others: bool = False) -> None:
+def _configure(balancer: LabBalancer, *, without: str | None = None, lru: bool = True, others: bool = False) -> None:
     """A TCP VIP on ECHO_PORT (per VIP address), optionally without one real, LRU on or off.
 
     Only that VIP unless `others` (the topology's VIPs too): then `lbctl real del` on the echo VIP
@@ -179,7 +179,7 @@ def _configure(balancer: Balancer, *, without: str | None = None, lru: bool = Tr
     balancer.apply(replace(conf, vips=vips))
 
 
-def _real_cmd(balancer: Balancer, *args: str) -> Callable[[], None]:
+def _real_cmd(balancer: LabBalancer, *args: str) -> Callable[[], None]:
     """A change: `lbctl real ARGS` on the echo VIP."""
     vip = _vip(balancer.lab, balancer.family)
 
@@ -188,7 +188,7 @@ def _real_cmd(balancer: Balancer, *args: str) -> Callable[[], None]:
     return change
 
 
-def _run(balancer: Balancer, change: Callable[[], None]) -> dict[str, Any]:
+def _run(balancer: LabBalancer, change: Callable[[], None]) -> dict[str, Any]:
     """Connections up, then the change, then OBSERVE_S seconds; the client's report with the marks.
 
     Each connection's ring owner is asked of the loaded program before the change and after it
@@ -252,7 +252,7 @@ def _new_after(report: dict[str, Any], mark: str) -> list[dict[str, Any]]:
     return [f for f in report["new"] if f["t"] > report["marks"][mark]]
 
 
-def _lab_rings(balancer: Balancer) -> tuple[maglev.Ring, maglev.Ring, int]:
+def _lab_rings(balancer: LabBalancer) -> tuple[maglev.Ring, maglev.Ring, int]:
     """The rings of the lab's reals with and without MOVED as the controller builds them, and MOVED's id."""
     addrs = real_addresses(balancer.lab.topology, balancer.family)
     ids = {node: i for i, node in enumerate(sorted(addrs), start=1)}
@@ -261,7 +261,7 @@ def _lab_rings(balancer: Balancer) -> tuple[maglev.Ring, maglev.Ring, int]:
     return full, less, ids[MOVED]
 
 
-def _point(balancer: Balancer, report: dict[str, Any]) -> ChurnPayload:
+def _point(balancer: LabBalancer, report: dict[str, Any]) -> ChurnPayload:
     """The lab's ring change (MOVED in or out of 3 reals) with what happened to the connections."""
     full, less, moved_id = _lab_rings(balancer)
     n = len(real_addresses(balancer.lab.topology, balancer.family))
@@ -278,21 +278,21 @@ def _point(balancer: Balancer, report: dict[str, Any]) -> ChurnPayload:
 
 
 @pytest.mark.needs(Capability.CONSISTENT_HASHING, Capability.OWNER_QUERY)
-def test_remove_real(balancer: Balancer, echoes: Services) -> None:
+def test_remove_real(balancer: LabBalancer, echoes: Services) -> None:
     _configure(balancer)
     _check_removal(balancer, "test_remove_real")
 
 
 @pytest.mark.needs(Capability.CONSISTENT_HASHING, Capability.OWNER_QUERY)
 @pytest.mark.parametrize("encap", [IP4_IPIP, IP6_IP6IP6])
-def test_remove_real_from_one_vip(balancer: Balancer, echoes: Services) -> None:
+def test_remove_real_from_one_vip(balancer: LabBalancer, echoes: Services) -> None:
     """The real leaves the echo VIP but still serves the topology's other VIPs: the controller flushes
     that VIP's sessions of the real, so its flows fail fast exactly as when it leaves every VIP."""
     _configure(balancer, others=True)
     _check_removal(balancer, "test_remove_real_from_one_vip")
 
 
-def _check_removal(balancer: Balancer, test: str) -> None:
+def _check_removal(balancer: LabBalancer, test: str) -> None:
     address = real_addresses(balancer.lab.topology, balancer.family)[MOVED]
     report = _run(balancer, _real_cmd(balancer, "del", address))
     change = report["marks"]["change"]
@@ -327,7 +327,7 @@ def _apply_time(report: dict[str, Any]) -> float:
 
 
 @pytest.mark.needs(Capability.CONSISTENT_HASHING, Capability.OWNER_QUERY)
-def test_add_real(balancer: Balancer, echoes: Services) -> None:
+def test_add_real(balancer: LabBalancer, echoes: Services) -> None:
     _configure(balancer, without=MOVED)
     address = real_addresses(balancer.lab.topology, balancer.family)[MOVED]
     report = _run(balancer, _real_cmd(balancer, "add", address))
@@ -345,7 +345,7 @@ def test_add_real(balancer: Balancer, echoes: Services) -> None:
 
 
 @pytest.mark.needs(Capability.WEIGHTS, Capability.OWNER_QUERY)
-def test_drain_real(balancer: Balancer, echoes: Services) -> None:
+def test_drain_real(balancer: LabBalancer, echoes: Services) -> None:
     _configure(balancer)
     address = real_addresses(balancer.lab.topology, balancer.family)[MOVED]
     report = _run(balancer, _real_cmd(balancer, "set-weight", address, "--weight", "0"))
@@ -367,7 +367,7 @@ def test_drain_real(balancer: Balancer, echoes: Services) -> None:
 
 
 @pytest.mark.needs(Capability.SESSION_TABLE_OFF, Capability.OWNER_QUERY)
-def test_add_real_without_lru(balancer: Balancer, echoes: Services) -> None:
+def test_add_real_without_lru(balancer: LabBalancer, echoes: Services) -> None:
     _configure(balancer, without=MOVED, lru=False)
     address = real_addresses(balancer.lab.topology, balancer.family)[MOVED]
     report = _run(balancer, _real_cmd(balancer, "add", address))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from balancer import _abi
 from balancer.encaps import SAME_FAMILY, EncapCase
 from lab.capture import classify_lb_link, decapsulate
 from lab.dut import Capability, Dut
+from lab.harness import poll
 from lab.lbconf import real_addresses
 from lab.packets.gue import GUE
 from reports.schema import ConformanceFigure as Figure
@@ -53,17 +53,6 @@ def _requests(lab: Any, dut: Dut, kind: str, port: int, count: int, sport_base: 
         args += ["--sport-base", str(sport_base)]
     answers: list[dict[str, Any]] = json.loads(lab.python("client", "lab.traffic", *args).stdout)
     return answers
-
-
-def _poll_counters(dut: Dut, before: dict[str, int], want: int, deadline_s: float = 6.0) -> int:
-    """The DUT's forwarded-packet delta once it reaches `want` (IPVS sums per-CPU counters every 2 s)."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        now = dut.forwarded()
-        delta = sum(now.values()) - sum(before.values())
-        if delta >= want or time.monotonic() > deadline:
-            return delta
-        time.sleep(0.2)  # polling the DUT's counters, bounded by the deadline above
 
 
 def _send_and_capture(lab: Any, dut: Dut, pcap: Path) -> list[dict[str, Any]]:
@@ -96,7 +85,9 @@ def test_replies_bypass_the_dut(lab: Any, dut: Dut, dut_encap: EncapCase, tmp_pa
     assert counts.to_lb > 0 and counts.from_lb == counts.to_lb, \
         f"{counts.to_lb} client→VIP packets reached the DUT but it sent {counts.from_lb} encapsulated"
     if Capability.COUNTERS in dut.capabilities:
-        counted = _poll_counters(dut, before, counts.to_lb)
+        # IPVS sums per-CPU counters every 2 s: poll until the delta reaches the wire's count
+        counted = poll(6.0, lambda: sum(dut.forwarded().values()) - sum(before.values()), "forwarded packets counted",
+                       until=lambda delta: delta >= counts.to_lb, check=False, interval_s=0.2)
         assert counted == counts.to_lb, f"{dut.name} counted {counted} forwarded packets, the wire {counts.to_lb}"
     dut_figures += [Figure("packets in", counts.to_lb), Figure("packets out encapsulated", counts.from_lb),
                     Figure("replies through the DUT", 0)]

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import operator
 import os
 import shutil
 import sys
@@ -48,6 +49,7 @@ from balancer import _abi
 from balancer import config as cfg
 from balancer.encaps import IP4_IPIP, IP6_IP4IP6, by_id
 from lab.dut import Capability
+from lab.harness import Lab, LabBalancer, poll
 from lab.lbconf import lb_link, real_addresses
 from lab.netns import set_tx_checksum, tx_checksum
 from lab.packets.decode import (
@@ -61,10 +63,9 @@ from lab.packets.decode import (
     decapsulate,
     ip_of,
 )
-from suites.conftest import Balancer, Lab
 
 from ._record import recorded
-from ._settle import poll, wait_client_quiet
+from ._settle import wait_client_quiet
 from ._wire import (
     ETH_P_ARP,
     GUE_SPORT_RANGE,
@@ -138,7 +139,7 @@ def client_checksums_complete(lab: Lab) -> Iterator[None]:
 class Traffic:
     """The captures of one round of requests: the client's link, the LB's link, each real's link."""
 
-    def __init__(self, lab: Lab, balancer: Balancer, directory: Path, requests: int = REQUESTS,
+    def __init__(self, lab: Lab, balancer: LabBalancer, directory: Path, requests: int = REQUESTS,
                  outer_family: int | None = None) -> None:
         fam = balancer.family
         self.vip = _vip(lab, fam)
@@ -163,7 +164,7 @@ class Traffic:
                 self.answers += json.loads(out)
             # Stop the captures only once the client is done and the LB's link carried it all.
             wait_client_quiet(lab, self.vip)
-            poll(CATCH_UP_DEADLINE_S, self._lagging)
+            poll(CATCH_UP_DEADLINE_S, self._lagging, "the LB link caught up", until=operator.not_, check=False)
         failed = [a for a in self.answers if "error" in a]
         assert not failed, f"{len(failed)} of {len(self.answers)} requests through {self.vip} failed: {failed[:3]}"
 
@@ -289,7 +290,7 @@ def _per_flow(emitted: list[Encapsulated], attr: str) -> dict[FlowKey, set[objec
 
 @pytest.mark.hardware
 @pytest.mark.parametrize("outer_src", ["fixed", "flow"])
-def test_encap_on_the_wire(lab: Lab, balancer: Balancer, encap: str, outer_src: str,
+def test_encap_on_the_wire(lab: Lab, balancer: LabBalancer, encap: str, outer_src: str,
                            client_checksums_complete: None, tmp_path: Path) -> None:
     with recorded("test_encap_on_the_wire", encap, outer_src):
         config = balancer.config_for(outer_src=outer_src)
@@ -300,7 +301,7 @@ def test_encap_on_the_wire(lab: Lab, balancer: Balancer, encap: str, outer_src: 
 @pytest.mark.hardware
 @pytest.mark.parametrize("outer_src", ["fixed", "flow"])
 @pytest.mark.parametrize("encap", [IP4_IPIP], indirect=True)
-def test_4in6_on_the_wire(lab: Lab, balancer: Balancer, encap: str, outer_src: str,
+def test_4in6_on_the_wire(lab: Lab, balancer: LabBalancer, encap: str, outer_src: str,
                           client_checksums_complete: None, tmp_path: Path) -> None:
     """The IPv4 VIP with the reals' IPv6 addresses: IPv4 packets in IPv6 (next header 4)."""
     with recorded("test_encap_on_the_wire", IP6_IP4IP6, outer_src):
@@ -313,7 +314,7 @@ def test_4in6_on_the_wire(lab: Lab, balancer: Balancer, encap: str, outer_src: s
         _check_wire(t, balancer, config, IP6_IP4IP6, outer_src, tmp_path)
 
 
-def _check_wire(t: Traffic, balancer: Balancer, config: cfg.Config, encap: str, outer_src: str,
+def _check_wire(t: Traffic, balancer: LabBalancer, config: cfg.Config, encap: str, outer_src: str,
                 tmp_path: Path) -> None:
     """Every assertion of the module's docstring, on one round of captured traffic."""
     sent = t.client_packets()

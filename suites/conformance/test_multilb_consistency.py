@@ -25,12 +25,12 @@ from balancer.controller import Instance
 from balancer.encaps import IP4_IPIP
 from lab.dut import Capability
 from lab.frr import FRR_BIN
+from lab.harness import Lab, LabBalancer, poll
 from lab.lbconf import lb_link, real_addresses
 from lab.nsexec import entered
 from reports import schema
 from suites.conformance._churn_client import ChurnClient
 from suites.conformance._tcp_services import Services
-from suites.conftest import Balancer, Lab
 
 pytestmark = [pytest.mark.topology("multi-lb"), pytest.mark.needs(Capability.MULTI_LB),
               pytest.mark.skipif(not (Path(FRR_BIN) / "bgpd").exists() or shutil.which("vtysh") is None,
@@ -40,7 +40,7 @@ LBS = ("lb1", "lb2")
 
 
 @pytest.fixture(scope="module")
-def lbs(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Balancer]]:
+def lbs(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LabBalancer]]:
     """Name: lbs. Scope: module. Depends: lab (multi-lb).
 
     lbctl loaded on lb1 (reals in address order) and lb2 (reversed), IPv4 VIPs in IPIP::
@@ -49,10 +49,10 @@ def lbs(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
             lbs["lb2"].stats()
     """
     tmp = tmp_path_factory.mktemp("lbs")
-    out: dict[str, Balancer] = {}
+    out: dict[str, LabBalancer] = {}
     try:
         for node in LBS:
-            b = Balancer(lab, node, IP4_IPIP, tmp / f"{node}.toml")
+            b = LabBalancer(lab, node, IP4_IPIP, tmp / f"{node}.toml")
             conf = b.config_for()
             http = conf.vips[0]  # the echo service's port is a VIP too, with the same reals
             conf = cfg.Config(datapath=conf.datapath, encap=conf.encap, metrics=conf.metrics,
@@ -104,10 +104,8 @@ def _router_paths(lab: Lab, vip: str) -> set[str]:
 
 def _wait_paths(lab: Lab, vip: str, want: set[str], timeout: float = 15.0) -> float:
     """Poll the router until its route to vip leaves by exactly want; when (monotonic) it did."""
-    deadline = time.monotonic() + timeout
-    while (got := _router_paths(lab, vip)) != want:
-        assert time.monotonic() < deadline, f"after {timeout:g} s the router's route to {vip} leaves by {got}"
-        time.sleep(0.005)  # polling interval, not synchronisation: the loop re-checks the routes
+    poll(timeout, lambda: _router_paths(lab, vip), f"the router's route to {vip} leaving by {sorted(want)}",
+         until=lambda got: got == want, interval_s=0.005)
     return time.monotonic()
 
 
@@ -122,7 +120,7 @@ def _ring_addresses(instance: str, vip_name: str) -> list[str]:
 
 
 @pytest.mark.needs(Capability.RING_READBACK)
-def test_reals_in_another_order_build_the_same_ring(lab: Lab, lbs: dict[str, Balancer]) -> None:
+def test_reals_in_another_order_build_the_same_ring(lab: Lab, lbs: dict[str, LabBalancer]) -> None:
     configs = {node: cfg.load(b.config_path) for node, b in lbs.items()}
     names = [v.name for v in configs["lb1"].vips]
     assert [str(r.address) for r in configs["lb1"].vips[0].reals] == \
@@ -134,7 +132,7 @@ def test_reals_in_another_order_build_the_same_ring(lab: Lab, lbs: dict[str, Bal
         assert differ == 0, f"{name}: {differ} of {len(one)} slots differ between lb1 and lb2"
 
 
-def test_a_flow_moved_to_another_lb_keeps_its_real_and_connection(lab: Lab, lbs: dict[str, Balancer]) -> None:
+def test_a_flow_moved_to_another_lb_keeps_its_real_and_connection(lab: Lab, lbs: dict[str, LabBalancer]) -> None:
     vip = _vip(lab)
     reals = sorted(real_addresses(lab.topology, 4))
     with Services(lab.name, reals, "echo", [f"{vip}:{ECHO_PORT}"], cpu=0), \

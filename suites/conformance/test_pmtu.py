@@ -35,11 +35,11 @@ import pytest
 
 from balancer.encaps import by_id
 from lab.dut import Capability
+from lab.harness import Lab, LabBalancer
 from lab.lbconf import real_addresses
 from reports.schema import EncapId, PmtuPayload, PmtuScenario, write_result
 from suites.conformance._counters import counters
 from suites.conformance._tcp_services import Services
-from suites.conftest import Balancer, Lab
 
 # The outcomes are told apart by the LB's own reasons (TX_ICMP_TOO_BIG, PASS_ICMP_NOT_VIP).
 pytestmark = [pytest.mark.topology("pmtu"),
@@ -67,7 +67,7 @@ def sinks(lab: Lab) -> Iterator[Services]:
         yield services
 
 
-def _configure(balancer: Balancer, mtu: int) -> None:
+def _configure(balancer: LabBalancer, mtu: int) -> None:
     """The topology's VIPs for the encap, plus a TCP VIP on SINK_PORT, with the LB's MTU set to mtu."""
     conf = balancer.config_for(mtu=mtu)
     first: dict[Any, Any] = {}
@@ -122,7 +122,7 @@ def _delta(before: dict[str, Any], after: dict[str, Any], reason: str) -> int:
     return int(after["reasons"][reason]["packets"] - before["reasons"][reason]["packets"])
 
 
-def _upload(lab: Lab, balancer: Balancer, vip: str, name: str) -> dict[str, Any]:
+def _upload(lab: Lab, balancer: LabBalancer, vip: str, name: str) -> dict[str, Any]:
     """One upload, with the LB's and the router's counters over it and the client's route afterwards."""
     before, router_before = counters(balancer), _router_counters(lab, balancer.family)
     out: dict[str, Any] = json.loads(lab.python(
@@ -145,7 +145,7 @@ class Outcome:
     problem: str | None
 
 
-def _icmp(lab: Lab, balancer: Balancer, vip: str, want_mtu: int) -> Outcome:
+def _icmp(lab: Lab, balancer: LabBalancer, vip: str, want_mtu: int) -> Outcome:
     _configure(balancer, UNDERLAY_MTU)
     _forget_paths(lab, vip)
     run = _upload(lab, balancer, vip, "icmp")
@@ -155,7 +155,7 @@ def _icmp(lab: Lab, balancer: Balancer, vip: str, want_mtu: int) -> Outcome:
                    None if ok else f"icmp: expected a completed upload, LB too-big answers, route MTU {want_mtu}")
 
 
-def _clamped(lab: Lab, balancer: Balancer, vip: str, want_mtu: int) -> Outcome:
+def _clamped(lab: Lab, balancer: LabBalancer, vip: str, want_mtu: int) -> Outcome:
     _configure(balancer, NO_ANSWER_MTU)
     _forget_paths(lab, vip)
     mss = want_mtu - (40 if balancer.family == 4 else 60)
@@ -167,7 +167,7 @@ def _clamped(lab: Lab, balancer: Balancer, vip: str, want_mtu: int) -> Outcome:
                    None if ok else f"mss-clamp: expected a completed upload with MSS {mss}, no ICMP, no drop for size")
 
 
-def _blackhole(lab: Lab, balancer: Balancer, vip: str) -> Outcome:
+def _blackhole(lab: Lab, balancer: LabBalancer, vip: str) -> Outcome:
     _configure(balancer, NO_ANSWER_MTU)
     _forget_paths(lab, vip)
     run = _upload(lab, balancer, vip, "blackhole")
@@ -179,7 +179,7 @@ def _blackhole(lab: Lab, balancer: Balancer, vip: str) -> Outcome:
                    "reaching the LB (passed to the LB's kernel), nothing learnt by the client")
 
 
-def _udp_df(lab: Lab, balancer: Balancer, vip: str, want_mtu: int) -> Outcome:
+def _udp_df(lab: Lab, balancer: LabBalancer, vip: str, want_mtu: int) -> Outcome:
     _configure(balancer, UNDERLAY_MTU)
     _forget_paths(lab, vip)
     before = counters(balancer)
@@ -195,7 +195,7 @@ def _udp_df(lab: Lab, balancer: Balancer, vip: str, want_mtu: int) -> Outcome:
                    None if ok else f"udp-df: expected the LB's ICMP, path MTU {want_mtu} learnt, EMSGSIZE on resend")
 
 
-def test_pmtu(lab: Lab, balancer: Balancer, sinks: Services) -> None:
+def test_pmtu(lab: Lab, balancer: LabBalancer, sinks: Services) -> None:
     vip = _vip(lab, balancer.family)
     want_mtu = UNDERLAY_MTU - by_id(balancer.encap_id).overhead
     outcomes = [_icmp(lab, balancer, vip, want_mtu), _clamped(lab, balancer, vip, want_mtu),

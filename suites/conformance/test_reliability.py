@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import secrets
 import shutil
 import signal
 import subprocess
@@ -48,13 +47,13 @@ from balancer.controller import CRASH_AFTER_SLOTS_ENV, Instance
 from balancer.encaps import IP4_IPIP
 from lab import frr, netns, topology
 from lab.dut import Capability
+from lab.harness import REPO, Lab, LabBalancer, NetnsLab, poll, unique_name
 from lab.lbconf import lb_link, real_addresses
 from lab.state import state_dir
 from suites.conformance._churn_client import ChurnClient
 from suites.conformance._counters import changed, counters
 from suites.conformance._owners import owner_changed, ring_owners
 from suites.conformance._tcp_services import Services
-from suites.conftest import REPO, Balancer, Lab
 
 pytestmark = [pytest.mark.topology("default")]
 ENCAP = IP4_IPIP
@@ -80,17 +79,17 @@ def echo(lab: Lab) -> Iterator[Services]:
 
 
 @pytest.fixture
-def lb(lab: Lab, echo: Services, tmp_path: Path) -> Iterator[Balancer]:
+def lb(lab: Lab, echo: Services, tmp_path: Path) -> Iterator[LabBalancer]:
     """Name: lb. Scope: function. Depends: lab, echo.
 
-    A Balancer handle for the lab's LB node, not loaded yet (the scenario loads it, by lbctl or by
+    A LabBalancer handle for the lab's LB node, not loaded yet (the scenario loads it, by lbctl or by
     the daemon); unloaded afterwards, with no echo connection left on any real::
 
         def test_x(lb):
             lb.apply(_config(lb, {PORT_A: None}))
     """
     _kill_echo_connections(lab)
-    b = Balancer(lab, "lb", ENCAP, tmp_path / "lb.toml")
+    b = LabBalancer(lab, "lb", ENCAP, tmp_path / "lb.toml")
     try:
         yield b
     finally:
@@ -108,7 +107,7 @@ def _vip(lab: Lab) -> str:
     return next(str(v.address) for v in lab.topology.vips if v.address.version == 4)
 
 
-def _config(b: Balancer, ports: dict[int, str | None], **datapath: Any) -> cfg.Config:
+def _config(b: LabBalancer, ports: dict[int, str | None], **datapath: Any) -> cfg.Config:
     """TCP VIPs on the echo ports, each with every real but the one named (None: all of them)."""
     conf = b.config_for()
     first = conf.vips[0]
@@ -119,7 +118,7 @@ def _config(b: Balancer, ports: dict[int, str | None], **datapath: Any) -> cfg.C
     return replace(conf, vips=vips, datapath=replace(conf.datapath, **datapath))
 
 
-def _load(b: Balancer, conf: cfg.Config) -> None:
+def _load(b: LabBalancer, conf: cfg.Config) -> None:
     b.config_path.write_text(cfg.dump(conf))
     b.lbctl("load", "--interface", b.lab.ifname("lb", lb_link(b.lab.topology, "lb")[0]), "--mode", "native",
             "--config", str(b.config_path))
@@ -171,7 +170,7 @@ def _verdict(scenario: str, report: dict[str, Any], *, moved_ok: bool = False, l
 class Daemon:
     """`lbctl run --config FILE` in the LB node; its JSON log lines in a file."""
 
-    def __init__(self, b: Balancer, config: Path, log: Path) -> None:
+    def __init__(self, b: LabBalancer, config: Path, log: Path) -> None:
         self.log_path = log
         self.log = log.open("a")
         self.offset = log.stat().st_size
@@ -185,16 +184,18 @@ class Daemon:
             return [json.loads(line) for line in f if line.startswith("{")]
 
     def wait(self, event: str, timeout: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def first() -> dict[str, Any] | None:
             found = [e for e in self.events() if e.get("event") == event]
             if found:
                 return found[0]
             assert self.proc.poll() is None, \
                 f"lbctl run exited {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
-            time.sleep(0.02)  # polling interval: the loop re-reads the log
-        raise AssertionError(f"lbctl run logged no '{event}' within {timeout:g} s: "
-                             f"{self.log_path.read_text()[-2000:]}")
+            return None
+
+        got = poll(timeout, first, f"'{event}' logged by lbctl run", check=False, interval_s=0.02)
+        assert got is not None, \
+            f"lbctl run logged no '{event}' within {timeout:g} s: {self.log_path.read_text()[-2000:]}"
+        return got
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         if self.proc.poll() is None:
@@ -211,7 +212,7 @@ class Daemon:
 
 @pytest.mark.needs(Capability.HITLESS_RESTART)
 def test_daemon_killed_and_restarted_keeps_forwarding_and_rewrites_nothing(
-        lab: Lab, lb: Balancer, tmp_path: Path) -> None:
+        lab: Lab, lb: LabBalancer, tmp_path: Path) -> None:
     conf = _config(lb, {PORT_A: None})
     lb.config_path.write_text(cfg.dump(conf))
     log = tmp_path / "lbctl-run.log"
@@ -246,7 +247,7 @@ def test_daemon_killed_and_restarted_keeps_forwarding_and_rewrites_nothing(
 
 
 @pytest.mark.needs(Capability.HITLESS_UPGRADE)
-def test_upgrade_under_traffic(lab: Lab, lb: Balancer, tmp_path: Path) -> None:
+def test_upgrade_under_traffic(lab: Lab, lb: LabBalancer, tmp_path: Path) -> None:
     _load(lb, _config(lb, {PORT_A: None}))
     rebuilt = tmp_path / "rebuilt" / "balancer.o"
     rebuilt.parent.mkdir()
@@ -264,14 +265,14 @@ def test_upgrade_under_traffic(lab: Lab, lb: Balancer, tmp_path: Path) -> None:
     sys.stdout.write(f"XDP program {prog_before} -> {prog_after} on the same maps\n")
 
 
-def _prog_id(b: Balancer) -> int:
+def _prog_id(b: LabBalancer) -> int:
     ifname = b.lab.ifname("lb", lb_link(b.lab.topology, "lb")[0])
     link = json.loads(b.lab.run(b.node, ["ip", "-j", "-d", "link", "show", "dev", ifname]).stdout)[0]
     return int(link["xdp"]["prog"]["id"])
 
 
 @pytest.mark.needs(Capability.CRASH_SAFE_APPLY)
-def test_controller_killed_mid_apply_converges(lab: Lab, lb: Balancer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_controller_killed_mid_apply_converges(lab: Lab, lb: LabBalancer, monkeypatch: pytest.MonkeyPatch) -> None:
     old = _config(lb, {PORT_A: None, PORT_B: ADDED})
     new = _config(lb, {PORT_A: None, PORT_B: None})  # B gains the third real
     _load(lb, old)
@@ -299,7 +300,7 @@ def test_controller_killed_mid_apply_converges(lab: Lab, lb: Balancer, monkeypat
     sys.stdout.write("; ".join(steps) + "\n")
 
 
-def _crash_apply(b: Balancer, conf: cfg.Config, monkeypatch: pytest.MonkeyPatch) -> None:
+def _crash_apply(b: LabBalancer, conf: cfg.Config, monkeypatch: pytest.MonkeyPatch) -> None:
     b.config_path.write_text(cfg.dump(conf))
     with monkeypatch.context() as env:
         env.setenv(CRASH_AFTER_SLOTS_ENV, str(CRASH_AFTER))
@@ -325,7 +326,7 @@ def _model_ring(instance: str, port: int) -> bytes:
 
 
 @pytest.mark.needs(Capability.OWNER_QUERY)
-def test_ring_change_after_lru_eviction(lab: Lab, lb: Balancer) -> None:
+def test_ring_change_after_lru_eviction(lab: Lab, lb: LabBalancer) -> None:
     """A session the LRU evicted no longer holds its flow: the flow's next packet is hashed on the ring
     as it is *then*. Here the session tables hold LRU_SIZE flows per CPU while CONNS connections
     and a stream of new ones cross CPU 0, so every established flow is evicted between two of its
@@ -388,16 +389,16 @@ def multilb() -> Iterator[Lab]:
     why = frr.missing() or (None if shutil.which("iptables") else "iptables is missing: apt-get install iptables")
     if why:
         pytest.skip(why)
-    name = "rl-" + secrets.token_hex(3)
+    name = unique_name("rl")
     topo = topology.load("multi-lb")
     netns.build(topo, name)
-    lab = Lab(name, topo)
-    loaded: list[Balancer] = []
+    lab = NetnsLab(name, topo)
+    loaded: list[LabBalancer] = []
     try:
         vip = _vip(lab)
         with Services(lab, sorted(real_addresses(topo, 4)), "echo", [f"{vip}:{PORT_A}"], cpu=0):
             for node in LBS:
-                b = Balancer(lab, node, ENCAP, state_dir(name) / f"{node}.toml")
+                b = LabBalancer(lab, node, ENCAP, state_dir(name) / f"{node}.toml")
                 b.config_path.write_text(cfg.dump(_config(b, {PORT_A: None})))
                 b.lbctl("load", "--interface", lb_link(topo, node)[0], "--mode", "native",
                         "--config", str(b.config_path))
@@ -420,10 +421,8 @@ def _paths(lab: Lab, vip: str) -> set[str]:
 
 def _wait_paths(lab: Lab, vip: str, want: set[str], timeout: float = 20.0) -> float:
     """Poll the router until its route to vip leaves by exactly want; when (monotonic) it did."""
-    deadline = time.monotonic() + timeout
-    while (got := _paths(lab, vip)) != want:
-        assert time.monotonic() < deadline, f"after {timeout:g} s the router's route to {vip} leaves by {got}"
-        time.sleep(0.005)  # polling interval: the loop re-reads the routes
+    poll(timeout, lambda: _paths(lab, vip), f"the router's route to {vip} leaving by {sorted(want)}",
+         until=lambda got: got == want, interval_s=0.005)
     return time.monotonic()
 
 
@@ -431,7 +430,7 @@ def _wait_paths(lab: Lab, vip: str, want: set[str], timeout: float = 20.0) -> fl
 def test_lb_node_failure_detected_by_bfd_keeps_every_connection(multilb: Lab) -> None:
     lab, vip = multilb, _vip(multilb)
     _wait_paths(lab, vip, {"rt-lb1", "rt-lb2"})
-    lb1 = Balancer(lab, "lb1", ENCAP, state_dir(lab.name) / "lb1.toml")
+    lb1 = LabBalancer(lab, "lb1", ENCAP, state_dir(lab.name) / "lb1.toml")
     drop = [["INPUT", "-i", "rt-lb1"], ["OUTPUT", "-o", "rt-lb1"], ["FORWARD", "-i", "rt-lb1"],
             ["FORWARD", "-o", "rt-lb1"]]
     with _client(lab, PORT_A) as client:

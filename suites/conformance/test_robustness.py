@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import errno
 import json
+import operator
 import random
 import socket
 import sys
@@ -62,6 +63,7 @@ from lab.dut import Capability
 from lab.gen.base import Endpoints
 from lab.gen.xdplive import OBJECT as TRAFFICGEN
 from lab.gen.xdplive import XdpLiveGenerator
+from lab.harness import Lab, LabBalancer, poll
 from lab.lbconf import lb_link, peer_mac, real_addresses
 from lab.nsexec import entered
 from lab.xdp_exceptions import XdpExceptions, xdp_prog_id
@@ -69,9 +71,8 @@ from suites.conformance._churn_client import ChurnClient
 from suites.conformance._counters import changed, counters
 from suites.conformance._record import recorded
 from suites.conformance._robust_frames import named_frames, random_frames
-from suites.conformance._settle import poll, wait_client_quiet
+from suites.conformance._settle import wait_client_quiet
 from suites.conformance._tcp_services import Services
-from suites.conftest import Balancer, Lab
 
 pytestmark = pytest.mark.topology("default")
 ECHO_PORT = 7007
@@ -106,7 +107,7 @@ def echo_services(lab: Lab) -> Iterator[Services]:
         yield services
 
 
-def _configure(balancer: Balancer, echo_reals: int | None = None) -> None:
+def _configure(balancer: LabBalancer, echo_reals: int | None = None) -> None:
     """The topology's VIPs plus a TCP echo VIP on ECHO_PORT and a UDP flood VIP on FLOOD_PORT, per VIP
     address; the echo VIPs get only their first `echo_reals` reals when that is given."""
     conf = balancer.config_for()
@@ -118,7 +119,7 @@ def _configure(balancer: Balancer, echo_reals: int | None = None) -> None:
     balancer.apply(replace(conf, vips=conf.vips + extra))
 
 
-def _client(balancer: Balancer) -> ChurnClient:
+def _client(balancer: LabBalancer) -> ChurnClient:
     lab = balancer.lab
     return ChurnClient(lab.name, "client", _vip(lab, balancer.family), ECHO_PORT, "--conns", str(CONNS),
                        "--interval", str(INTERVAL_S), "--timeout", str(TIMEOUT_S), "--new-every", "0.2",
@@ -129,7 +130,7 @@ def _failed_conns(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in report["conns"] if c["status"] != "ok"]
 
 
-def _assert_native(balancer: Balancer) -> None:
+def _assert_native(balancer: LabBalancer) -> None:
     lb_if = lb_link(balancer.lab.topology, "lb")[0]
     status = json.loads(balancer.lbctl("status", "--json").stdout)
     assert status["interfaces"].get(lb_if) == "native", (
@@ -170,7 +171,7 @@ class _Received:
         self._ipr.close()
 
 
-def _reading(balancer: Balancer, received: _Received) -> tuple[int, dict[str, Any]]:
+def _reading(balancer: LabBalancer, received: _Received) -> tuple[int, dict[str, Any]]:
     """(frames received, counters) read together: the frame count before and after the counters agree, so
     no frame arrived between them. Fails when frames never stop arriving for CATCH_UP_S."""
     got: list[tuple[int, dict[str, Any]]] = []
@@ -181,7 +182,8 @@ def _reading(balancer: Balancer, received: _Received) -> tuple[int, dict[str, An
         got[:] = [(first, now)]
         return received() != first
 
-    assert not poll(CATCH_UP_S, moving), f"{received.ifname} kept receiving for {CATCH_UP_S} s"
+    assert not poll(CATCH_UP_S, moving, "a quiet link", until=operator.not_, check=False), \
+        f"{received.ifname} kept receiving for {CATCH_UP_S} s"
     return got[0]
 
 
@@ -210,7 +212,7 @@ def _send_all(sock: socket.socket, frames: list[bytes]) -> int:
 
 @pytest.mark.needs(Capability.COUNTERS_PER_REASON)
 @pytest.mark.parametrize("encap", ENCAPS, indirect=True)
-def test_storm(balancer: Balancer, echo_services: Services) -> None:
+def test_storm(balancer: LabBalancer, echo_services: Services) -> None:
     with recorded("test_robustness_storm", balancer.encap_id):
         lab = balancer.lab
         _configure(balancer)
@@ -236,7 +238,8 @@ def test_storm(balancer: Balancer, echo_services: Services) -> None:
                     refused = _send_all(sock, [f.raw for f in named])
                     # legitimate traffic never reaches a DROP_* reason: wait until the named frames are all counted
                     poll(CATCH_UP_S, lambda: any(changed(before, counters(balancer)).get(r, 0) < n
-                                                 for r, n in drops.items()))
+                                                 for r, n in drops.items()),
+                         "the named frames counted", until=operator.not_, check=False)
                     mid = counters(balancer)
                     refused += _send_all(sock, rnd)
                     report = client.stop(after=1.0)
@@ -280,7 +283,7 @@ class _Entry:
     made_ns: int
 
 
-def _echo_sessions(balancer: Balancer) -> dict[int, list[_Entry]]:
+def _echo_sessions(balancer: LabBalancer) -> dict[int, list[_Entry]]:
     """{client port: its session entries} of the TCP echo VIP, from the session table."""
     vip_raw, fam = addr_words(_vip(balancer.lab, balancer.family))
     inst = Instance.open(balancer.instance)
@@ -301,7 +304,7 @@ def _echo_sessions(balancer: Balancer) -> dict[int, list[_Entry]]:
     return out
 
 
-def _session_fill(balancer: Balancer) -> tuple[int, int]:
+def _session_fill(balancer: LabBalancer) -> tuple[int, int]:
     """(entries, capacity) of the session table."""
     inst = Instance.open(balancer.instance)
     try:
@@ -323,7 +326,7 @@ def _established(lab: Lab, vip: str) -> set[int]:
     return ports
 
 
-def _echo_ring_share(balancer: Balancer, real: str) -> float:
+def _echo_ring_share(balancer: LabBalancer, real: str) -> float:
     """The share of the echo VIP's Maglev ring slots that name `real`."""
     inst = Instance.open(balancer.instance)
     try:
@@ -354,7 +357,7 @@ def _flood(gen: XdpLiveGenerator, family: int) -> tuple[int, float]:
 
 @pytest.mark.needs(Capability.SESSION_READBACK)
 @pytest.mark.parametrize("encap", ENCAPS, indirect=True)
-def test_lru_flood(balancer: Balancer, echo_services: Services) -> None:
+def test_lru_flood(balancer: LabBalancer, echo_services: Services) -> None:
     with recorded("test_robustness_lru_flood", balancer.encap_id):
         if not TRAFFICGEN.is_file():
             pytest.skip(f"{TRAFFICGEN} missing: run make bpf")
@@ -372,7 +375,8 @@ def test_lru_flood(balancer: Balancer, echo_services: Services) -> None:
         with XdpExceptions() as exceptions, _client(balancer) as client, ExitStack() as stack:
             prog_id = _lb_program(lab)
             ports = _established(lab, vip)
-            missing = poll(CATCH_UP_S, lambda: ports - set(_echo_sessions(balancer)))
+            missing = poll(CATCH_UP_S, lambda: ports - set(_echo_sessions(balancer)), "a session per connection",
+                           until=operator.not_, check=False)
             assert not missing, f"established connections without a session entry before the flood: {missing}"
             before_sessions = _echo_sessions(balancer)
             gen = XdpLiveGenerator(lab.netns(router), router_if, ep, lambda: 0, cpus=[0], src_addrs=16)
@@ -384,7 +388,8 @@ def test_lru_flood(balancer: Balancer, echo_services: Services) -> None:
             after = counters(balancer)
             # every connection sends again within INTERVAL_S and so remakes an evicted entry
             live = ports & _established(lab, vip)
-            poll(CATCH_UP_S, lambda: live - set(_echo_sessions(balancer)))
+            poll(CATCH_UP_S, lambda: live - set(_echo_sessions(balancer)), "a session per live connection",
+                 until=operator.not_, check=False)
             after_sessions = _echo_sessions(balancer)
             client.mark("ring-change")
             _configure(balancer)

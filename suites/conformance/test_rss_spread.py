@@ -50,12 +50,12 @@ from balancer import _abi
 from balancer import config as cfg
 from balancer.encaps import IP4_GUE1, IP4_IPIP, IP6_IP6IP6, by_id
 from lab.dut import Capability
+from lab.harness import REPO, Lab, LabBalancer
 from lab.lbconf import real_addresses
 from lab.nsexec import nsenter_argv
 from lab.rss import Toeplitz, indirection_table, queues_of, spread
 from lab.topology import load as load_topology
 from reports.schema import Kind, RssPayload, RssScenario, case_id, write_result
-from suites.conftest import REPO, Balancer, Lab
 
 from ._emitted import emit_flows
 
@@ -172,7 +172,7 @@ def rps_on_real1(lab: Lab) -> Iterator[list[int]]:
 @pytest.mark.parametrize(("encap", "outer_src"), [(IP4_IPIP, "fixed"), (IP4_IPIP, "flow"),
                                                   (IP4_GUE1, "fixed"), (IP6_IP6IP6, "fixed")],
                          indirect=["encap"])
-def test_kernel_rps_cpu(lab: Lab, balancer: Balancer, encap: str, outer_src: str, rps_on_real1: list[int],
+def test_kernel_rps_cpu(lab: Lab, balancer: LabBalancer, encap: str, outer_src: str, rps_on_real1: list[int],
                         tmp_path: Path) -> None:
     fam, mode = by_id(encap).vip_family, by_id(encap).config_name
     vip = next(v.address for v in lab.topology.vips if v.address.version == fam)

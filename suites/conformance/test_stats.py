@@ -35,6 +35,7 @@ the capture cover the same frames.
 from __future__ import annotations
 
 import json
+import operator
 import struct
 import sys
 from collections.abc import Iterator
@@ -46,6 +47,7 @@ import pytest
 
 from balancer import _abi
 from lab.dut import Capability
+from lab.harness import Lab, LabBalancer, poll
 from lab.lbconf import lb_link, real_addresses
 from lab.packets.decode import (
     PROTO_TCP,
@@ -55,10 +57,9 @@ from lab.packets.decode import (
     ip_of,
 )
 from suites.conformance._counters import counters
-from suites.conftest import Balancer, Lab
 
 from ._record import recorded
-from ._settle import poll, wait_client_quiet
+from ._settle import wait_client_quiet
 from ._wire import (
     ETH_P_ARP,
     PROTO_ICMP,
@@ -127,7 +128,7 @@ def _rx_packets(lab: Lab, node: str, ifname: str) -> int:
     return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
 
 
-def _reading(lab: Lab, balancer: Balancer, lb_if: str) -> tuple[int, dict[str, Any]]:
+def _reading(lab: Lab, balancer: LabBalancer, lb_if: str) -> tuple[int, dict[str, Any]]:
     """(frames the LB's interface took in, the counters), read while no frame arrived between them."""
     got: list[tuple[int, dict[str, Any]]] = []
 
@@ -136,7 +137,8 @@ def _reading(lab: Lab, balancer: Balancer, lb_if: str) -> tuple[int, dict[str, A
         got[:] = [(first, counters(balancer))]
         return _rx_packets(lab, "lb", lb_if) != first
 
-    assert not poll(CATCH_UP_DEADLINE_S, moving), f"the LB's {lb_if} kept receiving for {CATCH_UP_DEADLINE_S} s"
+    assert not poll(CATCH_UP_DEADLINE_S, moving, "a quiet link", until=operator.not_, check=False), \
+        f"the LB's {lb_if} kept receiving for {CATCH_UP_DEADLINE_S} s"
     return got[0]
 
 
@@ -238,7 +240,7 @@ class Wire:
 
 
 @pytest.mark.hardware
-def test_counters_equal_the_wire(lab: Lab, balancer: Balancer, encap: str, quiet_neighbours: None,
+def test_counters_equal_the_wire(lab: Lab, balancer: LabBalancer, encap: str, quiet_neighbours: None,
                                  tmp_path: Path) -> None:
     with recorded("test_counters_equal_the_wire", encap):
         fam = balancer.family
@@ -285,7 +287,7 @@ def test_counters_equal_the_wire(lab: Lab, balancer: Balancer, encap: str, quiet
                     return []
                 return [f"counters {got}, frames to the LB {want}, encapsulated frames back {emitted}"]
 
-            lag = poll(CATCH_UP_DEADLINE_S, behind)
+            lag = poll(CATCH_UP_DEADLINE_S, behind, "counters caught up", until=operator.not_, check=False)
             rx_after, after = _reading(lab, balancer, lb_if)
         wire = Wire(read_frames(pcap), lb_mac, vips, reals, clients)
 

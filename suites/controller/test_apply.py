@@ -6,7 +6,6 @@ import ctypes
 import dataclasses
 import ipaddress
 import socket
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from balancer.controller import Instance
 from balancer.datapath import Datapath, addr_words, vip_key
 from balancer.errors import DatapathError, LbError
 from balancer.libbpf import Map
+from lab.harness import unique_name
 
 REPO = Path(__file__).resolve().parents[2]
 OBJ = str(REPO / "build" / "bpf" / "balancer.o")
@@ -68,7 +68,7 @@ def instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Instan
             instance.apply(config)
             assert instance.dp.vips()
     """
-    name = f"t-{uuid.uuid4().hex[:8]}"
+    name = unique_name("t", 4)
     monkeypatch.setattr(controller, "PIN_ROOT", "/sys/fs/bpf/lbctl-test")
     monkeypatch.setattr(controller, "STATE_ROOT", str(tmp_path / "state"))
     inst = Instance.load(name, [], config=_config(REALS), obj=OBJ)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from balancer import cli, controller, preflight
 from balancer import config as cfg
 from balancer.controller import Instance
 from balancer.libbpf import map_from_pin
+from lab.harness import unique_name
 
 EXAMPLES = int(os.environ.get("L4LAB_APPLY_EXAMPLES", "300"))
 DATAPATH = {"interfaces": ["gen0"], "ring_size": 251, "max_vips": 8, "max_reals": 16, "lru_size": 64,
@@ -196,7 +196,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loaded]:
     """
     if os.geteuid() != 0:
         pytest.skip("needs root")
-    name = "gen-" + secrets.token_hex(4)
+    name = unique_name("gen", 4)
     conf = cfg.parse({"datapath": DATAPATH}, "generated")
     Instance.load(name, [], "native", conf).close()
     try:

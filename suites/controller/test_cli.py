@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import re
-import secrets
 import shlex
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 
 from balancer import cli, completion, controller, objects
 from balancer.errors import DatapathError
+from lab.harness import unique_name
 from lab.nsexec import nsenter_argv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,14 +76,14 @@ def ctl(tmp_path: Path) -> Iterator[Ctl]:
     """
     if os.geteuid() != 0:
         pytest.skip("needs root: run as root")
-    ns = "lct-" + secrets.token_hex(3)
+    ns = unique_name("lct")
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         subprocess.run(["ip", "-n", ns, "link", "add", "lbc0", "type", "veth", "peer", "name", "lbc1"], check=True)
         for dev in ("lbc0", "lbc1"):
             subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
         (tmp_path / "lb.toml").write_text(CONFIG)
-        c = Ctl(ns, "t" + secrets.token_hex(4), tmp_path)
+        c = Ctl(ns, unique_name("t", 4, sep=""), tmp_path)
         yield c
         c("unload")
     finally:

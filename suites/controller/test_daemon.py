@@ -24,7 +24,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -41,6 +40,7 @@ from balancer import config as cfg
 from balancer import controller, health
 from balancer.controller import Instance
 from balancer.datapath import Datapath, Decap
+from lab.harness import poll, unique_name
 
 REPO = Path(__file__).resolve().parents[2]
 OBJ = REPO / "build" / "bpf" / "balancer.o"
@@ -127,25 +127,14 @@ def in_netns(ns: str, fn: Callable[[], T]) -> T:
     return box["value"]  # type: ignore[no-any-return]
 
 
-def wait_for(pred: Callable[[], T | None], timeout: float, what: str, poll: float = 0.02) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what}: still not true after {timeout:g} s")
-        time.sleep(poll)  # polling interval of a deadline loop
-
-
 class World:
     """The two namespaces, the real servers and the daemons of one test; everything undone at close."""
 
     def __init__(self, stack: ExitStack, tmp: Path) -> None:
         self.stack = stack
         self.tmp = tmp
-        self.id = uuid.uuid4().hex[:6]
-        self.instance = f"dmt-{self.id}"
+        self.instance = unique_name("dmt")
+        self.id = self.instance.removeprefix("dmt-")
         self.lb = f"dmt-{self.id}-lb"
         self.rl = f"dmt-{self.id}-rl"
         self.servers: dict[str, subprocess.Popen[str]] = {}
@@ -275,7 +264,7 @@ type = "udp"
                 raise AssertionError(f"daemon exited with {self.daemon.returncode} before '{event}':\n"
                                      + self.log_path.read_text()[-3000:])
             return rec
-        return wait_for(found, timeout, f"log event '{event}'")
+        return poll(timeout, found, f"log event '{event}'")
 
     # -- datapath views -------------------------------------------------------------------------
 
@@ -345,7 +334,7 @@ type = "udp"
             after = self.stats()["reals"]
             hit = [a for a, c in after.items() if c["packets"] > before.get(a, 0)]
             return hit[0] if hit else None
-        return wait_for(moved, 5.0, f"the balancer counting flow {sport} for a real")
+        return poll(5.0, moved, f"the balancer counting flow {sport} for a real")
 
     def _unload(self) -> None:
         saved = controller.STATE_ROOT
@@ -490,13 +479,13 @@ def test_failed_real_is_drained_keeps_its_sessions_and_comes_back(world: World) 
     ev = world.wait_event("real_down", mark, SETTLE_S, match=lambda r: r["vip"] == TCP_VIP and r["real"] == a)
     # the fall-th failed probe in a row drained it: the server numbered its sick answers 501, 502, ...
     assert ev["detail"].endswith(f"status {500 + FALL} (expected 2xx or 3xx)"), ev
-    wait_for(lambda: world.ring_ids(TCP_VIP) == {id_b}, SETTLE_S, f"{a} (id {id_a}) leaving the ring of {TCP_VIP}")
+    poll(SETTLE_S, lambda: world.ring_ids(TCP_VIP) == {id_b}, f"{a} (id {id_a}) leaving the ring of {TCP_VIP}")
     took = time.monotonic() - t_sick
     print(f"\ndrain: {a} out of the ring after exactly {FALL} failed probes (the log's detail), "
           f"{took:.2f} s after its server turned sick (interval {INTERVAL} s)")
     assert took >= (FALL - 1) * INTERVAL, took  # fall probes, interval apart: never sooner
     world.wait_event("real_down", mark, SETTLE_S, match=lambda r: r["vip"] == UDP_VIP and r["real"] == a)
-    wait_for(lambda: world.ring_ids(UDP_VIP) == {id_b}, SETTLE_S, f"{a} leaving the ring of {UDP_VIP}")
+    poll(SETTLE_S, lambda: world.ring_ids(UDP_VIP) == {id_b}, f"{a} leaving the ring of {UDP_VIP}")
     status, _ctype, text = world.scrape()
     s = _samples(text)
     assert _get(s, "l4lab_real_up", vip=TCP_VIP, real=a) == 0
@@ -513,11 +502,11 @@ def test_failed_real_is_drained_keeps_its_sessions_and_comes_back(world: World) 
     world.heal_server(a)
     ev = world.wait_event("real_up", mark, SETTLE_S, match=lambda r: r["vip"] == TCP_VIP and r["real"] == a)
     assert ev["detail"] == f"status {200 + RISE}", ev  # the rise-th good probe in a row restored it
-    wait_for(lambda: world.ring_ids(TCP_VIP) == {id_a, id_b}, SETTLE_S, f"{a} returning to the ring")
+    poll(SETTLE_S, lambda: world.ring_ids(TCP_VIP) == {id_a, id_b}, f"{a} returning to the ring")
     back = time.monotonic() - t_up
     print(f"restore: {a} back in the ring after exactly {RISE} good probes, {back:.2f} s after its server healed")
     assert back >= (RISE - 1) * INTERVAL, back
-    wait_for(lambda: world.ring_ids(UDP_VIP) == {id_a, id_b}, SETTLE_S, f"{a} returning to the UDP ring")
+    poll(SETTLE_S, lambda: world.ring_ids(UDP_VIP) == {id_a, id_b}, f"{a} returning to the UDP ring")
     applied = [r for r in world.logs()[mark:] if r["event"] == "applied"]
     assert [r["trigger"] for r in applied][0] == "start"
     assert {r["trigger"] for r in applied[1:]} == {"health"}
@@ -546,8 +535,8 @@ def test_metrics_parse_with_the_prometheus_parser_and_match_lbctl_stats(world: W
         counters = {k: v for k, v in _samples(first[2]).items() if k[0] in COUNTER_FAMILIES}
         again = {k: v for k, v in _samples(second[2]).items() if k[0] in COUNTER_FAMILIES}
         return (first, counters, stats) if counters == again else None
-    (status, ctype, text), scraped, stats = wait_for(
-        settled, 10 * QUIET_INTERVAL, "two scrapes agreeing around `lbctl stats --json`", poll=0.1)
+    (status, ctype, text), scraped, stats = poll(
+        10 * QUIET_INTERVAL, settled, "two scrapes agreeing around `lbctl stats --json`", interval_s=0.1)
     print(f"\nmetrics: scrapes agreed around lbctl stats on attempt {attempts}")
     assert status == 200
     assert ctype == "text/plain; version=0.0.4; charset=utf-8"
@@ -616,8 +605,8 @@ def test_sighup_applies_a_changed_config_and_keeps_state_on_a_bad_one(world: Wor
     good_at = _get(reloaded, "l4lab_last_reload_success_timestamp_seconds")
     assert world.ring_ids(TCP_VIP) == ids | {id_c}
     assert world.ring_ids(UDP_VIP) == ids | {id_c}
-    wait_for(lambda: _get(_samples(world.scrape()[2]), "l4lab_health_checks_total", vip=TCP_VIP,
-                          real=EXTRA_REAL, result="ok") >= 1, 5.0, f"probes of the added real {EXTRA_REAL}")
+    poll(5.0, lambda: _get(_samples(world.scrape()[2]), "l4lab_health_checks_total", vip=TCP_VIP,
+                          real=EXTRA_REAL, result="ok") >= 1, f"probes of the added real {EXTRA_REAL}")
 
     good_state = Instance.state_path(world.instance).read_text()
     config.write_text(config.read_text().replace('port = 80\n', 'port = 80\nbogus_key = 1\n', 1))
@@ -629,7 +618,7 @@ def test_sighup_applies_a_changed_config_and_keeps_state_on_a_bad_one(world: Wor
     world.write_config([*REALS, EXTRA_REAL, "2001:db8::5"], extra='via = "tunnel"\n')
     n_failed = len([r for r in world.logs() if r["event"] == "reload_failed"])
     world.daemon.send_signal(signal.SIGHUP)
-    wait_for(lambda: len([r for r in world.logs() if r["event"] == "reload_failed"]) > n_failed, 10.0,
+    poll(10.0, lambda: len([r for r in world.logs() if r["event"] == "reload_failed"]) > n_failed,
              "the 4in6 tunnel config refused")
     err = [r for r in world.logs() if r["event"] == "reload_failed"][-1]
     assert err["error"] == f'{config}: vips[0].healthcheck.via = "tunnel" cannot probe vips[0].reals[3] ' \
@@ -672,7 +661,7 @@ def test_killed_daemon_leaves_forwarding_and_a_restart_adopts_it(world: World) -
     world.kill_server(b)  # b is drained when the daemon dies: a restart must keep it drained
     world.wait_event("real_down", mark, SETTLE_S,
                      match=lambda r: r["vip"] == TCP_VIP and r["real"] == b)
-    wait_for(lambda: world.ring_ids(TCP_VIP) == {world.real_id(a)}, SETTLE_S, f"{b} drained")
+    poll(SETTLE_S, lambda: world.ring_ids(TCP_VIP) == {world.real_id(a)}, f"{b} drained")
     assert world.daemon is not None
     world.daemon.send_signal(signal.SIGKILL)
     assert world.daemon.wait(timeout=10) == -signal.SIGKILL
@@ -786,7 +775,7 @@ def test_tunnel_probes_reach_the_real_through_its_decap(world: World, encap: str
 
     world.wait_event("real_down", mark, SETTLE_S,
                      match=lambda r: r["vip"] == TCP_VIP and r["real"] == b)
-    wait_for(lambda: world.ring_ids(TCP_VIP) == {world.real_id(a)}, SETTLE_S, f"{b} drained")
+    poll(SETTLE_S, lambda: world.ring_ids(TCP_VIP) == {world.real_id(a)}, f"{b} drained")
     s = _samples(world.scrape()[2])
     assert _get(s, "l4lab_health_checks_total", vip=TCP_VIP, real=a, result="ok") >= 2
     assert _get(s, "l4lab_health_checks_total", vip=TCP_VIP, real=a, result="failed") == 0
@@ -797,7 +786,7 @@ def test_tunnel_probes_reach_the_real_through_its_decap(world: World, encap: str
     decap.add_local(b)
     world.wait_event("real_up", mark, SETTLE_S,
                      match=lambda r: r["vip"] == TCP_VIP and r["real"] == b)
-    wait_for(lambda: world.ring_ids(TCP_VIP) == {world.real_id(a), world.real_id(b)}, SETTLE_S,
+    poll(SETTLE_S, lambda: world.ring_ids(TCP_VIP) == {world.real_id(a), world.real_id(b)},
              f"{b} back in the ring")
     assert not any(r["event"] == "real_down" and r["real"] == a for r in world.logs()[mark:])
 

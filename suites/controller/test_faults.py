@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,7 @@ import pytest
 
 from balancer import controller, preflight
 from balancer.errors import HostError
+from lab.harness import poll, unique_name
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -157,7 +156,7 @@ def lb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lb]:
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} is missing: run `make deps`")
     tmp = tmp_path_factory.mktemp("faults")
-    ns = "flt-" + secrets.token_hex(3)
+    ns = unique_name("flt")
     subprocess.run(["ip", "netns", "add", ns], check=True)
     instance = ns
     try:
@@ -284,11 +283,13 @@ def test_a_daemon_owns_the_instance(lb: Lb) -> None:
         daemon = subprocess.Popen(lb.inside([PY, "-m", "balancer.cli", "--instance", lb.instance, "run",
                                              "--config", str(lb.config)]), cwd=REPO, env=env, stderr=out)
     try:
-        deadline = time.monotonic() + 30
-        while '"event":"running"' not in log.read_text():
+        def running() -> bool:
+            if '"event":"running"' in log.read_text():
+                return True
             assert daemon.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)  # polling interval of a deadline loop
+            return False
+
+        poll(30.0, running, f"the daemon's running event in {log}")
         before = snapshot(lb)
         for verb, done in run_all({verb: lb.inside(lb.argv(verb)) for verb in VERBS}).items():
             if verb in READS:

@@ -21,6 +21,7 @@ from balancer.datapath import verify_abi
 from balancer.errors import ConfigError
 from balancer.health import hc_target_bytes
 from balancer.libbpf import BpfObject, Map, Program
+from lab.harness import poll
 
 LOOP = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[2]
@@ -159,16 +160,6 @@ def _check(port: int, **kw: object) -> cfg.HealthCheck:
     return cfg.HealthCheck(port=port, **args)  # type: ignore[arg-type]
 
 
-def _wait(pred: Callable[[], bool], timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return time.monotonic() - t0
-        time.sleep(0.01)  # polling interval of a deadline loop
-    raise AssertionError(f"{what}: not true after {timeout} s")
-
-
 POLL_S = 20.0  # a deadline for state that takes a few probe intervals: generous, as the CPUs are shared
 
 
@@ -207,11 +198,11 @@ def test_monitor_turns_down_after_fall_and_up_after_rise() -> None:
     try:
         mon.set_targets([target])
         mon.start()
-        _wait(lambda: mon.snapshot()[0].checks_ok >= 3, POLL_S, "three good probes")
+        poll(POLL_S, lambda: mon.snapshot()[0].checks_ok >= 3, "three good probes")
         assert changes == [] and mon.down() == {}
         t_kill = time.monotonic()
         listener.close()
-        _wait(lambda: bool(changes), POLL_S, "a down transition")
+        poll(POLL_S, lambda: bool(changes), "a down transition")
         took, ch = changes[0][0] - t_kill, changes[0][1]
         assert ch.healthy is False and ch.target == target and "connection refused" in ch.detail
         # Down with exactly the fall-th failed probe in a row, counted from the outcomes, not the clock.
@@ -229,7 +220,7 @@ def test_monitor_turns_down_after_fall_and_up_after_rise() -> None:
         listener.bind((LOOP, port))
         listener.listen(64)
         t_up = time.monotonic()
-        _wait(lambda: len(changes) == 2, POLL_S, "an up transition")
+        poll(POLL_S, lambda: len(changes) == 2, "an up transition")
         assert changes[1][1].healthy is True
         # Up with exactly the rise-th good probe in a row.
         n = _Numbered.number(changes[1][1].detail)
@@ -254,7 +245,7 @@ def test_monitor_keeps_state_across_set_targets_and_starts_listed_down_reals_dow
         mon.set_targets([a, b], down={("v", "127.0.0.3")})
         assert mon.down() == {"v": ["127.0.0.3"]}
         mon.start()
-        _wait(lambda: mon.down() == {"v": ["127.0.0.2", "127.0.0.3"]}, POLL_S, "a down")
+        poll(POLL_S, lambda: mon.down() == {"v": ["127.0.0.2", "127.0.0.3"]}, "a down")
         assert [(c.target.address, c.healthy) for c in changes] == [("127.0.0.2", False)]
         mon.set_targets([a])  # b leaves; a keeps its down state
         assert mon.down() == {"v": ["127.0.0.2"]}
@@ -278,7 +269,7 @@ def test_monitor_probes_concurrently(servers) -> None:  # type: ignore[no-untype
     try:
         mon.set_targets(targets)
         mon.start()
-        _wait(lambda: all(s.checks_failed >= 1 for s in mon.snapshot()), POLL_S, "one round")
+        poll(POLL_S, lambda: all(s.checks_failed >= 1 for s in mon.snapshot()), "one round")
         assert not together.broken, "the monitor did not run the 12 probes at once"
         assert all("no answer within 0.3 s" in s.last_detail for s in mon.snapshot())
     finally:

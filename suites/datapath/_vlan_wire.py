@@ -13,23 +13,23 @@ import json
 import socket
 import subprocess
 import sys
-import time
 
 from balancer.datapath import Decap
+from lab.harness import poll
 
 DEADLINE_S = 5.0
 
 
-def counted(decap: Decap, before: dict[str, int], deadline: float) -> str:
-    while time.monotonic() < deadline:
+def counted(decap: Decap, before: dict[str, int]) -> str:
+    """The one decap reason the frame moved (within DEADLINE_S)."""
+    def moved() -> list[str]:
         now = decap.reasons()
-        moved = [k for k in now if now[k] != before[k]]
-        if moved:
-            if len(moved) != 1 or now[moved[0]] - before[moved[0]] != 1:
-                raise AssertionError(f"one decap reason per frame, got {moved}")
-            return moved[0]
-        time.sleep(0.005)  # polling interval, not synchronisation: the deadline decides
-    raise TimeoutError(f"decap_tc on dpl-b counted nothing within {DEADLINE_S} s: did the frame arrive?")
+        found = [k for k in now if now[k] != before[k]]
+        if found and (len(found) != 1 or now[found[0]] - before[found[0]] != 1):
+            raise AssertionError(f"one decap reason per frame, got {found}")
+        return found
+
+    return poll(DEADLINE_S, moved, "decap_tc on dpl-b counting the frame (did it arrive?)", interval_s=0.005)[0]
 
 
 def main(obj: str, local: str, frames: list[str]) -> None:
@@ -46,7 +46,7 @@ def main(obj: str, local: str, frames: list[str]) -> None:
             for hexframe in frames:
                 before = decap.reasons()
                 s.send(bytes.fromhex(hexframe))
-                out.append(counted(decap, before, time.monotonic() + DEADLINE_S))
+                out.append(counted(decap, before))
         print(json.dumps(out))
     finally:
         decap.close()

@@ -1,127 +1,27 @@
-"""conftest.py: fixtures for the datapath packet tables: loaded balancer and decap, a test-run helper.
+"""conftest.py: fixtures for the datapath packet tables: loaded balancer and decap (suites/datapath/rig.py).
 
-Every test run goes through `Balancer.run`, which returns the verdict, the output frame and the one
-reason counter (lb_counts) that the packet moved (asserting that exactly one moved), so tables can share a
-loaded program: counters are compared as deltas.
+Test runs execute on the caller's CPU and the session tables are per CPU, so every module runs
+pinned to one CPU.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
-from scapy.packet import Packet
 
-from balancer import _abi
-from balancer.datapath import Datapath, Decap, vip_key
+from balancer.datapath import Datapath, Decap
+from lab.harness import pinned_cpu
 
 from . import packets as P
-
-ROOT = Path(__file__).resolve().parents[2]
-# L4LAB_DATAPATH_OBJECTS: another directory of balancer.o / decap.o to test (e.g. an older build,
-# to see a new table row fail before its change).
-OBJ_DIR = Path(os.environ.get("L4LAB_DATAPATH_OBJECTS") or ROOT / "build" / "bpf")
-BALANCER_OBJ = OBJ_DIR / "balancer.o"
-DECAP_OBJ = OBJ_DIR / "decap.o"
-RING_SIZE = 13  # a small prime keeps ring writes instant; Maglev's size does not matter here
-XDP_VERDICTS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
-TC_VERDICTS = {-1: "TC_ACT_UNSPEC", 0: "TC_ACT_OK", 2: "TC_ACT_SHOT", 7: "TC_ACT_REDIRECT"}
-
-
-def require_datapath() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("BPF_PROG_TEST_RUN needs root (CAP_BPF and CAP_NET_ADMIN)")
-    missing = [str(p) for p in (BALANCER_OBJ, DECAP_OBJ) if not p.exists()]
-    if missing:
-        pytest.fail(f"datapath objects {missing} are missing: run `make bpf` first")
-
-
-def frame_bytes(frame: Packet | bytes) -> bytes:
-    return frame if isinstance(frame, bytes) else bytes(frame)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one test run did: verdict name, output frame, the reason counted, event deltas."""
-
-    verdict: str
-    out: bytes
-    reason: str
-    events: dict[str, int] = field(default_factory=dict)
-
-
-class Balancer:
-    """A loaded balancer with helpers that program VIPs the way the controller does."""
-
-    def __init__(self, dp: Datapath) -> None:
-        self.dp = dp
-        self.next_real_id = 1
-        self.real_ids: dict[str, int] = {}
-
-    def settings(self, **overrides: object) -> None:
-        args: dict[str, object] = {"nexthop_mac": P.ROUTER_MAC, "src4": P.SRC4 + "/32",
-                                   "src6": P.SRC6 + "/128", "gue_port": P.GUE_PORT, "mtu": P.MTU}
-        args.update(overrides)
-        self.dp.set_settings(**args)
-
-    def real_id(self, address: str) -> int:
-        if address not in self.real_ids:
-            self.real_ids[address] = self.next_real_id
-            self.dp.put_real(self.next_real_id, address)
-            self.next_real_id += 1
-        return self.real_ids[address]
-
-    def vip(self, address: str, port: int, proto: str, vip_num: int, reals: tuple[str, ...] | list[str],
-            mode: str = "IPIP", flags: int = 0) -> None:
-        """Put a VIP, its address-only entry and a ring cycling over `reals` (empty: no ring)."""
-        self.dp.put_vip(address, port, proto, vip_num=vip_num, flags=flags, encap=_abi.Encap[mode])
-        meta = _abi.VipMeta(vip_num=vip_num, flags=0, encap=_abi.Encap[mode])
-        self.dp.maps["lb_vips"].update(vip_key(address, 0, _abi.VipMatch.ADDR_ONLY), bytes(meta))
-        self.ring(vip_num, reals)
-
-    def ring(self, vip_num: int, reals: tuple[str, ...] | list[str]) -> None:
-        ids = [self.real_id(r) for r in reals]
-        size = self.dp.ring_size
-        self.dp.write_ring(vip_num, [ids[i % len(ids)] for i in range(size)] if ids else [0] * size)
-
-    def run(self, frame: Packet | bytes, frags: bool = False) -> Outcome:
-        before, ev_before = self.dp.reasons(), self.dp.events()
-        action, out = self.dp.run(frame_bytes(frame), frags=frags)
-        after, ev_after = self.dp.reasons(), self.dp.events()
-        moved = {k: after[k] - before[k] for k in after if after[k] != before[k]}
-        assert sum(moved.values()) == 1 and len(moved) == 1, f"one reason per packet, got {moved}"
-        events = {k: ev_after[k] - ev_before[k] for k in ev_after if ev_after[k] != ev_before[k]}
-        return Outcome(XDP_VERDICTS.get(action, str(action)), out, next(iter(moved)), events)
-
-
-def standard_world(b: Balancer) -> None:
-    """The VIPs every table assumes: one per encap mode (TCP 80), plus UDP 443 on VIP4."""
-    for num, case in enumerate(P.ENCAPS):
-        b.vip(case.vip, P.VIP_PORT, "tcp", num, case.reals, case.mode)
-    b.vip(P.VIP4, P.VIP_UDP_PORT, "udp", len(P.ENCAPS), P.REALS4)
-
-
-BalancerFactory = Callable[..., Balancer]
+from .rig import BALANCER_OBJ, DECAP_OBJ, RING_SIZE, BalancerFactory, RunBalancer, require_datapath, standard_world
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_cpu() -> Iterator[int]:
-    """Name: one_cpu. Scope: module (autouse). Depends: nothing.
-
-    Pins the test process to one CPU: test runs execute on the caller's CPU, and the session
-    tables are per CPU, so a migration between two runs would look like a lost session.
-        def test_x(one_cpu: int) -> None: ...   # one_cpu is the CPU in use
-    """
-    before = os.sched_getaffinity(0)
-    cpu = min(before)
-    os.sched_setaffinity(0, {cpu})
-    try:
+def _pinned() -> Iterator[int]:
+    """Every datapath module runs on one CPU (lab.harness.pinned_cpu, as the plugin's one_cpu)."""
+    with pinned_cpu() as cpu:
         yield cpu
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 @pytest.fixture
@@ -136,13 +36,13 @@ def balancer_factory() -> Iterator[BalancerFactory]:
     require_datapath()
     made: list[Datapath] = []
 
-    def make(configure: bool = True, world: bool = True, **load_args: object) -> Balancer:
+    def make(configure: bool = True, world: bool = True, **load_args: object) -> RunBalancer:
         args: dict[str, object] = {"max_vips": 16, "max_reals": 64, "ring_size": RING_SIZE,
                                    "lru_size": 1024, "fallback_size": 1024}
         args.update(load_args)
         dp = Datapath.load(str(BALANCER_OBJ), **args)  # type: ignore[arg-type]
         made.append(dp)
-        b = Balancer(dp)
+        b = RunBalancer(dp)
         if configure:
             b.settings()
         if world:
@@ -155,18 +55,19 @@ def balancer_factory() -> Iterator[BalancerFactory]:
 
 
 @pytest.fixture(scope="module")
-def balancer() -> Iterator[Balancer]:
-    """Name: balancer. Scope: module. Depends: root, build/bpf/balancer.o.
+def run_balancer() -> Iterator[RunBalancer]:
+    """Name: run_balancer. Scope: module. Depends: root, build/bpf/balancer.o.
 
-    One configured balancer with the standard VIPs, shared by a module's table rows:
-        out = balancer.run(P.TCP4_SYN)
+    One configured balancer program driven by test runs, with the standard VIPs, shared by a module's
+    table rows (not the plugin's `balancer`, which is lbctl loaded in a lab):
+        out = run_balancer.run(P.TCP4_SYN)
         assert out.reason == "TX_ENCAP"
     """
     require_datapath()
     dp = Datapath.load(str(BALANCER_OBJ), max_vips=16, max_reals=64, ring_size=RING_SIZE,
                        lru_size=1024, fallback_size=1024)
     try:
-        b = Balancer(dp)
+        b = RunBalancer(dp)
         b.settings()
         standard_world(b)
         yield b

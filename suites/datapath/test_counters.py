@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from . import packets as P
-from .conftest import BalancerFactory
 from .frames import decode_encap
+from .rig import BalancerFactory
 
 
 def test_vip_and_real_counters_count_packets_and_bytes(balancer_factory: BalancerFactory) -> None:

@@ -24,8 +24,8 @@ from balancer.datapath import Decap
 from lab.packets.gue import GUE
 
 from . import packets as P
-from .conftest import TC_VERDICTS, XDP_VERDICTS, Balancer, frame_bytes
 from .frames import ip_packet_of
+from .rig import TC_VERDICTS, XDP_VERDICTS, RunBalancer, frame_bytes
 
 HOOKS = ["xdp", "tc"]
 
@@ -51,10 +51,10 @@ DROP = {"xdp": "XDP_DROP", "tc": "TC_ACT_SHOT"}
 
 @pytest.mark.parametrize("hook", HOOKS)
 @pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
-def test_decap_restores_the_clients_packet(balancer: Balancer, decap: Decap, case: P.EncapCase,
+def test_decap_restores_the_clients_packet(run_balancer: RunBalancer, decap: Decap, case: P.EncapCase,
                                           hook: str) -> None:
     frame = P.tcp_to(case.vip, sport=49000, flags="S")
-    encapsulated = balancer.run(frame).out
+    encapsulated = run_balancer.run(frame).out
     verdict, out, reason = run_decap(decap, hook, encapsulated)
     assert verdict == PASS[hook]
     assert reason == ("IPIP" if case.mode == "IPIP" else "GUE")
@@ -185,12 +185,12 @@ def tagged(frame: Packet, vlan: int = 10) -> bytes:
 
 @pytest.mark.parametrize("hook", HOOKS)
 @pytest.mark.parametrize("case", [P.ENCAPS[0], P.ENCAPS[2], P.ENCAPS[4]], ids=lambda c: c.id)
-def test_decap_of_a_tagged_frame(balancer: Balancer, decap: Decap, case: P.EncapCase, hook: str) -> None:
+def test_decap_of_a_tagged_frame(run_balancer: RunBalancer, decap: Decap, case: P.EncapCase, hook: str) -> None:
     """XDP keeps the tag in the frame; tc moves it into the skb's metadata, where the kernel's
     receive path keeps tags (a test run does not untag, so tc sees this one in the frame), and
     passes the untagged inner frame: the test run's output shows the frame without it."""
     frame = P.tcp_to(case.vip, sport=49100, flags="S")
-    encapsulated = tagged(Ether(balancer.run(frame).out))
+    encapsulated = tagged(Ether(run_balancer.run(frame).out))
     verdict, out, reason = run_decap(decap, hook, encapsulated)
     assert (verdict, reason) == (PASS[hook], "IPIP" if case.mode == "IPIP" else "GUE")
     inner_type = struct.pack("!H", 0x0800 if case.inner == 4 else 0x86DD)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import struct
 import subprocess
 import sys
@@ -18,8 +17,10 @@ from pathlib import Path
 from scapy.layers.inet import IP
 from scapy.packet import Raw
 
+from lab.harness import unique_name
+
 from . import packets as P
-from .conftest import DECAP_OBJ, ROOT, require_datapath
+from .rig import DECAP_OBJ, ROOT, require_datapath
 
 INNER4 = bytes(IP(src=P.CLIENT4, dst=P.VIP4) / Raw(P.PAYLOAD))
 
@@ -37,7 +38,7 @@ def test_tc_decap_of_tagged_frames_on_a_veth() -> None:
         "one 802.1Q tag (untagged into metadata before tc)": with_tags(ipip, (0x8100, 10)),
         "802.1ad + 802.1Q (inner tag still in the frame at tc)": with_tags(ipip, (0x88A8, 20), (0x8100, 10)),
     }
-    netns = f"dpl-{os.getpid():x}-{secrets.token_hex(2)}"
+    netns = unique_name(f"dpl-{os.getpid():x}", 2)
     subprocess.run(["ip", "netns", "add", netns], check=True, capture_output=True)
     try:
         run = subprocess.run(

@@ -12,8 +12,8 @@ from scapy.packet import Packet
 from balancer import _abi
 
 from . import packets as P
-from .conftest import Balancer, BalancerFactory
 from .frames import decode_encap, ip_packet_of, ipv4_header_ok, l4_checksum_ok_v4, l4_checksum_ok_v6
+from .rig import BalancerFactory, RunBalancer
 
 TOS = 0xB9  # DSCP 46 (EF) with ECN ECT(1): both must reach the outer header
 
@@ -25,9 +25,9 @@ def flow(case: P.EncapCase, sport: int = 40000, flags: str = "S") -> Packet:
 
 
 @pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
-def test_encapsulated_headers(balancer: Balancer, case: P.EncapCase) -> None:
+def test_encapsulated_headers(run_balancer: RunBalancer, case: P.EncapCase) -> None:
     frame = flow(case, sport=40200)
-    out = balancer.run(frame)
+    out = run_balancer.run(frame)
     assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP")
     enc = decode_encap(out.out, P.GUE_PORT)
 
@@ -67,9 +67,9 @@ def test_encapsulated_headers(balancer: Balancer, case: P.EncapCase) -> None:
 
 
 @pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
-def test_one_flow_keeps_its_real_source_port_and_label(balancer: Balancer, case: P.EncapCase) -> None:
-    first = decode_encap(balancer.run(flow(case, sport=40300)).out, P.GUE_PORT)
-    again = decode_encap(balancer.run(flow(case, sport=40300, flags="A")).out, P.GUE_PORT)
+def test_one_flow_keeps_its_real_source_port_and_label(run_balancer: RunBalancer, case: P.EncapCase) -> None:
+    first = decode_encap(run_balancer.run(flow(case, sport=40300)).out, P.GUE_PORT)
+    again = decode_encap(run_balancer.run(flow(case, sport=40300, flags="A")).out, P.GUE_PORT)
     assert first.outer.dst == again.outer.dst
     assert (first.udp_sport, first.udp_dport) == (again.udp_sport, again.udp_dport)
     if case.outer == 6:
@@ -77,8 +77,8 @@ def test_one_flow_keeps_its_real_source_port_and_label(balancer: Balancer, case:
 
 
 @pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
-def test_flows_spread_over_reals_ports_and_labels(balancer: Balancer, case: P.EncapCase) -> None:
-    outs = [decode_encap(balancer.run(flow(case, sport=42000 + i)).out, P.GUE_PORT)
+def test_flows_spread_over_reals_ports_and_labels(run_balancer: RunBalancer, case: P.EncapCase) -> None:
+    outs = [decode_encap(run_balancer.run(flow(case, sport=42000 + i)).out, P.GUE_PORT)
             for i in range(48)]
     assert {o.outer.dst for o in outs} == set(case.reals), "every real gets some of 48 flows"
     if case.mode != "IPIP":

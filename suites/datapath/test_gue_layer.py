@@ -21,8 +21,8 @@ from lab.packets.decode import decapsulate, decapsulate_ip
 from lab.packets.gue import GUE, bind_gue, bound_port
 
 from . import packets as P
-from .conftest import Balancer
 from .frames import ip_packet_of
+from .rig import RunBalancer
 from .test_encap import flow
 
 GUE_CASES = [c for c in P.ENCAPS if c.mode != "IPIP"]
@@ -49,10 +49,10 @@ def _outer_like(o: Packet) -> Packet:
 
 
 @pytest.mark.parametrize("case", GUE_CASES, ids=[c.id for c in GUE_CASES])
-def test_emitted_gue_dissects_and_rebuilds_byte_for_byte(balancer: Balancer, case: P.EncapCase,
+def test_emitted_gue_dissects_and_rebuilds_byte_for_byte(run_balancer: RunBalancer, case: P.EncapCase,
                                                          strict_dissector: None) -> None:
     frame = flow(case, sport=40500)
-    out = balancer.run(frame)
+    out = run_balancer.run(frame)
     assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP")
     assert bound_port() == P.GUE_PORT
     pkt = Ether(out.out)
@@ -81,9 +81,9 @@ def test_emitted_gue_dissects_and_rebuilds_byte_for_byte(balancer: Balancer, cas
 
 
 @pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
-def test_decoder_names_every_mode(balancer: Balancer, case: P.EncapCase) -> None:
+def test_decoder_names_every_mode(run_balancer: RunBalancer, case: P.EncapCase) -> None:
     frame = flow(case, sport=40600)
-    enc = decapsulate(balancer.run(frame).out, P.GUE_PORT)
+    enc = decapsulate(run_balancer.run(frame).out, P.GUE_PORT)
     assert enc is not None
     assert enc.kind == KIND[(case.mode, case.outer, case.inner)]
     assert enc.inner.raw == ip_packet_of(frame)
@@ -93,7 +93,7 @@ def test_decoder_names_every_mode(balancer: Balancer, case: P.EncapCase) -> None
     else:
         assert layer is None
     if case.mode != "IPIP":
-        assert decapsulate(balancer.run(frame).out, P.GUE_PORT + 1) is None, "UDP to another port is no GUE"
+        assert decapsulate(run_balancer.run(frame).out, P.GUE_PORT + 1) is None, "UDP to another port is no GUE"
 
 
 INNER4 = bytes(IP(src="198.51.100.1", dst="203.0.113.2") / UDP(sport=1, dport=2))

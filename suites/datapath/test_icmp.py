@@ -20,12 +20,12 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Packet
 
 from . import packets as P
-from .conftest import Balancer, BalancerFactory
 from .frames import decode_encap, icmp4_checksum_ok, ip_packet_of, ipv4_header_ok, l4_checksum_ok_v6
+from .rig import BalancerFactory, RunBalancer
 
 
-def test_echo_request_to_a_vip_is_answered_v4(balancer: Balancer) -> None:
-    out = balancer.run(P.ICMP4_ECHO_TO_VIP)
+def test_echo_request_to_a_vip_is_answered_v4(run_balancer: RunBalancer) -> None:
+    out = run_balancer.run(P.ICMP4_ECHO_TO_VIP)
     assert (out.verdict, out.reason) == ("XDP_TX", "TX_ICMP_ECHO")
     reply = Ether(out.out)
     assert (reply.src, reply.dst) == (P.LB_MAC, P.CLIENT_MAC)
@@ -37,8 +37,8 @@ def test_echo_request_to_a_vip_is_answered_v4(balancer: Balancer) -> None:
     assert bytes(ip[ICMP].payload) == P.PAYLOAD
 
 
-def test_echo_request_to_a_vip_is_answered_v6(balancer: Balancer) -> None:
-    out = balancer.run(P.ICMP6_ECHO_TO_VIP)
+def test_echo_request_to_a_vip_is_answered_v6(run_balancer: RunBalancer) -> None:
+    out = run_balancer.run(P.ICMP6_ECHO_TO_VIP)
     assert (out.verdict, out.reason) == ("XDP_TX", "TX_ICMP_ECHO")
     reply = Ether(out.out)
     assert (reply.src, reply.dst) == (P.LB_MAC, P.CLIENT_MAC)
@@ -50,8 +50,8 @@ def test_echo_request_to_a_vip_is_answered_v6(balancer: Balancer) -> None:
 
 @pytest.mark.parametrize("frame", [P.ICMP4_ECHO_NOT_VIP, P.ICMP6_ECHO_NOT_VIP, P.ICMP4_ERROR_NOT_VIP_FLOW],
                          ids=["echo-v4-not-vip", "echo-v6-not-vip", "error-about-other-flow"])
-def test_icmp_not_about_a_vip_is_passed(balancer: Balancer, frame: Packet) -> None:
-    out = balancer.run(frame)
+def test_icmp_not_about_a_vip_is_passed(run_balancer: RunBalancer, frame: Packet) -> None:
+    out = run_balancer.run(frame)
     assert (out.verdict, out.reason) == ("XDP_PASS", "PASS_ICMP_NOT_VIP")
     assert out.out == bytes(frame)
 
@@ -96,20 +96,20 @@ def test_icmp_error_follows_the_ring_when_the_flow_has_no_session(balancer_facto
         assert steered.outer.dst == fwd.outer.dst, "same hash for the quoted flow reversed"
 
 
-def test_icmpv6_destination_unreachable_is_steered(balancer: Balancer) -> None:
+def test_icmpv6_destination_unreachable_is_steered(run_balancer: RunBalancer) -> None:
     err = P.icmp_error_about(P.VIP6, P.CLIENT6, cport=46200, v6_type="unreach")
-    out = balancer.run(err)
+    out = run_balancer.run(err)
     assert out.reason == "TX_ENCAP" and out.events.get("ICMP_STEERED") == 1
 
 
 @pytest.mark.parametrize("case", P.ENCAPS, ids=P.ENCAP_IDS)
-def test_too_big_is_answered_with_the_real_limit(balancer: Balancer, case: P.EncapCase) -> None:
+def test_too_big_is_answered_with_the_real_limit(run_balancer: RunBalancer, case: P.EncapCase) -> None:
     """The limit is the MTU less the catalogue's overhead (balancer/encaps.py, checked in test_encaps.py)."""
     limit = P.MTU - case.case.overhead
-    fits = balancer.run(P.sized_tcp_to(case.vip, limit, sport=47000))
+    fits = run_balancer.run(P.sized_tcp_to(case.vip, limit, sport=47000))
     assert fits.reason == "TX_ENCAP", "a packet of exactly the limit is encapsulated"
     frame = P.sized_tcp_to(case.vip, limit + 1, sport=47001)
-    out = balancer.run(frame)
+    out = run_balancer.run(frame)
     assert (out.verdict, out.reason) == ("XDP_TX", "TX_ICMP_TOO_BIG")
     eth = Ether(out.out)
     assert (eth.src, eth.dst) == (P.LB_MAC, P.CLIENT_MAC)
@@ -141,9 +141,9 @@ def test_too_big_quotes_a_short_packet_whole(balancer_factory: BalancerFactory) 
     assert icmp4_checksum_ok(raw) and int.from_bytes(raw[26:28], "big") == 180
 
 
-def test_too_big_without_df_is_dropped(balancer: Balancer) -> None:
+def test_too_big_without_df_is_dropped(run_balancer: RunBalancer) -> None:
     frame = P.sized_tcp_to(P.VIP4, P.MTU, df=False, sport=47200)
-    out = balancer.run(frame)
+    out = run_balancer.run(frame)
     assert (out.verdict, out.reason) == ("XDP_DROP", "DROP_TOO_BIG_NO_DF")
 
 

@@ -39,8 +39,8 @@ from balancer.datapath import Decap
 from reports.schema import CorpusPayload, write_result
 from suites.corpus import corpus_file
 
-from .conftest import DECAP_OBJ, XDP_VERDICTS, Balancer, BalancerFactory
 from .frames import decode_encap, icmp4_checksum_ok, ip_packet_of, ipv4_header_ok, l4_checksum_ok_v6
+from .rig import DECAP_OBJ, XDP_VERDICTS, BalancerFactory, RunBalancer
 
 KATRAN_GUE_PORT = 9886
 RING = 257
@@ -232,7 +232,7 @@ def load_corpus() -> tuple[dict[str, Any], list[dict[str, Any]]]:
 class KatranWorld:
     """Programs our balancer the way each Katran profile and build flavour expects."""
 
-    def __init__(self, b: Balancer, config: dict[str, Any]) -> None:
+    def __init__(self, b: RunBalancer, config: dict[str, Any]) -> None:
         self.b = b
         self.config = config
         self.profile = ""

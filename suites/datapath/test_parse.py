@@ -10,7 +10,7 @@ from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Packet
 
 from . import packets as P
-from .conftest import Balancer, BalancerFactory
+from .rig import BalancerFactory, RunBalancer
 
 
 @dataclass(frozen=True)
@@ -57,21 +57,21 @@ PARSE_TABLE = [
 
 
 @pytest.mark.parametrize("row", PARSE_TABLE, ids=[r.description for r in PARSE_TABLE])
-def test_parse_table(balancer: Balancer, row: Row) -> None:
-    out = balancer.run(row.input)
+def test_parse_table(run_balancer: RunBalancer, row: Row) -> None:
+    out = run_balancer.run(row.input)
     assert (out.verdict, out.reason) == (row.verdict, row.reason)
     if row.verdict in ("XDP_PASS", "XDP_DROP"):
         assert out.out == bytes(row.input), "a passed or dropped frame is left untouched"
 
 
-def test_vlan_tag_is_kept_on_the_encapsulated_frame(balancer: Balancer) -> None:
-    out = Ether(balancer.run(P.VLAN_TCP4).out)
+def test_vlan_tag_is_kept_on_the_encapsulated_frame(run_balancer: RunBalancer) -> None:
+    out = Ether(run_balancer.run(P.VLAN_TCP4).out)
     assert out.dst == P.ROUTER_MAC and out[Dot1Q].vlan == 10
     assert bytes(out[Dot1Q].payload[IP].payload) == bytes(P.VLAN_TCP4[IP])
 
 
-def test_padding_is_not_part_of_the_inner_packet(balancer: Balancer) -> None:
-    out = Ether(balancer.run(P.UDP4_PADDED).out)
+def test_padding_is_not_part_of_the_inner_packet(run_balancer: RunBalancer) -> None:
+    out = Ether(run_balancer.run(P.UDP4_PADDED).out)
     inner = out[IP].payload
     assert isinstance(inner, IP)
     assert bytes(inner)[: inner.len] == bytes(P.UDP4_PADDED[IP])[: inner.len]
@@ -106,7 +106,7 @@ def test_ipv6_vip_with_ipv4_real_drops_with_family_mismatch(balancer_factory: Ba
     assert (out.verdict, out.reason) == ("XDP_DROP", "DROP_FAMILY_MISMATCH")
 
 
-def test_tcp_with_options_in_the_tcp_header_is_balanced(balancer: Balancer) -> None:
+def test_tcp_with_options_in_the_tcp_header_is_balanced(run_balancer: RunBalancer) -> None:
     frame = P.eth() / IP(src=P.CLIENT4, dst=P.VIP4) / TCP(sport=40100, dport=80, flags="S",
                                                          options=[("MSS", 1460), ("SAckOK", b"")])
-    assert balancer.run(frame).reason == "TX_ENCAP"
+    assert run_balancer.run(frame).reason == "TX_ENCAP"

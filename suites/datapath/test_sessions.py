@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
+from lab.harness import poll
+
 from . import packets as P
-from .conftest import BalancerFactory
 from .frames import decode_encap
+from .rig import BalancerFactory, Outcome
 
 VIP = "203.0.113.60"
 
@@ -58,12 +59,14 @@ def test_udp_session_expires_after_the_timeout(balancer_factory: BalancerFactory
     b.ring(0, [P.REALS4[1]])
     # The idle time comes from the coarse clock: once a clock tick (at most 10 ms) has passed since
     # the last packet, the 1 us timeout has expired. Until then a packet still hits its session.
-    deadline = time.monotonic() + 1.0
-    later = b.run(P.udp_to(VIP, dport=53))
-    while later.events == {"LRU_HIT": 1} and time.monotonic() < deadline:
-        assert real_of(later.out) == P.REALS4[0]
-        time.sleep(0.002)  # the interval between packets; the loop waits for the tick
-        later = b.run(P.udp_to(VIP, dport=53))
+    def again() -> Outcome:
+        out = b.run(P.udp_to(VIP, dport=53))
+        if out.events == {"LRU_HIT": 1}:
+            assert real_of(out.out) == P.REALS4[0]
+        return out
+
+    later = poll(1.0, again, "the session expired", until=lambda o: o.events != {"LRU_HIT": 1}, check=False,
+                 interval_s=0.002)  # the interval between packets; the loop waits for the tick
     assert real_of(later.out) == P.REALS4[1] and later.events == {"UDP_EXPIRED": 1}
 
 

@@ -9,8 +9,8 @@ from scapy.packet import Packet
 from balancer import _abi
 
 from . import packets as P
-from .conftest import Balancer, BalancerFactory
 from .frames import decode_encap
+from .rig import BalancerFactory, RunBalancer
 
 VIP = "203.0.113.50"
 
@@ -41,7 +41,7 @@ def test_protocol_is_part_of_the_vip(balancer_factory: BalancerFactory) -> None:
     assert b.run(P.tcp_to(VIP, dport=53)).reason == "PASS_NOT_VIP"
 
 
-def reals_for_flows(b: Balancer, frames: Sequence[Packet]) -> set[str]:
+def reals_for_flows(b: RunBalancer, frames: Sequence[Packet]) -> set[str]:
     return {real_of(b.run(f).out) for f in frames}
 
 

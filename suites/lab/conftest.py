@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Iterator
 
 import pytest
 
 from lab import netns, topology
+from lab.harness import unique_name
 from lab.state import LabState
-from suites.lab.probes import PREFIX, bpf_available, remove_lab
+from suites.lab.probes import bpf_available, remove_lab
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def lab_name() -> Iterator[str]:
             netns.build(topology.load("default"), lab_name)
             assert probes.leftovers(lab_name)
     """
-    name = PREFIX + secrets.token_hex(3)
+    name = unique_name("lbt")
     try:
         yield name
     finally:
@@ -41,7 +41,7 @@ def lab_factory() -> Iterator[list[str]]:
     Depends: -
 
         def test_two(lab_factory):
-            lab_factory.append(name := "lbt-" + secrets.token_hex(3))
+            lab_factory.append(name := unique_name("lbt"))
             netns.build(topology.load("default"), name)
     """
     names: list[str] = []
@@ -66,7 +66,7 @@ def default_lab() -> Iterator[LabState]:
     """
     if os.geteuid() != 0:
         pytest.skip("the lab needs root")
-    name = PREFIX + secrets.token_hex(3)
+    name = unique_name("lbt")
     try:
         yield netns.build(topology.load("default"), name, programs=bpf_available() is None)
     finally:

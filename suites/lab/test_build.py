@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -13,11 +12,12 @@ import pytest
 
 from lab import netns, topology
 from lab.errors import LabError, LabExistsError
+from lab.harness import unique_name
 from lab.netns import InjectedFailure
 from lab.nsexec import netns_path
 from lab.state import LabState, pin_dir, state_dir
 from suites.lab import probes
-from suites.lab.probes import PREFIX, bpf_available
+from suites.lab.probes import bpf_available
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root")
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ def test_kernel_refusal_midway_names_the_step_and_leaves_nothing(lab_name: str, 
 
 
 def test_two_labs_coexist_and_go_independently(lab_name: str, lab_factory: list[str]) -> None:
-    other = PREFIX + secrets.token_hex(3)
+    other = unique_name("lbt")
     lab_factory.append(other)
     topo = topology.load("default")
     netns.build(topo, lab_name, programs=WITH_BPF)
@@ -137,7 +137,7 @@ def test_a_stray_namespace_of_the_name_is_refused(lab_name: str) -> None:
 
 
 def test_down_from_another_process_removes_exactly_that_lab(lab_name: str, lab_factory: list[str]) -> None:
-    bystander = PREFIX + secrets.token_hex(3)
+    bystander = unique_name("lbt")
     lab_factory.append(bystander)
     netns.build(topology.load("default"), bystander, programs=False)
     cli = [sys.executable, "-m", "lab.cli"]

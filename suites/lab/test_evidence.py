@@ -30,7 +30,7 @@ def test_udp_to_a_closed_port(lab):
 def test_a_failing_lab_test_shows_the_tracers_drop_reasons(tmp_path: Path) -> None:
     test = tmp_path / "test_failing.py"
     test.write_text(FAILING)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "suites.conftest", "-q", "--rootdir", str(tmp_path),
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "lab.pytest_plugin", "-q", "--rootdir", str(tmp_path),
                            "-p", "no:cacheprovider", str(test)], capture_output=True, text=True, cwd=REPO,
                           timeout=180, check=False)
     out = done.stdout + done.stderr

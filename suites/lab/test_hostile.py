@@ -14,13 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from balancer import controller
 from balancer.libbpf import map_from_pin
+from lab.harness import poll
 from lab.state import pin_dir, state_dir
 from suites.lab.probes import bpf_available, leftovers
 
@@ -117,10 +117,13 @@ def test_down_cleans_a_half_dead_lab_and_names_a_daemon_it_did_not_start(lab_nam
                                    "run", "--config", str(state_dir(lab_name) / "lb-lb.toml")],
                                   cwd=REPO, stderr=out, env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
-        deadline = time.monotonic() + 30
-        while '"event":"running"' not in log.read_text():
-            assert daemon.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)  # polling interval of a deadline loop
+        def running() -> bool:
+            if '"event":"running"' in log.read_text():
+                return True
+            assert daemon.poll() is None, log.read_text()
+            return False
+
+        poll(30.0, running, f"the daemon's running event in {log}")
         controller.Instance.state_path(instance).unlink()
         services = json.loads((state_dir(lab_name) / "state.json").read_text())["processes"]
         os.kill(services[0]["pid"], signal.SIGKILL)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
-import secrets
 import select
 import signal
 import socket
@@ -31,6 +31,7 @@ from pyroute2 import IPRoute
 from balancer import config as cfg
 from lab import frr, netns, topology
 from lab.errors import LabError
+from lab.harness import poll, unique_name
 from lab.lbconf import balancer_config, lb_link
 from lab.netns import InjectedFailure
 from lab.nsexec import entered, nsenter_argv
@@ -109,7 +110,7 @@ def mlb() -> Iterator[MultiLb]:
         def test_x(mlb):
             assert router_paths(mlb, VIP4) == {"rt-lb1", "rt-lb2"}
     """
-    name = PREFIX + secrets.token_hex(3)
+    name = unique_name("lbt")
     lab = MultiLb(name, topology.load("multi-lb"))
     try:
         state = netns.build(lab.topo, name)
@@ -151,17 +152,18 @@ def wait_paths(lab: MultiLb, vip: str, want: set[str], timeout: float = ROUTE_TI
 
 def wait_all_paths(lab: MultiLb, wants: dict[str, set[str]], timeout: float = ROUTE_TIMEOUT_S) -> dict[str, float]:
     """Poll the router's routes until each VIP's leaves by exactly its set; when (monotonic) each did."""
-    deadline = time.monotonic() + timeout
     reached: dict[str, float] = {}
-    while len(reached) < len(wants):
-        for vip, want in wants.items():
-            if vip not in reached and router_paths(lab, vip) == want:
+
+    def unreached() -> dict[str, list[str]]:
+        """The routes of the VIPs not yet leaving by their set (noting when each got there)."""
+        now = {vip: router_paths(lab, vip) for vip in wants if vip not in reached}
+        for vip, got in now.items():
+            if got == wants[vip]:
                 reached[vip] = time.monotonic()
-        if len(reached) < len(wants) and time.monotonic() > deadline:
-            got = {vip: sorted(router_paths(lab, vip)) for vip in wants if vip not in reached}
-            raise AssertionError(f"after {timeout:g} s the router's VIP routes leave by {got}, not by "
-                                 f"{ {v: sorted(w) for v, w in wants.items()} }")  # fmt: skip
-        time.sleep(0.002)  # polling interval, not synchronisation: the loop re-checks state
+        return {vip: sorted(got) for vip, got in now.items() if vip not in reached}
+
+    poll(timeout, unreached, f"the router's VIP routes leaving by { {v: sorted(w) for v, w in wants.items()} }",
+         until=operator.not_, interval_s=0.002)
     return reached
 
 
@@ -172,11 +174,8 @@ def test_bgp_sessions_are_established(mlb: MultiLb) -> None:
         assert set(states) == expected and len(expected) == (4 if node == "router" else 2)
         assert set(states.values()) == {"Established"}, states
     # BFD comes up after BGP (its sessions start once the peers are configured): poll, with a deadline.
-    deadline = time.monotonic() + BFD_UP_DEADLINE_S
-    bfd = frr.vtysh(mlb.name, "router", "show bfd peers brief")
-    while bfd.count(" up ") != 4 and time.monotonic() < deadline:
-        time.sleep(0.1)  # polling interval, not synchronisation: the loop re-reads the sessions
-        bfd = frr.vtysh(mlb.name, "router", "show bfd peers brief")
+    bfd = poll(BFD_UP_DEADLINE_S, lambda: frr.vtysh(mlb.name, "router", "show bfd peers brief"),
+               "four BFD sessions up", until=lambda text: text.count(" up ") == 4, check=False, interval_s=0.1)
     assert bfd.count(" up ") == 4, bfd
 
 
@@ -299,10 +298,8 @@ def test_bfd_moves_flows_off_a_dead_lb_within_one_second(mlb: MultiLb) -> None:
     frozen = [*hook, *daemons]
     try:
         with UdpProber(mlb) as prober:
-            deadline = time.monotonic() + 5
-            while len(prober.rounds) < 20 or any(m for _, m in prober.rounds[-10:]):
-                assert time.monotonic() < deadline, f"UDP echo fails before any failure: {prober.rounds[-10:]}"
-                time.sleep(0.01)  # polling interval, not synchronisation: the loop re-checks state
+            poll(5.0, lambda: list(prober.rounds), "UDP echo answering before any failure",
+                 until=lambda rounds: len(rounds) >= 20 and not any(m for _, m in rounds[-10:]), interval_s=0.01)
             start = time.monotonic()
             # lb1 dies silently, as a hung machine does. Its hook freezes first (it would withdraw the
             # routes properly), then its data plane goes: without XDP, lb1's kernel drops VIP packets...
@@ -356,7 +353,7 @@ def test_bfd_moves_flows_off_a_dead_lb_within_one_second(mlb: MultiLb) -> None:
 
 def test_teardown_ends_every_frr_daemon_and_hook() -> None:
     """A multi-lb lab of its own goes down with nothing left, FRR daemons and hooks included."""
-    name = PREFIX + secrets.token_hex(3)
+    name = unique_name("lbt")
     try:
         state = netns.build(topology.load("multi-lb"), name)
         procs = [p for p in state.processes if p.node in ("router", *LBS)]
@@ -374,7 +371,7 @@ def test_teardown_ends_every_frr_daemon_and_hook() -> None:
 @pytest.mark.parametrize("from_end", [1, 2, 3, 6, 9])
 def test_failure_while_starting_frr_leaves_nothing(from_end: int) -> None:
     topo = topology.load("multi-lb")
-    name = PREFIX + secrets.token_hex(3)
+    name = unique_name("lbt")
     try:
         counter = netns.Builder(topo, name)
         counter.build()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ import pytest
 
 from balancer.libbpf import BpfObject
 from lab.errors import LabError
+from lab.harness import unique_name
 from lab.nic import (
     ONE_QUEUE,
     SPREAD,
@@ -149,7 +149,7 @@ def veth_pair() -> Iterator[str]:
     """
     if os.geteuid() != 0:
         pytest.skip("needs root")
-    ns = "nic-" + secrets.token_hex(3)
+    ns = unique_name("nic")
     peer = ns + "-b"
     for n in (ns, peer):
         subprocess.run(["ip", "netns", "add", n], check=True)

@@ -19,7 +19,7 @@ import pytest
 
 from lab import target
 from lab.errors import LabError, UsageError
-from suites.conftest import REPO, Lab
+from lab.harness import REPO, Lab
 
 pytestmark = pytest.mark.topology("default")
 

@@ -8,12 +8,10 @@ them afterwards. The small XDP programs are compiled by BCC, which the tracer ne
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ import pytest
 
 from lab import cli
 from lab.errors import UsageError
+from lab.harness import poll, unique_name
 from lab.nsexec import NETNS_DIR, entered
 from lab.trace import HEADERS_ROOT, SETUP_HINT, Tracer, TraceReport, bcc_missing, compile_bcc, kernel_build_dir
 
@@ -81,7 +80,7 @@ def pair() -> Iterator[Pair]:
             with Tracer(pair.lab) as tracer:
                 ...
     """
-    lab = PREFIX + secrets.token_hex(3)
+    lab = unique_name("lbt")
     p = Pair(lab, f"{lab}-a", f"{lab}-b")
     with ExitStack() as stack:
         for ns in (p.a, p.b):
@@ -129,14 +128,10 @@ def _send_udp(netns: str, dst: str, port: int, count: int) -> None:
 
 def _wait_report(tracer: Tracer, done: Callable[[TraceReport], bool]) -> TraceReport:
     """Poll the tracer's report until `done` holds; fail with the last report at the deadline."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        report = tracer.report()
-        if done(report):
-            return report
-        if time.monotonic() > deadline:
-            pytest.fail(f"the tracer did not report it within {DEADLINE_S:g} s:\n{report.render()}")
-        time.sleep(0.02)  # polling interval, not synchronisation: the loop re-checks the counts
+    report = poll(DEADLINE_S, tracer.report, "the tracer's report", until=done, check=False, interval_s=0.02)
+    if not done(report):
+        pytest.fail(f"the tracer did not report it within {DEADLINE_S:g} s:\n{report.render()}")
+    return report
 
 
 def test_xdp_aborted_is_reported_for_node_and_interface(pair: Pair) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 
 from balancer import config as cfg
 from lab import cli, topology, vagrant
+from lab.harness import unique_name
 from lab.nsexec import NETNS_DIR
 from lab.topology import Topology
 
@@ -231,7 +231,7 @@ def machine() -> Iterator[tuple[str, str]]:
         def test_x(machine):
             vm, mac = machine
     """
-    lab = PREFIX + secrets.token_hex(3)
+    lab = unique_name("lbt")
     vm, sw = f"{lab}-vm", f"{lab}-sw"
     made: list[str] = []
     try:
@@ -411,7 +411,7 @@ def smoke_lab() -> Iterator[Any]:
     why = _vagrant_libvirt_missing()
     if why:
         pytest.skip(why)
-    lab = f"smoke-{secrets.token_hex(3)}"
+    lab = unique_name("smoke")
     environ = vagrantlab.env("default", lab)
     log = vagrantlab.state_dir(lab) / "vagrant.log"
     started = libvirtd.start()

@@ -8,7 +8,6 @@ program on b-a, and of no other program.
 
 from __future__ import annotations
 
-import secrets
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -19,9 +18,9 @@ import pytest
 
 from balancer.libbpf import BpfObject
 from lab.errors import LabError
+from lab.harness import poll, unique_name
 from lab.nsexec import NETNS_DIR, entered
 from lab.xdp_exceptions import ABORT_PROGRAM, OBJECT, PROGRAM, XdpExceptions, xdp_prog_id
-from suites.conformance._settle import poll
 
 FRAMES = 37
 DEADLINE_S = 5.0
@@ -42,7 +41,7 @@ def aborting_veth() -> Iterator[tuple[str, str]]:
         def test_x(aborting_veth):
             a, b = aborting_veth
     """
-    base = "xet-" + secrets.token_hex(3)
+    base = unique_name("xet")
     a, b = f"{base}-a", f"{base}-b"
     with ExitStack() as stack:
         for ns in (a, b):
@@ -79,7 +78,8 @@ def test_counts_every_abort_of_one_program(aborting_veth: tuple[str, str]) -> No
                 sock.send(frame)
         finally:
             sock.close()
-        poll(DEADLINE_S, lambda: seen.of_program(prog_id).get(("ABORTED", ifindex), 0) < FRAMES)
+        poll(DEADLINE_S, lambda: seen.of_program(prog_id).get(("ABORTED", ifindex), 0),
+             f"{FRAMES} aborted frames counted", until=lambda n: n >= FRAMES, check=False)
         assert seen.of_program(prog_id) == {("ABORTED", ifindex): FRAMES}, seen.counts()
 
 

@@ -31,6 +31,8 @@ from typing import Any
 
 import websocket
 
+from lab.poll import poll
+
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 SETUP_HINT = "bash scripts/setup.sh --extra browser"
 
@@ -63,17 +65,6 @@ def find_chromium() -> str | None:
         if path:
             return path
     return None
-
-
-def _poll(what: str, deadline: float, probe: Any) -> Any:
-    """Call ``probe`` until it returns something truthy or the deadline passes."""
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise BrowserError(f"timed out waiting for {what}")
-        time.sleep(0.05)  # polling interval, not synchronisation: the loop checks state each time
 
 
 @dataclass
@@ -185,7 +176,7 @@ class Browser:
                 first = text.splitlines()[0] if text.strip() else ""
                 return int(first) if first.isdigit() else None
 
-            browser = cls(process, _poll("Chromium's DevToolsActivePort", time.monotonic() + timeout, port))
+            browser = cls(process, poll(timeout, port, "Chromium's DevToolsActivePort"))
             try:
                 yield browser
             finally:
@@ -211,11 +202,8 @@ class Browser:
     def open(self, url: str, width: int = 1280, height: int = 900, timeout: float = 60.0) -> Page:
         """Load ``url`` in the first tab at the given viewport size and wait for its load event."""
         deadline = time.monotonic() + timeout
-        target = _poll(
-            "a page target",
-            deadline,
-            lambda: next((t for t in self._targets() if t.get("type") == "page"), None),
-        )
+        target = poll(max(0.0, deadline - time.monotonic()),
+                      lambda: next((t for t in self._targets() if t.get("type") == "page"), None), "a page target")
         ws = websocket.create_connection(
             target["webSocketDebuggerUrl"], timeout=timeout, suppress_origin=True
         )

@@ -37,12 +37,12 @@ from pathlib import Path
 import pytest
 
 from balancer.encaps import SAME_FAMILY, by_id
+from lab.harness import REPO, Lab, LabBalancer
 from lab.lbconf import real_addresses
 from lab.nic import ONE_QUEUE, SPREAD, RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
 from lab.nic import spread_verdict as verdict
 from lab.rss import Toeplitz, nic_input, queues_of, spread
 from reports.schema import Kind, RssPayload, RssScenario, case_id, write_result
-from suites.conftest import REPO, Balancer, Lab
 
 from ._sender import PAYLOAD
 
@@ -110,7 +110,7 @@ class Sender:
 
 
 @pytest.fixture(scope="module")
-def one_balancer(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Balancer]:
+def one_balancer(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabBalancer]:
     """Name: one_balancer. Scope: module. Depends: lab.
 
     lbctl loaded once for the module in the lab's `lb` node; each test applies its encap's config
@@ -121,7 +121,7 @@ def one_balancer(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     from balancer import config as cfg
     from lab.lbconf import lb_link
 
-    b = Balancer(lab, "lb", SAME_FAMILY[0], tmp_path_factory.mktemp("lb") / "lb.toml")
+    b = LabBalancer(lab, "lb", SAME_FAMILY[0], tmp_path_factory.mktemp("lb") / "lb.toml")
     text = cfg.dump(b.config_for())
     b.config_path.write_text(text)
     lab.write(b.node, b.config_file, text)
@@ -204,7 +204,7 @@ def test_rss_was_proven_on_at_boot(lab: Lab) -> None:
                      f"RSS proof {proof}\n")
 
 
-def test_nic_queues(lab: Lab, one_balancer: Balancer, encap: str, flow_hash: dict[str, str], tmp_path: Path) -> None:
+def test_nic_queues(lab: Lab, one_balancer: LabBalancer, encap: str, flow_hash: dict[str, str], tmp_path: Path) -> None:
     fam, mode = by_id(encap).vip_family, by_id(encap).config_name
     balancer = one_balancer
     balancer.encap_id = encap
@@ -274,7 +274,7 @@ def test_nic_queues(lab: Lab, one_balancer: Balancer, encap: str, flow_hash: dic
     assert not failures, "NIC queues not as the Toeplitz model predicts:\n" + "\n".join(failures) + f"\n{table}"
 
 
-def test_demo_spread_is_what_the_test_asserts(lab: Lab, one_balancer: Balancer, tmp_path: Path) -> None:
+def test_demo_spread_is_what_the_test_asserts(lab: Lab, one_balancer: LabBalancer, tmp_path: Path) -> None:
     """lab.nicdemo (what `make demo` shows): one encap's four settings on this lab, same verdicts."""
     from lab import nicdemo
 

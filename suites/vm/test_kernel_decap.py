@@ -30,10 +30,9 @@ from scapy.packet import Packet
 
 from balancer import _abi, encaps
 from balancer.encaps import EncapCase
+from lab.harness.vmlab import VmLab
 from lab.nsexec import entered
 from lab.packets.gue import GUE
-
-from .conftest import VmLab
 
 GUE_PORT = 6080
 FOU_PORT = 6081

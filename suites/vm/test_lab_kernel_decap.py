@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import socket
 import subprocess
 import sys
@@ -30,16 +29,17 @@ from balancer.encaps import SAME_FAMILY, EncapCase
 from lab import netns, topology
 from lab.capture import Capture, classify_lb_link
 from lab.errors import LabError
+from lab.harness import poll, unique_name
+from lab.harness.vmlab import vm_skip_reason
 from lab.lbconf import balancer_config, lb_link, peer_mac
 from lab.netns import Builder, InjectedFailure
 from lab.nsexec import entered, nsenter_argv
+from lab.pytest_plugin import record_boot
 from lab.services import starttime
 from lab.state import LabState, netns_name, state_dir
 from lab.vm_init.image import DEFAULT_CACHE_DIR
 from suites.lab import probes
 from suites.lab.probes import bpf_available
-
-from .conftest import BOOT_TIMES, vm_skip_reason
 
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "mlt-"
@@ -99,7 +99,7 @@ def kd_lab(request: pytest.FixtureRequest) -> Iterator[KernelDecapLab]:
         def test_x(kd_lab):
             kd_lab.lbctl("apply", conf_file)
     """
-    name = PREFIX + secrets.token_hex(3)
+    name = unique_name("lbt")
     topo = topology.load("kernel-decap")
     builder = RecordingBuilder(topo, name)
     lab = KernelDecapLab(name, topo, builder.names)
@@ -107,7 +107,7 @@ def kd_lab(request: pytest.FixtureRequest) -> Iterator[KernelDecapLab]:
         state = builder.build()
         for node, seconds in sorted(state.vm_boot_seconds.items()):
             uptime = state.vm_guest_uptime.get(node, float("nan"))
-            request.config.stash.setdefault(BOOT_TIMES, []).append((f"{name}/{node}", seconds, uptime))
+            record_boot(request.config, f"{name}/{node}", seconds, uptime)
             print(f"VM real {node}: booted in {seconds:.2f} s (qemu start to ready, TCG, both VMs at once)")
         conf = state_dir(name) / "lb-initial.toml"
         conf.write_text(cfg.dump(balancer_config(topo, name, encaps={4: "ipip"})))
@@ -169,16 +169,18 @@ def test_vm_reals_decapsulate_and_answer_the_client_directly(kd_lab: KernelDecap
 
 def settled_tx_encap(lab: KernelDecapLab, quiet: float = 0.3, timeout: float = 5.0) -> int:
     """The LB's TX_ENCAP count once it has not changed for `quiet` seconds (polled, with a deadline)."""
-    deadline = time.monotonic() + timeout
-    last, since = -1, time.monotonic()
-    while True:
-        now = json.loads(lab.lbctl("stats", "--json").stdout)["reasons"]["TX_ENCAP"]["packets"]
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return int(now)
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the LB's TX_ENCAP count still moves after {timeout:g} s: {now}")
+    seen = {"count": -1, "since": time.monotonic()}
+
+    def quiet_count() -> int | None:
+        now = int(json.loads(lab.lbctl("stats", "--json").stdout)["reasons"]["TX_ENCAP"]["packets"])
+        if now != seen["count"]:
+            seen["count"], seen["since"] = now, time.monotonic()
+            return None
+        return now if time.monotonic() - seen["since"] >= quiet else None
+
+    count = poll(timeout, quiet_count, "the LB's TX_ENCAP count still", until=lambda n: n is not None, interval_s=0.0)
+    assert count is not None
+    return count
 
 
 def _qemus() -> dict[int, int]:
@@ -234,7 +236,7 @@ def test_status_shows_the_vm_reals(kd_lab: KernelDecapLab) -> None:
 def test_failure_while_the_vms_boot_leaves_nothing(kd_lab: KernelDecapLab) -> None:
     """A build that fails while the VMs boot stops them (mid-boot) and leaves nothing behind."""
     step = next(i for i, s in enumerate(kd_lab.steps, 1) if s.startswith("wait for VM real real1 to boot"))
-    name = PREFIX + secrets.token_hex(3)
+    name = unique_name("lbt")
     try:
         with pytest.raises(InjectedFailure, match=f"injected failure at step {step}: wait for VM real real1"):
             netns.build(kd_lab.topo, name, fail_at=step)

@@ -5,17 +5,16 @@ Nothing left means: no qemu process for the VM's tap, no tap in the namespace, n
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pyroute2 import IPRoute, netns
 
+from lab.harness import unique_name
+from lab.harness.vmlab import VmLab, vm_skip_reason
 from lab.nsexec import entered
 from lab.vm import VmError, VmReal
-
-from .conftest import VmLab, vm_skip_reason
 
 
 @pytest.fixture
@@ -32,7 +31,7 @@ def vm_netns() -> Iterator[str]:
     reason = vm_skip_reason()
     if reason:
         pytest.skip(reason)
-    name = f"vmt-{secrets.token_hex(3)}"
+    name = unique_name("vmt")
     netns.create(name)
     try:
         yield name
@@ -62,7 +61,7 @@ def assert_nothing_left(vm: VmReal, ns: str) -> None:
 
 
 def test_setup_failure_in_the_vm_names_the_step_and_cleans_up(vm_netns: str) -> None:
-    tap = f"vmt{secrets.token_hex(4)}"
+    tap = unique_name("vmt", 4, sep="")
     # The gateway is outside eth0's subnet, so the VM's `ip route add default via` fails.
     vm = VmReal("bad-gw", vm_netns, "192.0.2.10", 24, "198.51.100.1", ["203.0.113.10"],
                 tap=tap, tap_address=False)
@@ -75,7 +74,7 @@ def test_setup_failure_in_the_vm_names_the_step_and_cleans_up(vm_netns: str) -> 
 
 def test_boot_deadline_raises_and_cleans_up(vm_netns: str) -> None:
     vm = VmReal("slow", vm_netns, "192.0.2.10", 24, "192.0.2.1", ["203.0.113.10"],
-                tap=f"vmt{secrets.token_hex(4)}", boot_timeout=0.3)
+                tap=unique_name("vmt", 4, sep=""), boot_timeout=0.3)
     with pytest.raises(VmError, match=r"not ready after 0.3 s .*raise boot_timeout") as caught:
         vm.start()
     assert caught.value.step == "boot"
@@ -86,7 +85,7 @@ def test_missing_namespace_is_named() -> None:
     reason = vm_skip_reason()
     if reason:
         pytest.skip(reason)
-    missing = f"vmt-gone-{secrets.token_hex(3)}"
+    missing = unique_name("vmt-gone")
     vm = VmReal("orphan", missing, "192.0.2.10", 24, "192.0.2.1", [])
     with pytest.raises(VmError, match=f"network namespace '{missing}' does not exist"):
         vm.start()

@@ -1,25 +1,22 @@
-"""Fixtures of the VM suite: a namespace holding a booted real-server VM's tap, and the client addresses.
+"""vmlab.py: a namespace whose tap is the link of a booted real-server VM, and why it cannot run here.
 
-Every test here needs root, qemu and Debian's cloud kernel; without them the suite skips and names
-`bash scripts/setup.sh --extra vm`. Boot times are collected and printed in the terminal summary.
+Every VM test needs root, qemu and Debian's cloud kernel; without them it skips and names
+`bash scripts/setup.sh --extra vm`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import pytest
-from _pytest.terminal import TerminalReporter
 from pyroute2 import IPRoute, netns
 
+from lab.harness import names
 from lab.nsexec import entered
 from lab.vm import VmReal
 from lab.vm_init.image import SETUP_HINT, ImageError, find_kernel, missing_tools
-
-BOOT_TIMES = pytest.StashKey[list[tuple[str, float, float]]]()
 
 
 @dataclass(frozen=True)
@@ -49,22 +46,10 @@ def vm_skip_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def vm_lab(request: pytest.FixtureRequest) -> Iterator[VmLab]:
-    """A namespace `vmt-<random>` whose tap is the link of a booted real-server VM.
-
-    Name: vm_lab
-    Scope: module (one boot serves the module's tests)
-    Depends: root, qemu, the cloud kernel unpacked in build/vm/kernel/ (skips otherwise)
-
-        def test_x(vm_lab):
-            with entered(vm_lab.netns):
-                socket.create_connection((vm_lab.vm.addr, 80))
-    """
-    reason = vm_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    name = f"vmt-{secrets.token_hex(3)}"
+@contextlib.contextmanager
+def booted_vm_lab() -> Iterator[VmLab]:
+    """A namespace `vmt-<random>` holding the tap of a booted VM; all of it removed afterwards."""
+    name = names.unique_name(names.VM)
     netns.create(name)
     try:
         lab = VmLab(
@@ -88,16 +73,6 @@ def vm_lab(request: pytest.FixtureRequest) -> Iterator[VmLab]:
                     f.write("0")
         with lab.vm:
             assert lab.vm.boot_seconds is not None and lab.vm.guest_uptime is not None
-            request.config.stash.setdefault(BOOT_TIMES, []).append(
-                (lab.vm.name, lab.vm.boot_seconds, lab.vm.guest_uptime)
-            )
             yield lab
     finally:
         netns.remove(name)
-
-
-def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.Config) -> None:
-    for name, wall, uptime in config.stash.get(BOOT_TIMES, []):
-        terminalreporter.write_line(
-            f"vm boot '{name}': {wall:.2f} s from qemu start to ready (guest uptime {uptime:.2f} s), TCG"
-        )
