@@ -1,0 +1,1 @@
+"""Benchmarks: the software bench, TRex, Katran side by side, NDR search, generators, NIC queues."""
