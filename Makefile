@@ -82,7 +82,7 @@ vagrant-box: deps-all
 # topology from the local box, the hardware-marked conformance suites over SSH, vagrant destroy.
 # Starts and stops libvirtd itself where no init system runs it. Long: see the README.
 test-vagrant: deps-all bpf
-	$(PY) -m lab.vagrantlab test --topology $(or $(TOPOLOGY),default) -- $(PYTEST_ARGS)
+	$(PY) -m lab.remote.vagrantlab test --topology $(or $(TOPOLOGY),default) -- $(PYTEST_ARGS)
 
 # One LB and one real from the local box, one DSR request, destroy (the smoke of the above).
 test-vagrant-smoke: deps-all bpf

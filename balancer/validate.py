@@ -1,7 +1,7 @@
 """validate.py: the checks every file format of l4lab shares — one reader for decoded TOML and JSON.
 
 Four formats are read from decoded documents: the controller's TOML config (balancer/config.py),
-lab topologies (lab/topology.py), target files (lab/target.py) and results (reports/schema.py).
+lab topologies (lab/topology.py), target files (lab/remote/target.py) and results (reports/schema.py).
 Each wraps a :class:`Reader` built with its own error factory, so each keeps its message form
 (``lb.toml: vips[2].port must be 1..65535 but got 0``) while the checks themselves — a bool is
 not an integer, a number must be finite, a key path reads ``vips[2].reals[0].address`` — are

@@ -187,7 +187,7 @@ def _add_vagrant_plan(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_vagrant_plan(args: argparse.Namespace) -> int:
-    from lab import vagrant
+    from lab.remote import vagrant
 
     topo = topology.load(args.topology)
     if args.lb_config is not None:
@@ -208,7 +208,7 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_target(args: argparse.Namespace) -> int:
-    from lab import target
+    from lab.remote import target
 
     if args.netns is not None:
         lab = check_name(args.netns)
@@ -233,25 +233,25 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from lab import bench
+    from lab.bench import cli as bench
 
     return bench.main(args.args)
 
 
 def _run_nic_queues(args: argparse.Namespace) -> int:
-    from lab import nic
+    from lab.bench import nic
 
     return nic.main(args.args)
 
 
 def _run_conform(args: argparse.Namespace) -> int:
-    from lab import conform
+    from lab.dut import conform
 
     return conform.main(args.args)
 
 
 def _run_vagrant_box(args: argparse.Namespace) -> int:
-    from lab import vagrantbox
+    from lab.remote import vagrantbox
 
     return vagrantbox.main(args.args)
 

@@ -7,7 +7,7 @@ and for each encap id checks four things, each a figure the demo measured and co
                link on the router: every request answered, every real served, and the LB received
                client→VIP packets only and emitted only encapsulated ones (0 replies crossed it).
     spread     the outer headers the real balancer program writes for SPREAD_FLOWS flows
-               (BPF_PROG_TEST_RUN), hashed as a NIC does (lab/rss.py: Toeplitz, 8 queues), with a
+               (BPF_PROG_TEST_RUN), hashed as a NIC does (lab/bench/rss.py: Toeplitz, 8 queues), with a
                fixed and a flow-derived outer source, under "sd" and (GUE) "sdfn": one queue where
                the outer headers do not vary, max/mean ≤ 1.25 where they do.
     PMTU       a 1500-byte UDP datagram with DF to the VIP: the LB answers "too big" itself and the
@@ -63,7 +63,7 @@ MOVED = "real3"  # the real the churn run removes
 
 def _use_suite_helpers() -> None:
     """Make the checkout's suites importable: the demo runs the conformance suite's own flow emitter,
-    echo servers and churn client (suites/conformance/_emitted.py, _tcp_services.py, _churn_client.py)
+    echo servers and churn client (lab/emitted.py, _tcp_services.py, _churn_client.py)
     rather than copies of them. `make demo` always runs from a checkout."""
     if str(REPO) not in sys.path:
         sys.path.append(str(REPO))
@@ -164,7 +164,7 @@ def run_traffic(lab: str, topo: topology.Topology, run: EncapRun, requests: int,
     try:
         for vip in sorted(vips):
             for kind, port in (("http", 80), ("udp", UDP_PORT)):
-                argv = [sys.executable, "-m", "lab.traffic", kind, "--vip", vip, "--port", str(port),
+                argv = [sys.executable, "-m", "lab.nodes.traffic", kind, "--vip", vip, "--port", str(port),
                         "--count", str(requests)] + [a for c in sorted(clients) for a in ("--source", c)]
                 done = _in_node(lab, "client", argv, timeout=120)
                 if done.returncode != 0:
@@ -208,8 +208,8 @@ def run_spread(topo: topology.Topology, run: EncapRun) -> None:
     """The NIC model's queues for the outer headers the balancer program writes (no lab traffic)."""
     import numpy as np
 
-    from lab.rss import Toeplitz, indirection_table, queues_of, spread
-    from suites.conformance._emitted import emit_flows
+    from lab.bench.rss import Toeplitz, indirection_table, queues_of, spread
+    from lab.emitted import emit_flows
 
     case = by_id(run.encap_id)
     fam, mode = case.vip_family, case.config_name
@@ -245,7 +245,7 @@ def run_pmtu(lab: str, topo: topology.Topology, run: EncapRun) -> None:
     flush = ["sh", "-c", "ip -4 route flush cache && ip -6 route flush cache"]
     _in_node(lab, "client", flush)  # each encap starts from the link's MTU
     before = _stats(lab)
-    done = _in_node(lab, "client", [sys.executable, "-m", "suites.conformance._udp_df", "--vip", vip,
+    done = _in_node(lab, "client", [sys.executable, "-m", "lab.nodes.udp_df", "--vip", vip,
                                     "--port", str(UDP_PORT), "--size", str(PMTU_SIZE), "--wait", "2"])
     if done.returncode != 0:
         run.errors.append(f"pmtu probe: {done.stderr.strip()[-300:]}")
@@ -274,7 +274,7 @@ def _ring_collateral(topo: topology.Topology, fam: int) -> tuple[int, int]:
 @contextlib.contextmanager
 def echo_services(lab: str, topo: topology.Topology) -> Iterator[None]:
     """A line echo on ECHO_PORT of every VIP on every real, pinned to CPU 0 (as test_churn does)."""
-    from suites.conformance._tcp_services import Services
+    from lab.nodes.tcp_services import Services
 
     binds = [f"[{v.address}]:{ECHO_PORT}" if v.address.version == 6 else f"{v.address}:{ECHO_PORT}"
              for v in topo.vips]
@@ -290,7 +290,7 @@ def _kill_echo_connections(lab: str, topo: topology.Topology) -> None:
 
 def run_churn(lab: str, topo: topology.Topology, run: EncapRun, work: Path) -> None:
     """CHURN_CONNS live connections to the echo VIP, then MOVED removed from it with `lbctl real del`."""
-    from suites.conformance._churn_client import ChurnClient
+    from lab.nodes.churn_client import ChurnClient
 
     case = by_id(run.encap_id)
     fam = case.vip_family

@@ -56,7 +56,7 @@ def balancer_config(topo: Topology, lab: str, *, encaps: dict[int, str], lb: str
     served by every real node (or those named in `reals`) at weight 1 or as `weights` says.
 
     `ifname` and `nexthop_mac` replace the topology's interface name and the MAC read from the
-    running netns lab, for a lab built elsewhere (lab/target.py)."""
+    running netns lab, for a lab built elsewhere (lab/remote/target.py)."""
     lb_if, peer, peer_if = lb_link(topo, lb)
     src4 = next((p for p in topo.lb_source_prefixes if p.version == 4), ipaddress.IPv4Network("0.0.0.0/32"))
     src6 = next((p for p in topo.lb_source_prefixes if p.version == 6), ipaddress.IPv6Network("::/128"))

@@ -1,7 +1,7 @@
 """The netns lab builder: turns a Topology into namespaces, veths, addresses, routes, programs and services.
 
 Nodes of kind "vm" get no namespace: their link's other end is a tap in that node's namespace,
-made by the VM's supervisor process (lab.vmnodes). Nodes with `bgp_asn` get their FRR daemons and,
+made by the VM's supervisor process (lab.remote.vmnodes). Nodes with `bgp_asn` get their FRR daemons and,
 on LB nodes, the health hook that announces the VIPs (lab.frr); the build waits for every BGP
 session to be Established.
 
@@ -182,7 +182,8 @@ class Builder:
     def _check_tools(self) -> None:
         """Refuse early, before any namespace exists, when FRR or qemu is needed and missing, or
         the host cannot take a lab (capabilities, bpffs hidden)."""
-        from lab import frr, vmnodes
+        from lab import frr
+        from lab.remote import vmnodes
 
         with self._step("check the capabilities and bpffs"):
             require_host(with_bpf=self.with_programs or self.with_balancers)
@@ -415,7 +416,7 @@ class Builder:
 
     def _start_vms(self, stack: ExitStack) -> None:
         """Boot every VM real (in parallel), each under a supervisor process; journal both processes."""
-        from lab import vmnodes
+        from lab.remote import vmnodes
 
         started = []
         for node in self.topo.vm_nodes():

@@ -15,7 +15,7 @@ every fixture removes what it made, also when the test fails, unless --lab-keep 
 Skips say what is missing and how to get it.
 
 Hardware mode: `--target FILE` (or $L4LAB_TARGET) points the suites at a lab already built on
-Vagrant VMs or bare metal and reached over SSH (lab/target.py). Then the `lab` fixture is a
+Vagrant VMs or bare metal and reached over SSH (lab/remote/target.py). Then the `lab` fixture is a
 `TargetLab`, commands and captures run on its hosts over ssh, and only tests marked `hardware`
 run: the others need namespaces on this machine and are skipped saying so.
 
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
 
     from lab.harness.vmlab import VmLab
+    from lab.remote.vm import VmReal
     from lab.trace import Tracer
-    from lab.vm import VmReal
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -51,9 +51,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="keep labs after their tests: never (default), when a test failed, always")
     parser.addoption("--target", metavar="FILE", default=os.environ.get("L4LAB_TARGET") or None,
                      help="run the tests marked hardware against the lab this target file describes "
-                          "(Vagrant or bare metal, over SSH; lab/target.py); default $L4LAB_TARGET")
+                          "(Vagrant or bare metal, over SSH; lab/remote/target.py); default $L4LAB_TARGET")
     parser.addoption("--dut", choices=("l4lab", "ipvs", "katran"), default=os.environ.get("L4LAB_DUT") or "l4lab",
-                     help="the load balancer the conformance tests that take `dut` grade (lab/dut.py): "
+                     help="the load balancer the conformance tests that take `dut` grade (lab/dut/__init__.py): "
                           "l4lab (default), ipvs (Linux IPVS in a qemu VM) or katran (built from "
                           "$L4LAB_KATRAN_SRC); default $L4LAB_DUT")
     parser.addoption("--ipvs-scheduler", default=os.environ.get("L4LAB_IPVS_SCHEDULER") or "mh:mh-port",
@@ -75,7 +75,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if marker is not None:
                 item.add_marker(pytest.mark.skip(reason=f"runs only with --target (hardware mode): {marker.args[0]}"))
         return
-    from lab import target as targets
+    from lab.remote import target as targets
 
     tgt = targets.load(path)
     for item in items:
@@ -156,7 +156,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
     """
     path = request.config.getoption("--target")
     if path:
-        from lab import target as targets
+        from lab.remote import target as targets
 
         yield TargetLab(targets.load(path))
         return
@@ -280,7 +280,7 @@ def vm_lab(request: pytest.FixtureRequest) -> Iterator[VmLab]:
 def vm_real(vm_lab: VmLab) -> VmReal:
     """Name: vm_real. Scope: module. Depends: vm_lab (root, qemu, Debian's cloud kernel; skips otherwise).
 
-    A booted real-server VM (lab.vm.VmReal: Debian's kernel decapsulating with tunl0/fou, VIPs on lo,
+    A booted real-server VM (lab.remote.vm.VmReal: Debian's kernel decapsulating with tunl0/fou, VIPs on lo,
     HTTP on 80 and a UDP echo on 9000) whose tap is the link of vm_lab's namespace::
 
         def test_x(vm_real):

@@ -97,7 +97,7 @@ def _process_label(argv: list[str]) -> str:
         return " ".join(binds)
     if _is_qemu(argv):
         return "qemu (the VM)"
-    return "VM supervisor" if "lab.vmnodes" in argv else " ".join(Path(a).name for a in argv[:3])
+    return "VM supervisor" if "lab.remote.vmnodes" in argv else " ".join(Path(a).name for a in argv[:3])
 
 
 def _vm(state: LabState, topo: topology.Topology, node: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ A sysctl key with `*` in the interface position (`net.ipv4.conf.*.rp_filter`) ap
 and runs the VIPs' services bound to them. Every error names the file, the key, the value and
 what was expected.
 
-A node of kind "vm" is a real server in a qemu VM (lab.vmnodes): it has exactly one link, to a
+A node of kind "vm" is a real server in a qemu VM (lab.remote.vmnodes): it has exactly one link, to a
 netns node whose end of the link is the VM's tap (that end carries the VM's gateway addresses);
 the VM's own end has one IPv4 and at most one IPv6 address, and no routes, sysctls, offloads or XDP
 of its own: its default routes point at the tap's addresses. Every node with `bgp_asn` runs FRR

@@ -108,8 +108,8 @@ EncapId = encaps.EncapId
 #: The frame sizes a benchmark reports, in bytes of Ethernet frame without FCS, plus the IMIX mix.
 FRAME_SIZES: tuple[int | str, ...] = (64, 128, 256, 512, 1024, 1280, 1518, "imix")
 FrameSize = int | Literal["imix"]
-#: Mean frame of the simple IMIX the generators send (lab/gen/base.py IMIX: 28 × 64, 16 × 570 and
-#: 4 × 1518 bytes per 48 frames), for rates in Gb/s; suites/reports checks it against lab/gen/base.py.
+#: Mean frame of the simple IMIX the generators send (lab/bench/gen/base.py IMIX: 28 × 64, 16 × 570 and
+#: 4 × 1518 bytes per 48 frames), for rates in Gb/s; suites/reports checks it against lab/bench/gen/base.py.
 IMIX_MEAN_FRAME_BYTES = (28 * 64 + 16 * 570 + 4 * 1518) / 48
 
 ENV_RESULTS = "L4LAB_RESULTS"
@@ -470,7 +470,7 @@ class ConformanceFigure:
 
 @dataclass(frozen=True)
 class ConformancePayload:
-    """The outcome of one conformance test in one encap, on one device under test (lab/dut.py).
+    """The outcome of one conformance test in one encap, on one device under test (lab/dut/__init__.py).
 
     `not-applicable` means the DUT lacks a capability the test needs (`detail` names it); a
     `fail` of a foreign DUT is a finding about it, with its evidence in `detail`.

@@ -6,7 +6,7 @@
 #   scripts/setup.sh --all      every feature (what `make test` needs to run every suite)
 #
 # The VM's kernel is never installed on this host: `--extra vm` downloads the package that
-# linux-image-cloud-amd64 depends on and unpacks it into build/vm/kernel/ (lab/vm_init/image.py
+# linux-image-cloud-amd64 depends on and unpacks it into build/vm/kernel/ (lab/remote/vm_init/image.py
 # reads it there). A second run installs nothing. A package that cannot be installed is named on one line.
 set -euo pipefail
 cd "$(dirname "$0")/.."

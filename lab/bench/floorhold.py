@@ -1,8 +1,8 @@
-"""`python -m lab.floorhold`: hold one floor program (build/bpf/floor.o) on an interface for as long as asked.
+"""`python -m lab.bench.floorhold`: hold one floor program (build/bpf/floor.o) on an interface for as long as asked.
 
-    python -m lab.floorhold --interface IF --program xdp_tx_swap|xdp_drop [--mode native|generic]
+    python -m lab.bench.floorhold --interface IF --program xdp_tx_swap|xdp_drop [--mode native|generic]
 
-The hardware bench (lab/trexbench.py) runs this on the LB host over ssh. It attaches the program
+The hardware bench (lab/bench/trex.py) runs this on the LB host over ssh. It attaches the program
 through a BPF link that only this process holds, prints `attached`, then answers every line read on
 standard input with one line: the packets the program's `fl_count` map has counted (summed over the
 CPUs). End of input (the bench closed it, or ssh went away), SIGTERM, SIGINT and SIGHUP close the
@@ -24,7 +24,7 @@ from typing import NoReturn
 from balancer.errors import LbError
 from balancer.libbpf import BpfObject
 
-FLOOR_OBJECT = Path(__file__).resolve().parents[1] / "build" / "bpf" / "floor.o"
+FLOOR_OBJECT = Path(__file__).resolve().parents[2] / "build" / "bpf" / "floor.o"
 PROGRAMS = ("xdp_drop", "xdp_tx_swap")
 
 
@@ -44,12 +44,12 @@ def _count(obj: BpfObject) -> int:
 def hold(ifname: str, program: str, mode: str) -> int:
     """Attach, answer count requests until end of input or a signal, detach; the exit status."""
     if not FLOOR_OBJECT.is_file():
-        print(f"lab.floorhold: BPF object {FLOOR_OBJECT} does not exist; run `make bpf` there", file=sys.stderr)
+        print(f"lab.bench.floorhold: BPF object {FLOOR_OBJECT} does not exist; run `make bpf` there", file=sys.stderr)
         return 1
     try:
         ifindex = socket.if_nametoindex(ifname)
     except OSError:
-        print(f"lab.floorhold: no interface '{ifname}' on {socket.gethostname()}; check the target file's "
+        print(f"lab.bench.floorhold: no interface '{ifname}' on {socket.gethostname()}; check the target file's "
               "interfaces table", file=sys.stderr)
         return 1
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
@@ -63,7 +63,7 @@ def hold(ifname: str, program: str, mode: str) -> int:
         for _ in sys.stdin:
             print(_count(obj), flush=True)
     except LbError as exc:
-        print(f"lab.floorhold: {exc}", file=sys.stderr)
+        print(f"lab.bench.floorhold: {exc}", file=sys.stderr)
         return 1
     except (_Stop, BrokenPipeError):
         pass  # a signal or a closed pipe ends the hold; the finally block detaches
@@ -77,12 +77,12 @@ def hold(ifname: str, program: str, mode: str) -> int:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        print(f"lab.floorhold: {message}", file=sys.stderr)
+        print(f"lab.bench.floorhold: {message}", file=sys.stderr)
         raise SystemExit(2)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _Parser(prog="python -m lab.floorhold", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="python -m lab.bench.floorhold", description=__doc__.splitlines()[0])
     parser.add_argument("--interface", required=True, metavar="IF")
     parser.add_argument("--program", required=True, choices=PROGRAMS)
     parser.add_argument("--mode", choices=("native", "generic"), default="native")

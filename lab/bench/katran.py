@@ -1,6 +1,6 @@
 """katranbench.py: `l4lab bench --katran PATH`: l4lab and Katran timed side by side on identical packets.
 
-Both datapaths are built and loaded in the same run (Katran from the user's checkout, lab/katran.py),
+Both datapaths are built and loaded in the same run (Katran from the user's checkout, lab/dut/katran.py),
 given the same VIP, the same four reals and the same Maglev ring (balancer/maglev.py), and per-CPU
 session tables of the same size. Per encap (IPIP; GUE, Katran built with GUE_ENCAP) the cases are
 
@@ -20,7 +20,7 @@ events, PASS_NOT_VIP; Katran: `stats` LRU v1 without v2 for hits, LRU_MISS v1 fo
 for ACK misses, XDP_PASS). Each datapath instance serves one encap, so no two cases share a counter.
 Ratios are of the cost above the MAC-swap floor, l4lab / Katran, measured in this run only.
 
-Then the live-frames NDR at 64 B on the bench veth (lab/bench.py's testbed and search) of the
+Then the live-frames NDR at 64 B on the bench veth (lab/bench/run.py's testbed and search) of the
 XDP_TX floor, l4lab and Katran per encap, also in this run.
 """
 
@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from balancer import encaps
-from lab import katran as K
 from lab.checksum import inet_checksum
+from lab.dut import katran as K
 from lab.errors import LabError
 from lab.harness.cpu import pinned_cpu
 
@@ -140,7 +140,7 @@ class NewFlows:
 def l4lab_side(stack: ExitStack, encap_id: str, lru_size: int, obj: Path | None = None, who: str = "l4lab") -> Side:
     from balancer.datapath import Datapath
 
-    path = str(obj or Path(__file__).resolve().parents[1] / "build" / "bpf" / "balancer.o")
+    path = str(obj or Path(__file__).resolve().parents[2] / "build" / "bpf" / "balancer.o")
     dp = Datapath.load(path, max_vips=4, max_reals=16, ring_size=RING, lru_size=lru_size, fallback_size=1024)
     stack.callback(dp.close)
     dp.set_settings(nexthop_mac=CLIENT_MAC, src4=f"{SRC4}/32", mtu=1500)
@@ -274,7 +274,7 @@ def run(opts: Options, say: Callable[[str], None] = print) -> Result:
     result = Result()
     started = time.monotonic()
     with ExitStack() as stack:
-        floor = BpfObject(str(Path(__file__).resolve().parents[1] / "build" / "bpf" / "floor.o"))
+        floor = BpfObject(str(Path(__file__).resolve().parents[2] / "build" / "bpf" / "floor.o"))
         stack.callback(floor.close)
         floor.load()
         frame = tcp_frame(CLIENT, 45000, VIP, 0x10)
@@ -343,10 +343,10 @@ def table(result: Result) -> list[str]:
 
 def measure_ndr(opts: Options, objs: dict[str, Path], result: Result, say: Callable[[str], None]) -> None:
     """Live-frames NDR at 64 B on the bench veth: the XDP_TX floor, then l4lab and Katran per encap."""
-    from lab import bench as B
+    from lab.bench import run as B
 
     settings = B.Options(quick=True).search_settings()
-    say("live frames on veth, 64 B, NDR search (lab/bench.py testbed):")
+    say("live frames on veth, 64 B, NDR search (lab/bench/run.py testbed):")
     with B.testbed() as bed:
         plan: list[tuple[str, str]] = [("floor:xdp_tx", "")]
         for encap_id in ENCAPS:
@@ -370,7 +370,7 @@ def measure_ndr(opts: Options, objs: dict[str, Path], result: Result, say: Calla
 
 
 def _l4lab_on(bed: Any, encap_id: str) -> Any:
-    from lab import bench as B
+    from lab.bench import run as B
 
     bed.load_balancer()
     bed.instance.apply(B.lb_config(encap_id))
@@ -378,7 +378,7 @@ def _l4lab_on(bed: Any, encap_id: str) -> Any:
 
 
 def _katran_on(bed: Any, encap_id: str, objs: dict[str, Path], opts: Options) -> Any:
-    from lab import bench as B
+    from lab.bench import run as B
 
     kt = K.Katran(objs[ENCAPS[encap_id]], lru_size=min(opts.lru_size, 1 << 16)).load()
     bed.stack.callback(kt.close)

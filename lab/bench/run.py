@@ -13,7 +13,7 @@ XDP_TX peer rule needs). The XDP_DROP floor counts on the LB side instead. Both 
 receive queue per CPU, so each CPU's frames stay on that CPU from generator to counter (one shared
 queue loses frames between two producing CPUs at any rate). Two idle veth pairs in the generator
 namespace hold the generator's programs attached, which keeps each test run from re-patching the
-kernel's XDP dispatcher (lab/gen/xdplive.py says why that matters).
+kernel's XDP dispatcher (lab/bench/gen/xdplive.py says why that matters).
 
 Per frame size, the floors (MAC-swap XDP_TX, XDP_DROP) and every encap are measured in the same
 run by the same NDR/PDR search; the figures print with their ratio to the XDP_TX floor and the
@@ -25,31 +25,28 @@ Results: one `bench` result (reports/schema.py) with every point and trial, the 
 the controller figures, and latency at 10/50/90 % of PDR where the generator measures it (TRex).
 
 With `--trex TARGET.toml` the same NDR/PDR search runs on hardware instead: a TRex server and the
-LB host a target file names, reached over SSH (lab/trexbench.py).
+LB host a target file names, reached over SSH (lab/bench/trex.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import math
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from balancer.encaps import IP4_GUE0, IP4_GUE1, IP4_IPIP, IP6_GUE1, IP6_IP6IP6, SAME_FAMILY, EncapCase
-from lab.errors import LabError, UsageError
-from lab.gen.base import Family, FrameSpec, Generator, Latency, check_frame_spec, mean_frame_size
-from lab.ndr import SearchResult, SearchSettings, latency_rates, search
+from lab.bench.gen.base import Family, FrameSpec, Generator, Latency, mean_frame_size
+from lab.bench.ndr import SearchResult, SearchSettings, latency_rates, search
+from lab.errors import LabError
 from lab.progress import BenchProgress
 
-OBJECT_DIR = Path(__file__).resolve().parents[1] / "build" / "bpf"
+OBJECT_DIR = Path(__file__).resolve().parents[2] / "build" / "bpf"
 PREFIX = "bnt-"
 GEN_IF = "bnt-g"
 LB_IF = "bnt-l"
@@ -85,7 +82,7 @@ class Options:
     max_rate_pps: float = 12e6
     micro_runs: int = 20000
     result_id: str = "bench_ndr_pdr"
-    trex: Path | None = None  # a target file: the hardware bench (lab/trexbench.py)
+    trex: Path | None = None  # a target file: the hardware bench (lab/bench/trex.py)
     max_rate_given: bool = False  # --max-rate-mpps was given (the hardware bench else uses line rate)
 
     def search_settings(self, max_rate: float | None = None) -> SearchSettings:
@@ -197,7 +194,7 @@ class Testbed:
         self.on_lb_program(prog)
 
     def on_lb_program(self, prog: Any) -> None:
-        """Put any loaded XDP program on the LB veth (e.g. Katran's, lab/katranbench.py)."""
+        """Put any loaded XDP program on the LB veth (e.g. Katran's, lab/bench/katran.py)."""
         if self._lb_link is not None:
             self._lb_link.close()
             self._lb_link = None
@@ -211,7 +208,7 @@ class Testbed:
 
 
 def _count(obj: Any) -> int:
-    from lab.gen.xdplive import percpu_total
+    from lab.bench.gen.xdplive import percpu_total
 
     return percpu_total(obj.map("fl_count").lookup_percpu(b"\0" * 4))
 
@@ -271,8 +268,8 @@ def _size_label(size: FrameSpec) -> str:
 
 
 def _generator(bed: Testbed, sink: Callable[[], int]) -> Any:
-    from lab.gen.base import Endpoints
-    from lab.gen.xdplive import XdpLiveGenerator
+    from lab.bench.gen.base import Endpoints
+    from lab.bench.gen.xdplive import XdpLiveGenerator
 
     ep = Endpoints(src_mac=GEN_MAC, dst_mac=LB_MAC, dst4=VIP4, dst6=VIP6, dport=VIP_PORT)
     return XdpLiveGenerator(bed.gen_ns, GEN_IF, ep, sink, park_ifnames=PARK_IFS,
@@ -329,7 +326,7 @@ def ndr_point(gen: Generator, name: str, size: FrameSpec, flows: int, family: Fa
 
 def measure_micro(bed: Testbed, opts: Options, report: Report) -> None:
     """ns/packet of the balancer per encap and of the floors, from repeat = 1 test runs."""
-    from lab.gen.base import Endpoints, build_frame
+    from lab.bench.gen.base import Endpoints, build_frame
 
     runs = 2000 if opts.quick else opts.micro_runs
     ep = Endpoints(src_mac=GEN_MAC, dst_mac=LB_MAC, dst4=VIP4, dst6=VIP6, dport=VIP_PORT)
@@ -538,138 +535,3 @@ def finish(report: Report, opts: Options, started: float, say: Callable[[str], N
         say(f"wrote {report.results_file}")
     say(f"bench took {time.monotonic() - started:.0f} s (targets are printed, never asserted)")
     return report
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true",
-                        help="64-byte frames, short trials, 5 %% width (finishes within 5 minutes)")
-    parser.add_argument("--encap", action="append", metavar="ID", choices=list(ENCAPS),
-                        help=f"encap id, repeatable (default all: {', '.join(ENCAPS)})")
-    parser.add_argument("--sizes", metavar="LIST",
-                        help="comma-separated frame sizes 64..1518 and/or imix (default: 64 with --quick, "
-                             "else 64,128,256,512,1024,1280,1518,imix)")
-    parser.add_argument("--parts", metavar="LIST",
-                        help=f"comma-separated parts to run (default {','.join(PARTS)}; ndr with --trex)")
-    parser.add_argument("--flows", type=int, default=1024, help="UDP flows per trial (default 1024)")
-    parser.add_argument("--max-rate-mpps", type=float, metavar="X",
-                        help="the highest rate the search tries, Mpps (default 12; with --trex the LB "
-                             "link's line rate at each frame size)")
-    parser.add_argument("--trex", metavar="TARGET.toml", type=Path,
-                        help="measure on hardware: the TRex server and LB host of this target file "
-                             "(its [trex] table; see lab/target.py), reached over SSH")
-    parser.add_argument("--katran", metavar="PATH", nargs="?", const="",
-                        help="time l4lab and Katran side by side: Katran is built from the checkout at PATH "
-                             "(default $L4LAB_KATRAN_SRC); see lab/katranbench.py")
-    parser.add_argument("--results", metavar="DIR", type=Path,
-                        help="results directory (default $L4LAB_RESULTS or results/)")
-
-
-def parse_sizes(text: str) -> tuple[FrameSpec, ...]:
-    sizes: list[FrameSpec] = []
-    for item in text.split(","):
-        item = item.strip()
-        value: FrameSpec
-        if item == "imix":
-            value = "imix"
-        else:
-            try:
-                value = int(item)
-            except ValueError:
-                raise UsageError(f"--sizes must list frame sizes 64..1518 or imix but got {item!r}") from None
-        try:
-            check_frame_spec(value)
-        except LabError as exc:
-            raise UsageError(f"--sizes: {exc}") from None
-        sizes.append(value)
-    if not sizes:
-        raise UsageError("--sizes must list at least one frame size")
-    return tuple(sizes)
-
-
-def options(args: argparse.Namespace) -> Options:
-    parts_text = args.parts if args.parts is not None else ",".join(PARTS)
-    parts = tuple(p.strip() for p in parts_text.split(",") if p.strip())
-    unknown = [p for p in parts if p not in PARTS]
-    if unknown or not parts:
-        raise UsageError(f"--parts must list some of {', '.join(PARTS)} but got {parts_text!r}")
-    if not 1 <= args.flows <= 1 << 20:
-        raise UsageError(f"--flows must be 1..{1 << 20} but got {args.flows}")
-    rate = args.max_rate_mpps
-    if rate is not None and not (math.isfinite(rate) and 0.01 < rate <= 1000):
-        raise UsageError(f"--max-rate-mpps must be a rate above 0.01 and at most 1000 Mpps but got {rate:g}")
-    sizes = parse_sizes(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else FULL_SIZES)
-    encaps = tuple(dict.fromkeys(args.encap)) if args.encap else tuple(ENCAPS)
-    extra: dict[str, Any] = {}
-    if rate is not None:
-        extra.update(max_rate_pps=rate * 1e6, max_rate_given=True)
-    if args.trex is not None:
-        if args.parts is not None and parts != ("ndr",):
-            raise UsageError(f"--parts {parts_text!r}: with --trex only ndr runs; the micro and controller "
-                             "benchmarks measure the machine they run on: run `l4lab bench --parts "
-                             "micro,controller` on the LB itself")
-        parts = ("ndr",)
-        extra.update(trex=args.trex, result_id="bench_trex_ndr_pdr")
-    return Options(encaps=encaps, sizes=sizes, parts=parts, results=args.results, flows=args.flows,
-                   quick=args.quick, **extra)
-
-
-def run(args: argparse.Namespace) -> int:
-    """The verb's body for lab/cli.py: errors propagate as LabError / UsageError (exit 1 / 2)."""
-    if args.katran is not None:
-        from lab import katranbench
-
-        check_environment()
-        katranbench.run(katranbench.options(args.katran or None, args.quick, args.results))
-        return 0
-    opts = options(args)
-    if opts.trex is not None:
-        from lab import trexbench
-
-        trexbench.bench_trex(opts)
-    else:
-        bench(opts)
-    return 0
-
-
-class _Parser(argparse.ArgumentParser):
-    """Errors are one line and a UsageError (exit 2), not a usage dump."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`l4lab bench` as a function: 0 on success, 2 for usage errors, 1 for runtime errors."""
-    parser = _Parser(prog="l4lab bench", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    try:
-        args = parser.parse_args(argv)
-        return run(args)
-    except UsageError as exc:
-        _say_error(exc)
-        return 2
-    except LabError as exc:
-        _say_error(exc)
-        return 1
-    except KeyboardInterrupt:
-        print("l4lab bench: interrupted (what the bench had set up is removed)", file=sys.stderr)
-        return 130
-    except Exception as exc:  # balancer errors (LbError) and results errors name their cause
-        from balancer.errors import LbError
-        from reports.schema import ResultsError
-
-        if isinstance(exc, LbError | ResultsError):
-            _say_error(exc)
-            return 1
-        raise
-
-
-def _say_error(exc: BaseException) -> None:
-    """The error in one line, then one line per note (a clean-up that failed while it unwound)."""
-    print(f"l4lab bench: {exc}", file=sys.stderr)
-    for note in getattr(exc, "__notes__", []):
-        print(f"l4lab bench: also: {note}", file=sys.stderr)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

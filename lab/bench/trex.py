@@ -10,10 +10,10 @@ Which TRex port counts what came back depends on where the program sends it:
 - the XDP_TX floor: the MAC-swap program returns each frame to its source, `trex.tx_mac`, so
   `tx_port` counts (the same port when tx_port == rx_port);
 - the XDP_DROP floor: nothing comes back, so a trial's `received` is what the LB's own counter
-  (floor.o's fl_count, read by lab/floorhold.py before and after the trial) grew by.
+  (floor.o's fl_count, read by lab/bench/floorhold.py before and after the trial) grew by.
 
 Order: the floors first (XDP_DROP, then XDP_TX, every frame size each, the program held by
-`python -m lab.floorhold` over ssh), then the balancer: `lbctl --instance l4lab-bench load` once
+`python -m lab.bench.floorhold` over ssh), then the balancer: `lbctl --instance l4lab-bench load` once
 with the first encap's config, `lbctl apply` per encap (one UDP VIP, four reals of its family that
 need not exist: TRex only counts frames), every frame size each, and `lbctl unload`. The floor and
 the balancer never share the interface. Each step on the LB registers its undo the moment it
@@ -21,7 +21,7 @@ succeeds, so a failure, Ctrl-C or SIGTERM leaves the LB as it was found.
 
 Each search starts at the LB link's line rate for the frame size (its speed read over ssh), or at
 --max-rate-mpps if that is lower or the speed cannot be read. Importing TRex's client replaces
-scapy in the process (lab/gen/trex.py): nothing here imports scapy, and the CLI runs in a process
+scapy in the process (lab/bench/gen/trex.py): nothing here imports scapy, and the CLI runs in a process
 of its own.
 """
 
@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from lab.bench import (
+from lab.bench.gen.base import Endpoints, Family, FrameSpec, Generator, TrialResult, mean_frame_size
+from lab.bench.run import (
     ENCAPS,
     VIP4,
     VIP6,
@@ -56,9 +57,8 @@ from lab.bench import (
     ndr_point,
 )
 from lab.errors import LabError, UsageError
-from lab.gen.base import Endpoints, Family, FrameSpec, Generator, TrialResult, mean_frame_size
 from lab.progress import BenchProgress
-from lab.target import Target, TrexPorts
+from lab.remote.target import Target, TrexPorts
 
 BENCH_INSTANCE = "l4lab-bench"
 PREAMBLE_AND_GAP = 20  # bytes on the wire around every frame: preamble + start delimiter 8, gap 12
@@ -92,7 +92,7 @@ def trex_ports(target: Target) -> TrexPorts:
     """The target's [trex] table, with the two MACs the bench cannot do without; UsageError naming the key."""
     if target.trex is None:
         raise UsageError(f"{target.path}: trex is missing: `l4lab bench --trex` needs a [trex] table with "
-                         "server, tx_port, rx_port, tx_mac and rx_mac (see lab/target.py)")
+                         "server, tx_port, rx_port, tx_mac and rx_mac (see lab/remote/target.py)")
     for key, port in (("tx_mac", target.trex.tx_port), ("rx_mac", target.trex.rx_port)):
         if not getattr(target.trex, key):
             raise UsageError(f"{target.path}: trex.{key} must be the MAC address of TRex port {port} "
@@ -109,7 +109,7 @@ def lb_host(target: Target) -> LbHost:
         raise UsageError(f"{target.path}: nodes has no node of role lb of topology '{target.topology.name}'; "
                          "add a [nodes.NAME] table for the LB host")
     node = names[0]
-    target.python_argv(node, "lab.floorhold")  # UsageError now, not mid-run, when the LB has no repo
+    target.python_argv(node, "lab.bench.floorhold")  # UsageError now, not mid-run, when the LB has no repo
     topo_if = lb_link(target.topology, node)[0]
     ifname = target.node(node).ifname(topo_if)
     mac = target.mac(node, topo_if)
@@ -153,7 +153,7 @@ def _mbps(line: str) -> int | None:
 
 
 class FloorHold:
-    """`python -m lab.floorhold` on the LB over ssh: the floor program stays attached while this runs.
+    """`python -m lab.bench.floorhold` on the LB over ssh: the floor program stays attached while this runs.
 
     The ssh session runs in a session of its own, so a Ctrl-C meant for the bench does not cut it
     before the bench has read its last count; release() closes its input, which detaches."""
@@ -161,7 +161,7 @@ class FloorHold:
     def __init__(self, lb: LbHost, program: str, mode: str = "native", timeout_s: float = 60.0) -> None:
         self.what = f"the {program} floor on {lb.ifname} of {lb.node}"
         self.timeout_s = timeout_s
-        argv = lb.target.python_argv(lb.node, "lab.floorhold", "--interface", lb.ifname, "--program", program,
+        argv = lb.target.python_argv(lb.node, "lab.bench.floorhold", "--interface", lb.ifname, "--program", program,
                                      "--mode", mode)
         self.proc = subprocess.Popen(lb.target.ssh_argv(lb.node, argv), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -179,7 +179,7 @@ class FloorHold:
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise LabError(f"{self.what}: lab.floorhold said nothing for {self.timeout_s:g} s")
+                raise LabError(f"{self.what}: lab.bench.floorhold said nothing for {self.timeout_s:g} s")
             ready, _, _ = select.select([fd], [], [], remaining)
             if ready:
                 chunk = os.read(fd, 4096)
@@ -199,7 +199,7 @@ class FloorHold:
             pass  # it is gone: the read below says so
         line = self._readline()
         if line is None or not line.isdigit():
-            raise LabError(f"{self.what}: lab.floorhold stopped answering: {self._finish() or line!r}")
+            raise LabError(f"{self.what}: lab.bench.floorhold stopped answering: {self._finish() or line!r}")
         return int(line)
 
     def _finish(self) -> str:
@@ -219,7 +219,7 @@ class FloorHold:
             self.proc.stdout.close()
         if self.proc.returncode == 0:
             return ""
-        why = stderr.splitlines()[-1].removeprefix("lab.floorhold: ") if stderr else "no message"
+        why = stderr.splitlines()[-1].removeprefix("lab.bench.floorhold: ") if stderr else "no message"
         if self.proc.returncode == 255:
             why = f"ssh failed: {why}"
         return f"{why} (exit status {self.proc.returncode})"
@@ -323,7 +323,7 @@ def trex_generator(trex: TrexPorts) -> GeneratorFactory:
     """TrexGenerators of the target's server, sending from tx_port."""
 
     def make(endpoints: Endpoints, rx_port: int, latency: bool) -> Generator:
-        from lab.gen.trex import TrexGenerator
+        from lab.bench.gen.trex import TrexGenerator
 
         return TrexGenerator(trex.server, endpoints, tx_port=trex.tx_port, rx_port=rx_port,
                              sync_port=trex.sync_port, async_port=trex.async_port,
@@ -408,7 +408,7 @@ def bench_trex(opts: Options, say: Callable[[str], None] = print, make: Generato
     """The hardware bench of opts.trex (a target file): measure, print the summary, write the results.
 
     `make` builds the generators (default: TrexGenerators of the target's [trex] server)."""
-    from lab.target import load as load_target
+    from lab.remote.target import load as load_target
 
     if opts.trex is None:
         raise UsageError("the hardware bench needs --trex TARGET.toml")

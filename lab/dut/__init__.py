@@ -3,8 +3,8 @@
 A DUT balances a lab's VIP traffic to its reals by encapsulation and declares what it can do
 (`Capability`); a test that needs a capability the DUT lacks is *not applicable*, never a pass.
 Three DUTs live here: l4lab's own XDP balancer in the lab's LB node (`L4labDut`, through lbctl);
-Linux IPVS in tunnel mode in a qemu VM that takes the LB node's place (`IpvsDut`, lab/ipvs.py);
-Katran built from the user's checkout, attached like l4lab (`KatranDut`, lab/katran.py).
+Linux IPVS in tunnel mode in a qemu VM that takes the LB node's place (`IpvsDut`, lab/dut/ipvs.py);
+Katran built from the user's checkout, attached like l4lab (`KatranDut`, lab/dut/katran.py).
 
 Example::
 
@@ -320,7 +320,7 @@ class IpvsDut(Dut):
         return frozenset(cls.capabilities - lacks)
 
     def start(self) -> None:
-        from lab.ipvs import IpvsLb
+        from lab.dut.ipvs import IpvsLb
 
         hosts4 = list(IPVS_NET4.hosts())
         gw4, addr4 = str(hosts4[0]), str(hosts4[1])
@@ -362,7 +362,7 @@ class IpvsDut(Dut):
             self.vm = None
 
     def _service_list(self) -> list[Any]:
-        from lab.ipvs import Service
+        from lab.dut.ipvs import Service
 
         out = []
         for vip in self.lab.topology.vips:
@@ -435,7 +435,7 @@ class IpvsDut(Dut):
 
 
 class KatranDut(Dut):
-    """Katran's XDP balancer built from the user's checkout ($L4LAB_KATRAN_SRC, lab/katran.py), in
+    """Katran's XDP balancer built from the user's checkout ($L4LAB_KATRAN_SRC, lab/dut/katran.py), in
     native XDP on the lab's LB link like l4lab; its maps programmed by our code, its ring our Maglev
     ring for the same reals (Katran's own control plane is C++ and not part of its BPF program).
 
@@ -452,7 +452,7 @@ class KatranDut(Dut):
     node = "lb"
 
     def __init__(self, lab: LabLike, workdir: Path) -> None:
-        from lab import katran
+        from lab.dut import katran
 
         super().__init__(lab, workdir)
         self.checkout = katran.Checkout.find(None)
@@ -463,7 +463,7 @@ class KatranDut(Dut):
         self._index: dict[str, int] = {}
 
     def start(self) -> None:
-        from lab import katran
+        from lab.dut import katran
 
         for flavour in katran.FLAVOURS:
             self.objects[flavour] = katran.build(self.checkout, flavour)
@@ -475,7 +475,7 @@ class KatranDut(Dut):
             self.flavour = None
 
     def _load(self, flavour: str, vips: int) -> None:
-        from lab import katran
+        from lab.dut import katran
         from lab.nsexec import entered
 
         self.stop()
@@ -521,7 +521,7 @@ class KatranDut(Dut):
 
     def _write_rings(self) -> None:
         from balancer import maglev
-        from lab import katran
+        from lab.dut import katran
 
         members = {self._index[n]: (self.reals()[n], w) for n, w in self.weights.items()}
         ring = list(maglev.build_ring(members, katran.RING_SIZE))

@@ -29,7 +29,7 @@ from lab.dut import DUT_NAMES
 from lab.errors import UsageError
 from reports.schema import ConformancePayload, Kind, Result, load_results, results_dir
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_TESTS = "suites/conformance"
 
 

@@ -4,7 +4,7 @@ The VM boots Debian's cloud kernel (the one the VM reals boot) with an initramfs
 `ipvsadm` and the IPVS modules; its link is a tap in a namespace of the lab (the router's, so
 the router reaches it directly) and its VIPs sit on its lo. IPVS forwards VIP traffic to the
 reals encapsulated as IPIP (`-i`) or GUE variant 0 (`-i --tun-type gue`), and the reals answer
-the client directly, as with l4lab. Commands reach the VM on its control channel (lab/vm.py).
+the client directly, as with l4lab. Commands reach the VM on its control channel (lab/remote/vm.py).
 
 Example::
 
@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.vm import VmError, VmReal
-from lab.vm_init import image as vmimage
+from lab.remote.vm import VmError, VmReal
+from lab.remote.vm_init import image as vmimage
 
 IPVSADM = Path("/usr/sbin/ipvsadm")
 SETUP_HINT = "bash scripts/setup.sh --extra vm"

@@ -15,7 +15,7 @@ balancer_consts.h), facts restated here as struct formats:
     lru_mapping  one LRU hash per CPU (key flow_key 40 bytes, value real_pos_lru 16 bytes)
     stats      per CPU, two u64 per counter; global counters at MAX_VIPS (512) + counter id
 
-Used by the side-by-side bench (lab/katranbench.py) and as a device under test attached in native
+Used by the side-by-side bench (lab/bench/katran.py) and as a device under test attached in native
 XDP on a lab's LB veth: load(), attach(), add_vip(), add_real(), remove_real(), set_ring(),
 counter(). A flavour is the default IPIP build or GUE (`-DGUE_ENCAP -DGUE_DPORT=6080`).
 """
@@ -36,7 +36,7 @@ from lab.errors import LabError
 
 ENV = "L4LAB_KATRAN_SRC"
 SOURCE = Path("katran/lib/bpf/balancer.bpf.c")
-BUILD_DIR = Path(__file__).resolve().parents[1] / "build" / "katran"
+BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "katran"
 HOW_TO_GET = ("get a Katran checkout with `git clone https://github.com/facebookincubator/katran` "
               "and pass its path (`l4lab bench --katran PATH`, or L4LAB_KATRAN_SRC=PATH for the tests)")
 

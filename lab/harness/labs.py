@@ -2,7 +2,7 @@
 
 `Lab` is the protocol tests are written against: run, python, capture, mac, ifname and write mean
 the same on both kinds. `NetnsLab` is a lab `lab.netns` built here; `TargetLab` is a lab already
-built on Vagrant VMs or bare metal (`--target FILE`, lab/target.py). `LabBalancer` is l4lab's
+built on Vagrant VMs or bare metal (`--target FILE`, lab/remote/target.py). `LabBalancer` is l4lab's
 controller (lbctl) loaded in a lab node, the same on both.
 """
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from balancer.config import Config
-    from lab.target import Target
+    from lab.remote.target import Target
     from lab.topology import Topology
     from lab.trace import Tracer
 
@@ -155,7 +155,7 @@ class NetnsLab(_Common):
         """nsenter keeps /sys/fs/bpf visible; a VM node runs argv over its control channel (its stderr
         comes back in stdout)."""
         if self.topology.node(node).kind == "vm" and input is None:
-            from lab import vmnodes
+            from lab.remote import vmnodes
 
             return _checked(vmnodes.run(self.name, node, argv, timeout=timeout), argv, self.where(node), check)
         return super().run(node, argv, check=check, timeout=timeout, input=input)
@@ -230,7 +230,7 @@ class TargetLab(_Common):
         """On a node that says capture = false (a hardware router), the test is skipped."""
         import pytest
 
-        from lab.target import RemoteCapture
+        from lab.remote.target import RemoteCapture
 
         if node not in self.hosts.nodes or not self.hosts.node(node).capture:
             pytest.skip(f"this test captures on {node}'s {ifname}, which target {self.hosts.name} "

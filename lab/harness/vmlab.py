@@ -15,8 +15,8 @@ from pyroute2 import IPRoute, netns
 
 from lab.harness import names
 from lab.nsexec import entered
-from lab.vm import VmReal
-from lab.vm_init.image import SETUP_HINT, ImageError, find_kernel, missing_tools
+from lab.remote.vm import VmReal
+from lab.remote.vm_init.image import SETUP_HINT, ImageError, find_kernel, missing_tools
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Long-lived TCP connections to a VIP's line echo plus a stream of new ones, with each one's fate, for the churn suite.
 
-    python -m suites.conformance._churn_client --vip 198.51.100.100 --port 7007 --conns 200
+    python -m lab.nodes.churn_client --vip 198.51.100.100 --port 7007 --conns 200
 
 Runs inside the client node. It opens --conns connections, learns from the first echo which real
 serves each, and prints one JSON line {"event": "ready", "conns": [{index, addr, port, node}...]}
@@ -208,7 +208,7 @@ def _emit(obj: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m suites.conformance._churn_client")
+    ap = argparse.ArgumentParser(prog="python -m lab.nodes.churn_client")
     ap.add_argument("--vip", required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--conns", type=int, default=200)
@@ -239,10 +239,10 @@ class ChurnClient:
         module_args = ["--vip", vip, "--port", str(port), *args]
         if isinstance(lab, str):
             full = nsenter_argv(netns_name(lab, node),
-                                [sys.executable, "-m", "suites.conformance._churn_client", *module_args])
+                                [sys.executable, "-m", "lab.nodes.churn_client", *module_args])
             self.where = f"the churn client in {netns_name(lab, node)}"
         else:
-            full = lab.python_argv(node, "suites.conformance._churn_client", *module_args)
+            full = lab.python_argv(node, "lab.nodes.churn_client", *module_args)
             self.where = f"the churn client in {lab.where(node)}"
         self.proc = subprocess.Popen(full, cwd=_REPO, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -1,6 +1,6 @@
 """_echo.py: exactly N ICMP / ICMPv6 echo requests to one address, each awaited, over a raw socket (no ping binary).
 
-    python -m suites.conformance._echo --count 3 198.51.100.100
+    python -m lab.nodes.echo --count 3 198.51.100.100
 
 Prints, as JSON, how many requests were sent and how many got their reply within the deadline.
 Needs root (a raw socket). The kernel fills the ICMPv6 checksum; the ICMP one is computed here.
@@ -51,7 +51,7 @@ def echo(target: str, count: int, deadline_s: float) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="suites.conformance._echo")
+    ap = argparse.ArgumentParser(prog="lab.nodes.echo")
     ap.add_argument("target")
     ap.add_argument("--count", type=int, default=1)
     ap.add_argument("--deadline", type=float, default=2.0, help="seconds to wait for each reply")

@@ -1,6 +1,6 @@
 """_flows.py: one UDP datagram from each of N source ports to a VIP, so N distinct 5-tuples cross the LB.
 
-    python -m suites.conformance._flows --vip 198.51.100.100 --port 9000 --flows 12000 [--first-port 20000]
+    python -m lab.nodes.flows --vip 198.51.100.100 --port 9000 --flows 12000 [--first-port 20000]
 
 Ports first-port .. first-port+N-1 are bound explicitly (a port in use is skipped and counted);
 prints {"sent": n, "skipped": k} as JSON. Runs in the client node, on a netns lab or over ssh.
@@ -34,7 +34,7 @@ def send_flows(vip: str, port: int, flows: int, first_port: int, payload: bytes 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m suites.conformance._flows", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m lab.nodes.flows", description=__doc__.splitlines()[0])
     ap.add_argument("--vip", required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--flows", type=int, required=True)

@@ -1,7 +1,7 @@
 """_rps.py: a TCP probe that tells, per connection, which CPU of the server's kernel received it.
 
-    python -m suites.conformance._rps serve --bind VIP --port 8081 --count 48     (in a real)
-    python -m suites.conformance._rps connect --vip VIP --port 8081 --count 48 --source A ...
+    python -m lab.nodes.rps serve --bind VIP --port 8081 --count 48     (in a real)
+    python -m lab.nodes.rps connect --vip VIP --port 8081 --count 48 --source A ...
 
 The server prints "listening" once it accepts connections, then answers each connection's request
 line with SO_INCOMING_CPU of the accepted socket (the CPU whose receive path delivered its latest
@@ -75,7 +75,7 @@ def connect_once(vip: str, port: int, source: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="suites.conformance._rps")
+    ap = argparse.ArgumentParser(prog="lab.nodes.rps")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve")
     s.add_argument("--bind", required=True)

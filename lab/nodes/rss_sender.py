@@ -1,6 +1,6 @@
 """_sender.py: UDP flows to a VIP on request, each from its own source port, for per-flow RSS checks.
 
-    python -m suites.rss._sender --vip 198.51.100.100 --port 9000
+    python -m lab.nodes.rss_sender --vip 198.51.100.100 --port 9000
 
 Reads one batch per line from stdin, `SPORT:COUNT SPORT:COUNT ...`, sends COUNT datagrams of each
 flow (payload `l4lab-rss SPORT`, so a capture names the flow inside any encapsulation), waits up to
@@ -43,7 +43,7 @@ def await_replies(sockets: list[socket.socket], expected: int, timeout: float) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m suites.rss._sender", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m lab.nodes.rss_sender", description=__doc__.splitlines()[0])
     ap.add_argument("--vip", required=True)
     ap.add_argument("--port", type=int, required=True)
     args = ap.parse_args(argv)

@@ -6,7 +6,7 @@ and serve any number of connections from one thread with a selector:
     sink    reads until the client shuts its side down, then answers b"<node> <bytes read>\\n"
     echo    answers each line b"<line>" with b"<node> <line>"; connections live until the client closes
 
-    python -m suites.conformance._tcp_services sink --node real1 --bind 198.51.100.100:5001
+    python -m lab.nodes.tcp_services sink --node real1 --bind 198.51.100.100:5001
 
 The process prints "ready" once every socket listens. `Services` starts one per node through
 nsenter (or over ssh on a --target lab, where the server also ends when its standard input closes:
@@ -107,7 +107,7 @@ def serve(kind: str, node: str, binds: Sequence[str], until_eof: bool = False) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m suites.conformance._tcp_services")
+    ap = argparse.ArgumentParser(prog="python -m lab.nodes.tcp_services")
     ap.add_argument("kind", choices=("sink", "echo"))
     ap.add_argument("--node", required=True)
     ap.add_argument("--bind", action="append", required=True, metavar="ADDR:PORT")
@@ -146,9 +146,9 @@ class Services:
                 args += ["--until-eof"] if self.remote else []
                 if isinstance(self.lab, str):
                     full = nsenter_argv(netns_name(self.lab, node),
-                                        [sys.executable, "-m", "suites.conformance._tcp_services", *args])
+                                        [sys.executable, "-m", "lab.nodes.tcp_services", *args])
                 else:
-                    full = self.lab.python_argv(node, "suites.conformance._tcp_services", *args)
+                    full = self.lab.python_argv(node, "lab.nodes.tcp_services", *args)
                 self.procs[node] = subprocess.Popen(
                     full, cwd=_REPO, text=True, stdin=subprocess.PIPE if self.remote else subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)

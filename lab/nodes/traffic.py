@@ -1,7 +1,7 @@
 """traffic.py: a client that runs inside a lab node and reports, as JSON, who answered each request.
 
-    python -m lab.traffic http --vip 198.51.100.100 --port 80 --count 30 --source 192.0.2.2 ...
-    python -m lab.traffic udp  --vip 198.51.100.100 --port 9000 --count 30 --source ...
+    python -m lab.nodes.traffic http --vip 198.51.100.100 --port 80 --count 30 --source 192.0.2.2 ...
+    python -m lab.nodes.traffic udp  --vip 198.51.100.100 --port 9000 --count 30 --source ...
 
 Each request is a new flow (a new TCP connection or a new UDP socket), taken in turn from each
 source address, so flows spread over the reals; `--sport-base` fixes each request's source port,
@@ -64,7 +64,7 @@ def _node(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="lab.traffic")
+    ap = argparse.ArgumentParser(prog="lab.nodes.traffic")
     ap.add_argument("kind", choices=("http", "udp"))
     ap.add_argument("--vip", required=True)
     ap.add_argument("--port", type=int, required=True)

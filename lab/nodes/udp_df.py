@@ -1,6 +1,6 @@
 """One UDP datagram with DF (IPv6: no fragmentation) to a VIP, and the path MTU the socket learns from it, as JSON.
 
-    python -m suites.conformance._udp_df --vip 198.51.100.100 --port 9000 --size 1500
+    python -m lab.nodes.udp_df --vip 198.51.100.100 --port 9000 --size 1500
 
 The datagram makes an IP packet of --size bytes. The socket forbids fragmentation, so when an
 ICMP frag-needed / packet too big comes back the kernel lowers the socket's path MTU (IP_MTU /
@@ -49,7 +49,7 @@ def probe(vip: str, port: int, size: int, wait_s: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m suites.conformance._udp_df")
+    ap = argparse.ArgumentParser(prog="python -m lab.nodes.udp_df")
     ap.add_argument("--vip", required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--size", type=int, default=1500, help="IP packet size in bytes")

@@ -1,6 +1,6 @@
 """A bulk TCP upload to a VIP that reports, as JSON, whether it completed or stalled (a PMTU blackhole).
 
-    python -m suites.conformance._upload --vip 198.51.100.100 --port 5001 --bytes 2000000 --stall 5
+    python -m lab.nodes.upload --vip 198.51.100.100 --port 5001 --bytes 2000000 --stall 5
 
 The send buffer is kept small so that bytes accepted by send() track bytes the receiver has
 acknowledged: when nothing more is accepted for --stall seconds the upload is reported as stalled
@@ -72,7 +72,7 @@ def _stalled(sock: socket.socket, sent: int, t0: float, phase: str) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m suites.conformance._upload")
+    ap = argparse.ArgumentParser(prog="python -m lab.nodes.upload")
     ap.add_argument("--vip", required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--bytes", type=int, default=2_000_000)

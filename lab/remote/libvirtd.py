@@ -13,7 +13,7 @@ MSR write): so the probe boots a Linux kernel in qemu with KVM and wants its ban
 console within PROBE_SECONDS. Otherwise "qemu" (TCG). The answer is kept in RUN_DIR (it does not
 change until the machine reboots).
 
-    python -m lab.libvirtd start|stop|status|driver
+    python -m lab.remote.libvirtd start|stop|status|driver
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ QEMU = "qemu-system-x86_64"
 
 def _kernels() -> list[Path]:
     """Linux kernels the probe can boot: the local box's, then the machine's own."""
-    from lab.vagrantbox import BOOT_ROOT
+    from lab.remote.vagrantbox import BOOT_ROOT
 
     return [*sorted(BOOT_ROOT.glob("l4lab-vg-*/vmlinuz")), *sorted(Path("/boot").glob("vmlinuz-*"))]
 
@@ -145,7 +145,7 @@ def _without_broken_kvm(argv: list[str]) -> list[str]:
     system_conf = Path("/etc/libvirt/qemu.conf")
     conf = RUN_DIR / "qemu.conf"
     conf.write_text((system_conf.read_text() if system_conf.exists() else "")
-                    + "\n# l4lab (lab/libvirtd.py): /dev/kvm is hidden from this daemon; no per-domain /dev\n"
+                    + "\n# l4lab (lab/remote/libvirtd.py): /dev/kvm is hidden from this daemon; no per-domain /dev\n"
                     + "namespaces = [ ]\n")
     script = (f'mount --bind "{hidden}" /dev/kvm && mount --bind "{conf}" "{system_conf}" && exec "$@"')
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", *argv]
@@ -192,7 +192,7 @@ def stop(deadline: float = 60.0) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.libvirtd", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m lab.remote.libvirtd", description=__doc__.splitlines()[0])
     p.add_argument("action", choices=("start", "stop", "status", "driver"))
     args = p.parse_args(argv)
     try:
@@ -208,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"libvirtd {'answers' if answering() else 'does not answer'} on {URI}; ours: "
                   f"{', '.join(d for d in DAEMONS if _pid(d) is not None) or 'none'}")
     except LabError as exc:
-        print(f"lab.libvirtd: {exc}", file=sys.stderr)
+        print(f"lab.remote.libvirtd: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -49,7 +49,7 @@ from lab.errors import LabError, TopologyError, UsageError
 from lab.topology import Topology
 from lab.topology import load as load_topology
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")
 
 
@@ -152,7 +152,7 @@ def load(path: str | Path) -> Target:
     try:
         data = tomllib.loads(p.read_text())
     except FileNotFoundError:
-        raise UsageError(f"target file {p} does not exist; write one (see lab/target.py) or run "
+        raise UsageError(f"target file {p} does not exist; write one (see lab/remote/target.py) or run "
                          "`l4lab target --vagrant TOPOLOGY` / `l4lab target --netns NAME`") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{where}: not valid TOML: {exc}") from None
@@ -336,7 +336,7 @@ def for_vagrant(topology: str, directory: Path, ssh_config: str | None = None,
     in as the vagrant user, so every command runs through `sudo -n`; the checkout is the synced folder.
     `env` is the environment of `vagrant ssh-config` (default: this process's, with L4LAB_TOPOLOGY);
     `machines` the nodes that are up (default: every node of the topology)."""
-    from lab.vagrant import plan
+    from lab.remote.vagrant import plan
 
     topo = load_topology(topology)
     p = plan(topo, driver="")

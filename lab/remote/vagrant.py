@@ -1,7 +1,7 @@
 """The Vagrant plan of a topology: the machines, private networks and provisioning steps, as JSON-ready data.
 
 The Vagrantfile reads `l4lab vagrant-plan TOPOLOGY` and only declares what the plan says; everything
-a machine does to itself is in lab/provision/*.sh, run with the arguments listed here. Decisions
+a machine does to itself is in lab/remote/provision/*.sh, run with the arguments listed here. Decisions
 that differ from the netns lab, because these are whole machines:
 
 - Every lab link is a private network of its own; each NIC gets a MAC derived from (topology,
@@ -14,13 +14,13 @@ that differ from the netns lab, because these are whole machines:
 - The LB's next-hop MAC is known in advance (it is the router's derived MAC), so the balancer
   config is complete in the plan (`lb_config`, also printed by `l4lab vagrant-plan --lb-config`).
 - The box is Debian's public `debian/bookworm64`, or with `--box local` (L4LAB_BOX=local) the box
-  `l4lab vagrant-box` builds from Debian's packages (lab/vagrantbox.py): everything provisioning
+  `l4lab vagrant-box` builds from Debian's packages (lab/remote/vagrantbox.py): everything provisioning
   needs is inside it, so its machines need no network but their own, and with it the management
   network is isolated (libvirt mode "none"; the public box keeps NAT for apt).
 - On libvirt every lab link is a UDP tunnel between the two machines' NICs (qemu sockets on
   127.0.0.1): no host bridge, no host address on the lab's subnets, nothing else can reach them.
   Every libvirt name (domains, the management network) starts with `l4lab-vg-`; the driver is
-  "kvm" only where a KVM guest really boots (lab/libvirtd.py), else "qemu" (TCG).
+  "kvm" only where a KVM guest really boots (lab/remote/libvirtd.py), else "qemu" (TCG).
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ from lab.errors import UsageError
 from lab.lbconf import lb_link, real_addresses
 from lab.topology import TOPOLOGY_DIR, IpNetwork, Node, Topology
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 PLAN_SCHEMA = 1
 BOX = "debian/bookworm64"  # Debian 12: its kernel has the ipip, ip6_tunnel and fou modules
-LOCAL_BOX = "l4lab/debian12"  # built by `l4lab vagrant-box` (lab/vagrantbox.py)
+LOCAL_BOX = "l4lab/debian12"  # built by `l4lab vagrant-box` (lab/remote/vagrantbox.py)
 LIBVIRT_PREFIX = "l4lab-vg-"
 MANAGEMENT_NETWORK = "192.168.127.0/24"
 TUNNEL_PORT_BASE = 47000  # UDP ports on 127.0.0.1 of the libvirt links: base + 64 * (lab slot) + 2 * link
 SYNCED_FOLDER = "/vagrant"
-PROVISION_DIR = "lab/provision"
+PROVISION_DIR = "lab/remote/provision"
 GUE_PORT = int(_abi.Limits.DEFAULT_GUE_PORT)
 LB_ENCAP = {4: "ipip", 6: "ipip"}
 # (cpus, memory MiB) per role: small enough for six machines on 2 vCPUs; the LB builds the datapath
@@ -265,7 +265,7 @@ def node_plan(topo: Topology, node: Node, box: str = BOX, lab: str | None = None
 def libvirt(box: str, lab: str, driver: str | None = None) -> dict[str, Any]:
     """The libvirt settings of lab `lab`: driver, domain name prefix and the management network."""
     if driver is None:
-        from lab.libvirtd import driver as probe
+        from lab.remote.libvirtd import driver as probe
 
         driver = probe()
     return {

@@ -7,8 +7,8 @@ hashes every input of what it caches):
 1. debootstrap (minbase) of Debian 12 with Debian's cloud kernel, sshd, sudo, rsync (the synced
    folder), and what provisioning needs so that no machine runs apt: clang, libbpf-dev, bpftool,
    make, gcc for the LB's `make bpf`; iproute2, ethtool, tcpdump; python3 with Debian's numpy and
-   pyroute2 (lab/provision/box.sh makes /opt/l4lab/venv from them);
-2. lab/provision/box.sh inside that root: the `vagrant` user with Vagrant's insecure public key and
+   pyroute2 (lab/remote/provision/box.sh makes /opt/l4lab/venv from them);
+2. lab/remote/provision/box.sh inside that root: the `vagrant` user with Vagrant's insecure public key and
    passwordless sudo, DHCP on the management NIC only, no documentation;
 3. the root becomes an ext4 file system image (`mkfs.ext4 -d`, no loop device, no mount) and then
    box.img (qcow2), packed with metadata.json and a Vagrantfile into a libvirt box;
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from lab.errors import LabError, UsageError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 BOX_NAME = "l4lab/debian12"
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -51,7 +51,7 @@ PACKAGES = (
 )
 CMDLINE = "root=/dev/vda rw console=ttyS0 net.ifnames=0 biosdevname=0 quiet"
 BOOT_ROOT = Path("/var/lib/libvirt/boot")
-BOX_SCRIPT = REPO / "lab" / "provision" / "box.sh"
+BOX_SCRIPT = REPO / "lab" / "remote" / "provision" / "box.sh"
 TOOLS = {"debootstrap": "debootstrap", "mkfs.ext4": "e2fsprogs", "qemu-img": "qemu-utils", "vagrant": "vagrant",
          "virsh": "libvirt-clients"}
 
@@ -146,7 +146,7 @@ def _debootstrap(mirror: str) -> Path:
 
 
 def _root(work: Path, mirror: str) -> Path:
-    """Stage 2: a copy of the debootstrapped root configured by lab/provision/box.sh."""
+    """Stage 2: a copy of the debootstrapped root configured by lab/remote/provision/box.sh."""
     base = _debootstrap(mirror)
     root = work / "root"
     if root.exists():
@@ -158,7 +158,7 @@ def _root(work: Path, mirror: str) -> Path:
     script = (f"mount -t proc proc {root}/proc && mount --bind /dev {root}/dev && "
               f"chroot {root} /bin/bash /tmp/box.sh --pubkey /tmp/vagrant.pub")
     _run(["unshare", "--mount", "--propagation", "private", "--fork", "sh", "-c", script],
-         "configure the box's root (lab/provision/box.sh)", log=work / "build.log")
+         "configure the box's root (lab/remote/provision/box.sh)", log=work / "build.log")
     for leftover in ("vagrant.pub", "box.sh"):
         (root / "tmp" / leftover).unlink()
     return root

@@ -1,7 +1,7 @@
 """The Vagrant lab on libvirt, driven from here: up, target file, hardware suites, destroy, nothing left behind.
 
-`make test-vagrant` runs `python -m lab.vagrantlab test`: libvirtd (lab/libvirtd.py) and the local
-box (lab/vagrantbox.py) first, then `vagrant up` of the topology, `l4lab target --vagrant`, the
+`make test-vagrant` runs `python -m lab.remote.vagrantlab test`: libvirtd (lab/remote/libvirtd.py) and the local
+box (lab/remote/vagrantbox.py) first, then `vagrant up` of the topology, `l4lab target --vagrant`, the
 balancer lb.sh loaded is unloaded (each test loads its own), `pytest suites/conformance --target`,
 `vagrant destroy -f`, and a check that no libvirt domain, network or volume and no qemu process
 named `l4lab-vg-<topology>-` remains. Vagrant's state and logs go to build/vagrant/<topology>/.
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.errors import LabError
-from lab.vagrant import LIBVIRT_PREFIX
+from lab.remote.vagrant import LIBVIRT_PREFIX
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def state_dir(lab: str) -> Path:
@@ -103,7 +103,7 @@ class Timings:
 
 def unload_provisioned(target_file: Path) -> None:
     """Unload the balancer lb.sh loaded on every LB host: the suites load their own, one per test."""
-    from lab import target as targets
+    from lab.remote import target as targets
 
     tgt = targets.load(target_file)
     for node in tgt.topology.nodes_with_role("lb"):
@@ -112,7 +112,7 @@ def unload_provisioned(target_file: Path) -> None:
 
 def run_suites(topology: str, pytest_args: Sequence[str], keep: bool = False) -> int:
     """The whole round trip; returns pytest's exit status (LabError when a lab step fails)."""
-    from lab import libvirtd, target, vagrantbox
+    from lab.remote import libvirtd, target, vagrantbox
 
     log = state_dir(topology) / "vagrant.log"
     environ = env(topology)
@@ -147,7 +147,7 @@ def run_suites(topology: str, pytest_args: Sequence[str], keep: bool = False) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.vagrantlab", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m lab.remote.vagrantlab", description=__doc__.splitlines()[0])
     p.add_argument("action", choices=("test",))
     p.add_argument("--topology", default="default")
     p.add_argument("--keep", action="store_true", help="leave the machines and libvirtd running afterwards")

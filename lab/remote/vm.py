@@ -1,6 +1,6 @@
 """A real server in a qemu (TCG) VM whose Linux kernel decapsulates IPIP, FOU and GUE for VIPs on lo.
 
-The VM boots Debian's cloud kernel with the initramfs of `lab.vm_init.image` and its link is a tap
+The VM boots Debian's cloud kernel with the initramfs of `lab.remote.vm_init.image` and its link is a tap
 device that this module creates inside a given network namespace: by default the tap carries the
 gateway address, so the namespace is the VM's router. Settings reach the VM's /init on the kernel
 command line; the VM writes one readiness line to its serial console, which is a file here, and
@@ -10,7 +10,7 @@ A second serial port is the VM's control channel: a shell loop in the guest runs
 per request and answers with its output and exit status (`run()`), so the guest's ethtool can be
 asked without a packet on the VM's NIC. With `queues` > 1 the NIC is a multiqueue virtio-net (one
 vCPU per queue); with `rss` qemu spreads received packets over the queues by Toeplitz RSS, which
-the guest switches on at boot with the key given here (lab.rss.MICROSOFT_KEY by default).
+the guest switches on at boot with the key given here (lab.bench.rss.MICROSOFT_KEY by default).
 
 Example::
 
@@ -37,11 +37,11 @@ from types import TracebackType
 
 from pyroute2 import IPRoute
 
+from lab.bench.nic import RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
+from lab.bench.rss import MICROSOFT_KEY, Flow, Toeplitz, flow_input, queues_of
 from lab.errors import LabError
-from lab.nic import RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
 from lab.nsexec import entered, netns_path, nsenter_argv
-from lab.rss import MICROSOFT_KEY, Flow, Toeplitz, flow_input, queues_of
-from lab.vm_init.image import DEFAULT_CACHE_DIR, BootImage, build_image
+from lab.remote.vm_init.image import DEFAULT_CACHE_DIR, BootImage, build_image
 
 READY_MARK = "L4LAB-READY"
 FAILED_MARK = "L4LAB-FAILED"

@@ -1,13 +1,13 @@
 """VM nodes of a topology: a supervisor process per VM real that boots its VmReal and stops it on SIGTERM.
 
-A node of kind "vm" is a `lab.vm.VmReal` whose tap is the other end of its one link: the tap lives
+A node of kind "vm" is a `lab.remote.vm.VmReal` whose tap is the other end of its one link: the tap lives
 in that netns node (normally the router) and carries the router's addresses on the link, the VM's
-eth0 the node's own. The builder starts `python -m lab.vmnodes` per VM node, outside any namespace
+eth0 the node's own. The builder starts `python -m lab.remote.vmnodes` per VM node, outside any namespace
 and in its own session, so the VM outlives `l4lab up`; the supervisor boots the VM, writes a ready
 file (JSON: boot time, qemu's pid) and waits for SIGTERM, then kills qemu and removes the tap. The
 builder journals both the supervisor and qemu, so `l4lab down` removes the VM even if the
 supervisor was killed. A VM whose node has `nic = {queues, rss = true}` gets a multiqueue NIC, and
-its supervisor proves RSS on (lab.vm.VmReal.prove_rss) before it reports ready; `run()` runs a
+its supervisor proves RSS on (lab.remote.vm.VmReal.prove_rss) before it reports ready; `run()` runs a
 command in a lab's VM over its control channel (also for `Lab.run` in the suites).
 """
 
@@ -30,7 +30,7 @@ from lab.state import Process
 from lab.topology import Node, Topology
 
 READY_TIMEOUT_S = 240.0  # the first boot may build the initramfs from Debian packages
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 @dataclass(frozen=True)
@@ -43,13 +43,13 @@ class Ready:
     qemu_starttime: int
     qemu_argv: list[str]
     serial_log: str
-    control: str = ""  # the VM's control socket (lab.vm.guest_run)
+    control: str = ""  # the VM's control socket (lab.remote.vm.guest_run)
     rss_proof: dict[str, object] | None = None  # what the boot-time RSS proof observed
 
 
 def missing() -> str | None:
     """None when VM reals can boot here, else what is missing and how to get it (a skip reason)."""
-    from lab.vm_init.image import SETUP_HINT, ImageError, find_kernel, missing_tools
+    from lab.remote.vm_init.image import SETUP_HINT, ImageError, find_kernel, missing_tools
 
     tools = missing_tools()
     if tools:
@@ -65,7 +65,7 @@ def supervisor_argv(lab: str, netns: str, topo: Topology, node: Node, ready: Pat
     """The supervisor's command line for VM node `node`, derived from its link and the VIPs."""
     assert node.decap is not None
     vm_ep, tap_ep = topo.vm_link(node.name)
-    argv = [sys.executable, "-m", "lab.vmnodes", "--lab", lab, "--node", node.name, "--netns", netns,
+    argv = [sys.executable, "-m", "lab.remote.vmnodes", "--lab", lab, "--node", node.name, "--netns", netns,
             "--tap", tap_ep.ifname, "--gue-port", str(node.decap.gue_port), "--ready-file", str(ready)]  # fmt: skip
     for version, (addr_flag, gw_flag) in ((4, ("--addr", "--gateway")), (6, ("--addr6", "--gateway6"))):
         mine = [a for a in vm_ep.addresses if a.version == version]
@@ -127,7 +127,7 @@ def ready_of(lab: str, node: str) -> Ready:
 
 def run(lab: str, node: str, argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Run argv in VM node `node` of lab `lab` (its output and stderr together in stdout)."""
-    from lab.vm import guest_run
+    from lab.remote.vm import guest_run
 
     return guest_run(Path(ready_of(lab, node).control), argv, timeout=timeout)
 
@@ -148,8 +148,8 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 def supervise(args: argparse.Namespace) -> None:
     """Boot the VM, write the ready file, wait for SIGTERM/SIGINT, stop the VM (also mid-boot)."""
+    from lab.remote.vm import VmReal
     from lab.services import starttime
-    from lab.vm import VmReal
 
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
@@ -193,7 +193,7 @@ def supervise(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.vmnodes", description="supervise one VM real of a lab")
+    parser = argparse.ArgumentParser(prog="python -m lab.remote.vmnodes", description="supervise one VM real of a lab")
     parser.add_argument("--lab", required=True, help="the lab this process belongs to (for finding it)")
     parser.add_argument("--node", required=True)
     parser.add_argument("--netns", required=True, help="the namespace that holds the VM's tap")

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from lab import bench
+from lab.bench import cli as bench_cli
+from lab.bench import run as bench
+from lab.bench.gen.base import Family, FrameSpec, Generator, Latency, TrialResult
+from lab.bench.ndr import SearchSettings
 from lab.errors import UsageError
-from lab.gen.base import Family, FrameSpec, Generator, Latency, TrialResult
-from lab.ndr import SearchSettings
 from reports.schema import BenchPayload, parse_result, results_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,20 +100,20 @@ def test_quick_bench_writes_results_that_validate(capsys: pytest.CaptureFixture[
 ])
 def test_bad_options_exit_2_with_a_message_naming_the_option(argv: list[str], message: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(argv) == 2
+    assert bench_cli.main(argv) == 2
     assert message in capsys.readouterr().err
 
 
 def test_options_defaults_quick_and_lists() -> None:
     parser = __import__("argparse").ArgumentParser()
-    bench.add_arguments(parser)
-    quick = bench.options(parser.parse_args(["--quick"]))
+    bench_cli.add_arguments(parser)
+    quick = bench_cli.options(parser.parse_args(["--quick"]))
     assert quick.sizes == (64,) and quick.encaps == tuple(bench.ENCAPS) and quick.quick
-    full = bench.options(parser.parse_args(["--sizes", "64,1518,imix", "--encap", "ip4-gue0",
+    full = bench_cli.options(parser.parse_args(["--sizes", "64,1518,imix", "--encap", "ip4-gue0",
                                             "--encap", "ip4-gue0", "--parts", "micro"]))
     assert full.sizes == (64, 1518, "imix") and full.encaps == ("ip4-gue0",) and full.parts == ("micro",)
     with pytest.raises(UsageError):
-        bench.parse_sizes("64,,")
+        bench_cli.parse_sizes("64,,")
 
 
 class _FakeDevice(Generator):
@@ -159,8 +160,8 @@ def test_a_failing_measurement_still_removes_the_testbed(monkeypatch: pytest.Mon
 
 def test_redirect_mode_sends_through_the_devmap_to_the_egress_interface() -> None:
     _needs_root_and_build()
-    from lab.gen.base import Endpoints
-    from lab.gen.xdplive import XdpLiveGenerator
+    from lab.bench.gen.base import Endpoints
+    from lab.bench.gen.xdplive import XdpLiveGenerator
 
     try:
         with bench.testbed() as bed:

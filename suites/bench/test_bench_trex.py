@@ -1,9 +1,9 @@
 """`l4lab bench --trex` on what can be real without TRex: the command line, and the LB side over real ssh.
 
 There is no TRex server and no NIC here, so the LB is the default lab's `lb` namespace reached as a
-target (lab.target.for_netns_lab: ssh, with `sshd -i` started inside the namespace), with a [trex]
+target (lab.remote.target.for_netns_lab: ssh, with `sshd -i` started inside the namespace), with a [trex]
 table pointing at a loopback port nobody listens on. Real here: the floor program held by
-`lab.floorhold` over ssh and the frames it counts, lbctl loaded, applied and unloaded over ssh, the
+`lab.bench.floorhold` over ssh and the frames it counts, lbctl loaded, applied and unloaded over ssh, the
 whole bench's phases against that LB with a stand-in generator, and the CLI failing on the
 unreachable server and leaving the LB as it found it.
 """
@@ -23,12 +23,13 @@ from typing import Any
 
 import pytest
 
-from lab import bench
-from lab.gen.base import Endpoints, Family, FrameSpec, Generator, Latency, TrialResult
+from lab.bench import cli as bench_cli
+from lab.bench import run as bench
+from lab.bench.gen.base import Endpoints, Family, FrameSpec, Generator, Latency, TrialResult
+from lab.bench.trex import BENCH_INSTANCE, FloorHold, LbHost, RemoteBalancer, bench_config, bench_trex, lb_host
 from lab.harness import poll
-from lab.target import Target, for_netns_lab
-from lab.target import load as load_target
-from lab.trexbench import BENCH_INSTANCE, FloorHold, LbHost, RemoteBalancer, bench_config, bench_trex, lb_host
+from lab.remote.target import Target, for_netns_lab
+from lab.remote.target import load as load_target
 from reports.schema import BenchPayload, parse_result
 
 pytestmark = pytest.mark.topology("default")
@@ -157,7 +158,7 @@ def _target_file(tmp_path: Path, trex: str = "", nodes: str = LB_NODE) -> Path:
 def test_a_target_the_bench_cannot_use_exits_2_naming_file_and_key(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], trex: str, nodes: str, message: str) -> None:
     path = _target_file(tmp_path, trex, nodes)
-    assert bench.main(["--trex", str(path), "--quick", "--results", str(tmp_path / "results")]) == 2
+    assert bench_cli.main(["--trex", str(path), "--quick", "--results", str(tmp_path / "results")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"l4lab bench: {path}: ") and message in err, err
     assert len(err.splitlines()) == 1
@@ -176,16 +177,16 @@ def test_a_target_the_bench_cannot_use_exits_2_naming_file_and_key(
 def test_bad_options_with_trex_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
                                       message: str) -> None:
     path = _target_file(tmp_path, _trex_table(4501))
-    assert bench.main(["--trex", str(path), *argv]) == 2
+    assert bench_cli.main(["--trex", str(path), *argv]) == 2
     assert message in capsys.readouterr().err
 
 
 def test_a_missing_target_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(["--trex", str(tmp_path / "nope.toml")]) == 2
+    assert bench_cli.main(["--trex", str(tmp_path / "nope.toml")]) == 2
     assert f"target file {tmp_path / 'nope.toml'} does not exist" in capsys.readouterr().err
 
 
-# --- lab.floorhold over ssh ------------------------------------------------------------------------
+# --- lab.bench.floorhold over ssh ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("program", ["xdp_drop", "xdp_tx_swap"])
@@ -230,7 +231,7 @@ def test_floorhold_refuses_a_second_program_with_one_line(target: Target, lb: Lb
 def test_floorhold_detaches_on_a_signal(lab: Any, target: Target, signum: int) -> None:
     from lab.nsexec import nsenter_argv
 
-    argv = nsenter_argv(lab.netns("lb"), [sys.executable, "-m", "lab.floorhold", "--interface", "lb-rt",
+    argv = nsenter_argv(lab.netns("lb"), [sys.executable, "-m", "lab.bench.floorhold", "--interface", "lb-rt",
                                           "--program", "xdp_drop"])
     proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

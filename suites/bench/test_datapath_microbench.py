@@ -205,7 +205,7 @@ def pinned_cpu() -> Iterator[int]:
     Pins the process to one CPU: test runs execute on the caller's CPU, and timings stay on one core.
         def test_x(pinned_cpu: int) -> None: ...
     """
-    from lab.katranbench import pinned
+    from lab.bench.katran import pinned
 
     with pinned() as cpu:
         yield cpu

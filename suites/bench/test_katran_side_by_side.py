@@ -1,4 +1,4 @@
-"""test_katran_side_by_side.py: the Katran adapter (lab/katran.py) and `l4lab bench --katran` (lab/katranbench.py).
+"""test_katran_side_by_side.py: the Katran adapter (lab/dut/katran.py) and `l4lab bench --katran` (lab/bench/katran.py).
 
 The adapter's tests build Katran from the checkout that L4LAB_KATRAN_SRC names and are skipped,
 saying so, elsewhere. What they check: Katran programmed by our code forwards a flow to a real of
@@ -18,7 +18,9 @@ from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 from scapy.utils import checksum
 
-from lab import bench, katran, katranbench
+from lab.bench import cli as bench_cli
+from lab.bench import katran as katranbench
+from lab.dut import katran
 from lab.errors import LabError
 from lab.packets.decode import decapsulate
 
@@ -68,7 +70,7 @@ def test_without_a_checkout_the_bench_says_how_to_get_one(monkeypatch: pytest.Mo
     with pytest.raises(LabError, match="git clone https://github.com/facebookincubator/katran"):
         katran.Checkout.find(None)
     if os.geteuid() == 0 and os.path.ismount("/sys/fs/bpf"):
-        assert bench.main(["--katran"]) == 1
+        assert bench_cli.main(["--katran"]) == 1
         assert "no Katran checkout given" in capsys.readouterr().err
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of lab/ndr.py: the NDR/PDR search against synthetic devices whose true rates are known."""
+"""Unit tests of lab/bench/ndr.py: the NDR/PDR search against synthetic devices whose true rates are known."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from lab.ndr import PDR_LOSS, SearchError, SearchSettings, latency_rates, search
+from lab.bench.ndr import PDR_LOSS, SearchError, SearchSettings, latency_rates, search
 
 Trial = Callable[[float, float], float]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.gen.base import IMIX, Endpoints, GeneratorError, build_frame
-from lab.gen.xdplive import OBJECT, TEMPLATE_LEN, Pacing, Stream, TrafficgenProgram, pace
+from lab.bench.gen.base import IMIX, Endpoints, GeneratorError, build_frame
+from lab.bench.gen.xdplive import OBJECT, TEMPLATE_LEN, Pacing, Stream, TrafficgenProgram, pace
 
 EP = Endpoints(src_mac="02:00:00:00:0b:01", dst_mac="02:00:00:00:0b:02")
 CPU_SPREAD = 0x9E3779B1  # TG_CPU_SPREAD in trafficgen.bpf.c: where each CPU's sequence starts
@@ -155,7 +155,7 @@ def test_pacing_stops_at_the_deadline_when_the_rate_cannot_be_sustained() -> Non
 
 
 def test_trial_loss_counts_a_shortfall_beyond_the_tolerance_as_lost() -> None:
-    from lab.gen.base import TrialResult
+    from lab.bench.gen.base import TrialResult
 
     held = TrialResult(offered=10_000, sent=9_950, received=9_950, duration=1.0)
     assert held.sustained and held.loss == 0.0

@@ -1,4 +1,4 @@
-"""Unit tests of lab/gen/trex.py's profile builder, offline: profile → JSON, field engine ranges, IMIX mix."""
+"""Unit tests of lab/bench/gen/trex.py's profile builder, offline: profile → JSON, field engine ranges, IMIX mix."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from lab.gen.base import GeneratorError
-from lab.gen.trex import (
+from lab.bench.gen.base import GeneratorError
+from lab.bench.gen.trex import (
     FCS_LEN,
     MAC_FROM_PACKET,
     TREX_CLIENT,
@@ -24,7 +24,7 @@ from lab.gen.trex import (
     build_profile,
     split_flows,
 )
-from lab.gen.xdplive import Endpoints
+from lab.bench.gen.xdplive import Endpoints
 
 EP = Endpoints(src_mac="02:00:00:00:0b:01", dst_mac="02:00:00:00:0b:02")
 REPO = Path(__file__).resolve().parents[2]
@@ -143,9 +143,9 @@ def test_client_without_the_package_or_server_names_both() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     script = textwrap.dedent(f"""
-        from lab.gen.base import GeneratorError
-        from lab.gen.trex import TrexGenerator
-        from lab.gen.xdplive import Endpoints
+        from lab.bench.gen.base import GeneratorError
+        from lab.bench.gen.trex import TrexGenerator
+        from lab.bench.gen.xdplive import Endpoints
         gen = TrexGenerator("127.0.0.1", Endpoints("02:00:00:00:0b:01", "02:00:00:00:0b:02"),
                             sync_port={port}, async_port={port})
         try:
@@ -188,7 +188,7 @@ def test_trex_own_api_parses_the_profile_back_unchanged(tmp_path: Path) -> None:
 
 def test_latency_percentiles_come_from_trex_histogram() -> None:
     """p50/p99 from TRex's latency histogram (bucket lower bound in µs → packets), clamped to min/max."""
-    from lab.gen.trex import _latency, histogram_percentile
+    from lab.bench.gen.trex import _latency, histogram_percentile
 
     # 100 packets: 60 in 10-20 µs, 39 in 20-30 µs, 1 in 100 µs-max.
     hist = {"10": 60, "20": 39, "100": 1, "200": 0}
@@ -204,7 +204,7 @@ def test_latency_percentiles_come_from_trex_histogram() -> None:
 
 
 def test_nic_identity_from_ethtool_and_lspci() -> None:
-    from lab.trexbench import nic_identity
+    from lab.bench.trex import nic_identity
 
     text = ("driver: mlx5_core\nversion: 6.18.0\nfirmware-version: 16.35.2000\nbus-info: 0000:3b:00.0\n"
             '3b:00.0 "Ethernet controller [0200]" "Mellanox Technologies [15b3]" '

@@ -25,8 +25,8 @@ from typing import Any
 from balancer.controller import Instance
 from balancer.datapath import BALANCER_MAPS, XDP_ACTIONS, Datapath, _patch_rodata, verify_abi
 from balancer.libbpf import BpfObject
+from lab.emitted import ETH, XDP_TX, _frame, _template
 from lab.lbconf import real_addresses
-from suites.conformance._emitted import ETH, XDP_TX, _frame, _template
 
 SHARED = ("lb_vips", "lb_reals", "lb_ring", "lb_settings")  # what the ring choice reads
 

@@ -4,7 +4,7 @@
     def test_x(dut, dut_encap):
         dut.configure(dut_encap)
 
-`--dut NAME` (l4lab by default; lab/dut.py lists the others) chooses what the tests that take
+`--dut NAME` (l4lab by default; lab/dut/__init__.py lists the others) chooses what the tests that take
 `dut` grade. Every test here declares the capabilities it needs; a test that drives l4lab's own
 controller (the `balancer` fixture) names in `needs` the ability only l4lab offers it (owner
 query, counters per reason, ...). Whether a test applies is decided before its fixtures run, from
@@ -42,7 +42,7 @@ _T0 = pytest.StashKey[float]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "needs(*capabilities): the DUT capabilities a test needs (lab/dut.py)")
+    config.addinivalue_line("markers", "needs(*capabilities): the DUT capabilities a test needs (lab/dut/__init__.py)")
 
 
 def _encap_param(item: pytest.Item) -> str | None:

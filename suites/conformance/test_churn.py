@@ -60,11 +60,11 @@ from balancer.encaps import IP4_IPIP, IP6_IP6IP6
 from lab.dut import Capability
 from lab.harness import Lab, LabBalancer
 from lab.lbconf import real_addresses
+from lab.nodes.churn_client import ChurnClient
+from lab.nodes.tcp_services import Services
 from reports.schema import ChurnPayload, ChurnPoint, ConnectionOutcomes, KatranChurn, write_result
-from suites.conformance._churn_client import ChurnClient
 from suites.conformance._counters import changed, counters
 from suites.conformance._owners import owner_changed, ring_owners
-from suites.conformance._tcp_services import Services
 from suites.corpus import KATRAN_CORPUS
 
 pytestmark = [pytest.mark.topology("default"), pytest.mark.hardware]

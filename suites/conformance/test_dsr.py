@@ -64,7 +64,7 @@ def test_replies_bypass_the_lb(lab: Any, dut: Dut, dut_encap: str, tmp_path: Pat
             for kind, port in (("http", 80), ("udp", 9000)):
                 args = [kind, "--vip", vip, "--port", str(port), "--count", str(REQUESTS)]
                 args += [a for c in clients for a in ("--source", c)]
-                answers += json.loads(lab.python("client", "lab.traffic", *args).stdout)
+                answers += json.loads(lab.python("client", "lab.nodes.traffic", *args).stdout)
 
     failed = [a for a in answers if "error" in a]
     assert not failed, f"{len(failed)} of {len(answers)} requests failed: {failed[:3]}"
@@ -90,7 +90,7 @@ def test_client_never_sees_a_real_address(lab: Any, dut: Dut, dut_encap: str, tm
     reals = set(dut.reals().values())
     pcap = tmp_path / "client.pcap"
     with lab.capture("client", "cl-rt", pcap):
-        lab.python("client", "lab.traffic", "http", "--vip", vip, "--port", "80", "--count", "9")
+        lab.python("client", "lab.nodes.traffic", "http", "--vip", vip, "--port", "80", "--count", "9")
     from scapy.layers.inet import IP
     from scapy.layers.inet6 import IPv6
     from scapy.utils import rdpcap

@@ -25,9 +25,9 @@ from lab.capture import classify_lb_link, decapsulate
 from lab.dut import Capability, Dut
 from lab.harness import poll
 from lab.lbconf import real_addresses
+from lab.nodes.tcp_services import Services
 from lab.packets.gue import GUE
 from reports.schema import ConformanceFigure as Figure
-from suites.conformance._tcp_services import Services
 
 pytestmark = [pytest.mark.topology("default")]
 GUE_PORT = _abi.Limits.DEFAULT_GUE_PORT
@@ -51,7 +51,7 @@ def _requests(lab: Any, dut: Dut, kind: str, port: int, count: int, sport_base: 
     args += [a for c in _clients(lab, dut.family) for a in ("--source", c)]
     if sport_base:
         args += ["--sport-base", str(sport_base)]
-    answers: list[dict[str, Any]] = json.loads(lab.python("client", "lab.traffic", *args).stdout)
+    answers: list[dict[str, Any]] = json.loads(lab.python("client", "lab.nodes.traffic", *args).stdout)
     return answers
 
 
@@ -247,7 +247,7 @@ def test_a_large_upload_completes_and_the_client_learns_the_mtu(lab: Any, dut: D
     dut.configure(dut_encap, extra_ports=[(SINK_PORT, "tcp")])
     vip = dut.vips()[0]
     lab.run("client", ["ip", f"-{dut.family}", "route", "flush", "cache"])
-    run = json.loads(lab.python("client", "suites.conformance._upload", "--vip", vip, "--port", str(SINK_PORT),
+    run = json.loads(lab.python("client", "lab.nodes.upload", "--vip", vip, "--port", str(SINK_PORT),
                                 "--bytes", str(UPLOAD_BYTES), "--stall", str(STALL_S),
                                 timeout=STALL_S * 3 + 10).stdout)
     route = lab.run("client", ["ip", "route", "get", vip]).stdout

@@ -63,9 +63,9 @@ from lab.packets.decode import (
     decapsulate,
     ip_of,
 )
+from lab.settle import wait_client_quiet
 
 from ._record import recorded
-from ._settle import wait_client_quiet
 from ._wire import (
     ETH_P_ARP,
     GUE_SPORT_RANGE,
@@ -159,7 +159,7 @@ class Traffic:
             sources = [a for c in self.clients for a in ("--source", c)]
             self.answers = []
             for kind, port in (("http", 80), ("udp", 9000)):
-                out = lab.python("client", "lab.traffic", kind, "--vip", self.vip, "--port", str(port),
+                out = lab.python("client", "lab.nodes.traffic", kind, "--vip", self.vip, "--port", str(port),
                                  "--count", str(requests), *sources).stdout
                 self.answers += json.loads(out)
             # Stop the captures only once the client is done and the LB's link carried it all.

@@ -27,10 +27,10 @@ from lab.dut import Capability
 from lab.frr import FRR_BIN
 from lab.harness import Lab, LabBalancer, poll
 from lab.lbconf import lb_link, real_addresses
+from lab.nodes.churn_client import ChurnClient
+from lab.nodes.tcp_services import Services
 from lab.nsexec import entered
 from reports import schema
-from suites.conformance._churn_client import ChurnClient
-from suites.conformance._tcp_services import Services
 
 pytestmark = [pytest.mark.topology("multi-lb"), pytest.mark.needs(Capability.MULTI_LB),
               pytest.mark.skipif(not (Path(FRR_BIN) / "bgpd").exists() or shutil.which("vtysh") is None,

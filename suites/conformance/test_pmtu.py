@@ -37,9 +37,9 @@ from balancer.encaps import by_id
 from lab.dut import Capability
 from lab.harness import Lab, LabBalancer
 from lab.lbconf import real_addresses
+from lab.nodes.tcp_services import Services
 from reports.schema import EncapId, PmtuPayload, PmtuScenario, write_result
 from suites.conformance._counters import counters
-from suites.conformance._tcp_services import Services
 
 # The outcomes are told apart by the LB's own reasons (TX_ICMP_TOO_BIG, PASS_ICMP_NOT_VIP).
 pytestmark = [pytest.mark.topology("pmtu"),
@@ -126,7 +126,7 @@ def _upload(lab: Lab, balancer: LabBalancer, vip: str, name: str) -> dict[str, A
     """One upload, with the LB's and the router's counters over it and the client's route afterwards."""
     before, router_before = counters(balancer), _router_counters(lab, balancer.family)
     out: dict[str, Any] = json.loads(lab.python(
-        "client", "suites.conformance._upload", "--vip", vip, "--port", str(SINK_PORT),
+        "client", "lab.nodes.upload", "--vip", vip, "--port", str(SINK_PORT),
         "--bytes", str(UPLOAD_BYTES), "--stall", str(STALL_S), timeout=STALL_S * 3 + 10).stdout)
     after, router_after = counters(balancer), _router_counters(lab, balancer.family)
     out.update(scenario=name, lb_too_big=_delta(before, after, "TX_ICMP_TOO_BIG"),
@@ -183,7 +183,7 @@ def _udp_df(lab: Lab, balancer: LabBalancer, vip: str, want_mtu: int) -> Outcome
     _configure(balancer, UNDERLAY_MTU)
     _forget_paths(lab, vip)
     before = counters(balancer)
-    run: dict[str, Any] = json.loads(lab.python("client", "suites.conformance._udp_df", "--vip", vip,
+    run: dict[str, Any] = json.loads(lab.python("client", "lab.nodes.udp_df", "--vip", vip,
                                                 "--port", str(UDP_PORT), "--size", str(UNDERLAY_MTU)).stdout)
     run.update(scenario="udp-df", lb_too_big=_delta(before, counters(balancer), "TX_ICMP_TOO_BIG"),
                route=_route(lab, vip), route_mtu=_route_mtu(lab, vip))

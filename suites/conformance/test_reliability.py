@@ -2,7 +2,7 @@
 
 Topology `default`, IPv4 in IPIP. Every scenario runs CONNS long-lived TCP connections to a line
 echo on the reals (a request on each every INTERVAL_S) and opens a new connection every
-NEW_EVERY_S (suites/conformance/_churn_client.py), and counts, per connection, failed requests
+NEW_EVERY_S (lab/nodes/churn_client.py), and counts, per connection, failed requests
 (reset or timeout) and moves (answered by another real than the first). Unless the scenario moves
 flows on purpose, both must be 0 and every new connection must be answered. Every process of the
 flows is pinned to CPU 0 (see test_churn.py: veth runs XDP on the sender's CPU, sessions are per CPU).
@@ -49,11 +49,11 @@ from lab import frr, netns, topology
 from lab.dut import Capability
 from lab.harness import REPO, Lab, LabBalancer, NetnsLab, poll, unique_name
 from lab.lbconf import lb_link, real_addresses
+from lab.nodes.churn_client import ChurnClient
+from lab.nodes.tcp_services import Services
 from lab.state import state_dir
-from suites.conformance._churn_client import ChurnClient
 from suites.conformance._counters import changed, counters
 from suites.conformance._owners import owner_changed, ring_owners
-from suites.conformance._tcp_services import Services
 
 pytestmark = [pytest.mark.topology("default")]
 ENCAP = IP4_IPIP

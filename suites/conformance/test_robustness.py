@@ -59,20 +59,20 @@ from balancer import config as cfg
 from balancer.controller import Instance
 from balancer.datapath import addr_words
 from balancer.encaps import IP4_IPIP, IP6_IP6IP6
+from lab.bench.gen.base import Endpoints
+from lab.bench.gen.xdplive import OBJECT as TRAFFICGEN
+from lab.bench.gen.xdplive import XdpLiveGenerator
 from lab.dut import Capability
-from lab.gen.base import Endpoints
-from lab.gen.xdplive import OBJECT as TRAFFICGEN
-from lab.gen.xdplive import XdpLiveGenerator
 from lab.harness import Lab, LabBalancer, poll
 from lab.lbconf import lb_link, peer_mac, real_addresses
+from lab.nodes.churn_client import ChurnClient
+from lab.nodes.tcp_services import Services
 from lab.nsexec import entered
+from lab.settle import wait_client_quiet
 from lab.xdp_exceptions import XdpExceptions, xdp_prog_id
-from suites.conformance._churn_client import ChurnClient
 from suites.conformance._counters import changed, counters
 from suites.conformance._record import recorded
 from suites.conformance._robust_frames import named_frames, random_frames
-from suites.conformance._settle import wait_client_quiet
-from suites.conformance._tcp_services import Services
 
 pytestmark = pytest.mark.topology("default")
 ECHO_PORT = 7007

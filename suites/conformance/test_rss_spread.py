@@ -1,13 +1,13 @@
 """IPIP vs GUE RSS spread: which receive queue a real's NIC, and which CPU a real's kernel, gives each flow.
 
 NIC model (test_nic_queue_spread). The flows come from BPF_PROG_TEST_RUN of the real balancer
-program (suites/conformance/_emitted.py): 36,000 client flows from many source addresses and
+program (lab/emitted.py): 36,000 client flows from many source addresses and
 ports, one SYN each, through a VIP with the default lab's three reals, outer source prefixes and
 Maglev ring. Test runs rather than lab traffic because the NIC model only needs the headers the
 balancer writes, and the program's own code writes them: 36,000 test runs take under a second,
 while as many real connections through the lab would take minutes on two vCPUs and exercise
 nothing more of the header-writing code. The frames sent to one real (about 12,000 flows, at
-least 10,000 asserted) are hashed as a NIC does (lab/rss.py: Toeplitz with the standard key over
+least 10,000 asserted) are hashed as a NIC does (lab/bench/rss.py: Toeplitz with the standard key over
 "sd" = addresses or "sdfn" = addresses + ports, then a 128-entry indirection table over 8 queues).
 IPIP carries no ports a NIC parses, so it is hashed "sd" whatever the NIC's setting. Expected:
 
@@ -21,7 +21,7 @@ reported beside it. Every scenario is written as an rss result (source "model", 
 
 Kernel view (test_kernel_rps_cpu). With RPS on real1's veth (rps_cpus = every online CPU), the
 kernel's own software flow hash picks the CPU that processes each packet. real1 runs a TCP
-server (suites/conformance/_rps.py) on a VIP port that only real1 serves; it answers every
+server (lab/nodes/rps.py) on a VIP port that only real1 serves; it answers every
 connection with SO_INCOMING_CPU, the CPU that received the connection's last packet. The client
 opens RPS_FLOWS connections. Asserted only what is robust: every connection is answered from an
 RPS CPU, and where the outer headers vary per flow (flow-derived source, or GUE's source port) the
@@ -49,15 +49,14 @@ import pytest
 from balancer import _abi
 from balancer import config as cfg
 from balancer.encaps import IP4_GUE1, IP4_IPIP, IP6_IP6IP6, by_id
+from lab.bench.rss import Toeplitz, indirection_table, queues_of, spread
 from lab.dut import Capability
+from lab.emitted import emit_flows
 from lab.harness import REPO, Lab, LabBalancer
 from lab.lbconf import real_addresses
 from lab.nsexec import nsenter_argv
-from lab.rss import Toeplitz, indirection_table, queues_of, spread
 from lab.topology import load as load_topology
 from reports.schema import Kind, RssPayload, RssScenario, case_id, write_result
-
-from ._emitted import emit_flows
 
 # Fixed against flow-derived outer sources: the outer source must be configurable.
 pytestmark = [pytest.mark.topology("default"), pytest.mark.needs(Capability.OUTER_SOURCE_CHOICE)]
@@ -186,7 +185,7 @@ def test_kernel_rps_cpu(lab: Lab, balancer: LabBalancer, encap: str, outer_src: 
                       if ep.node == "client" for a in ep.all_addresses if a.version == fam})
 
     server = subprocess.Popen(
-        nsenter_argv(lab.netns("real1"), [sys.executable, "-m", "suites.conformance._rps", "serve",
+        nsenter_argv(lab.netns("real1"), [sys.executable, "-m", "lab.nodes.rps", "serve",
                                           "--bind", str(vip), "--port", str(RPS_PORT),
                                           "--count", str(RPS_FLOWS)]),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -197,7 +196,7 @@ def test_kernel_rps_cpu(lab: Lab, balancer: LabBalancer, encap: str, outer_src: 
                                               f"{server.stderr.read() if server.stderr else ''}"
         # The client runs on one CPU: without RPS every request would be received on that CPU.
         answers = json.loads(lab.run("client", ["taskset", "-c", str(rps_on_real1[0]), sys.executable, "-m",
-                                                "suites.conformance._rps", "connect", "--vip", str(vip),
+                                                "lab.nodes.rps", "connect", "--vip", str(vip),
                                                 "--port", str(RPS_PORT), "--count", str(RPS_FLOWS),
                                                 *[a for c in clients for a in ("--source", c)]]).stdout)
         server_out, server_err = server.communicate(timeout=30)

@@ -56,10 +56,10 @@ from lab.packets.decode import (
     decapsulate,
     ip_of,
 )
+from lab.settle import wait_client_quiet
 from suites.conformance._counters import counters
 
 from ._record import recorded
-from ._settle import wait_client_quiet
 from ._wire import (
     ETH_P_ARP,
     PROTO_ICMP,
@@ -267,12 +267,12 @@ def test_counters_equal_the_wire(lab: Lab, balancer: LabBalancer, encap: str, qu
                 capturing.close()
             else:
                 raise AssertionError(f"frames kept reaching the LB while a capture started ({START_ATTEMPTS} tries)")
-            answers = json.loads(lab.python("client", "lab.traffic", "udp", "--vip", vip, "--port", "9000",
+            answers = json.loads(lab.python("client", "lab.nodes.traffic", "udp", "--vip", vip, "--port", "9000",
                                             "--count", str(UDP_DATAGRAMS), *sources).stdout)
-            answers += json.loads(lab.python("client", "lab.traffic", "http", "--vip", vip, "--port", "80",
+            answers += json.loads(lab.python("client", "lab.nodes.traffic", "http", "--vip", vip, "--port", "80",
                                              "--count", str(TCP_CONNECTIONS), *sources).stdout)
             for target, count in ((vip, ECHOS_TO_VIP), (lb_addr, ECHOS_TO_LB)):
-                echoed = json.loads(lab.python("client", "suites.conformance._echo", "--count", str(count),
+                echoed = json.loads(lab.python("client", "lab.nodes.echo", "--count", str(count),
                                                target).stdout)
                 assert echoed["answered"] == count, f"echo requests to {target}: {echoed}"
             wait_client_quiet(lab, vip, QUIET_DEADLINE_S)

@@ -35,7 +35,8 @@ def expected_processes(topo: topology.Topology) -> int:
 
 def missing_for(topo: topology.Topology) -> str | None:
     """Why this machine cannot build `topo` (FRR or qemu missing), or None."""
-    from lab import frr, vmnodes
+    from lab import frr
+    from lab.remote import vmnodes
 
     return (frr.missing() if topo.bgp_nodes() else None) or (vmnodes.missing() if topo.vm_nodes() else None)
 

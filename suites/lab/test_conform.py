@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from balancer.encaps import SAME_FAMILY
-from lab import conform
-from lab.dut import Capability, IpvsDut, L4labDut, encap_capability
+from lab.dut import Capability, IpvsDut, L4labDut, conform, encap_capability
 from reports.schema import ConformancePayload, Kind, case_id, load_results, write_result
 
 REPO = Path(conform.__file__).resolve().parent.parent

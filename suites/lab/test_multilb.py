@@ -198,7 +198,7 @@ def test_router_learns_each_vip_as_a_multipath_route_via_every_lb(mlb: MultiLb, 
 
 def test_ecmp_spreads_flows_over_the_lbs(mlb: MultiLb) -> None:
     before = {lb: mlb.tx_encap(lb) for lb in LBS}
-    argv = [sys.executable, "-m", "lab.traffic", "http", "--vip", VIP4, "--port", "80", "--count", "200"]
+    argv = [sys.executable, "-m", "lab.nodes.traffic", "http", "--vip", VIP4, "--port", "80", "--count", "200"]
     argv += [a for c in CLIENTS4 for a in ("--source", c)]
     done = subprocess.run(nsenter_argv(mlb.ns("client"), argv), capture_output=True, text=True, timeout=180,
                           cwd=REPO, check=False)  # fmt: skip

@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from balancer.libbpf import BpfObject
-from lab.errors import LabError
-from lab.harness import unique_name
-from lab.nic import (
+from lab.bench.nic import (
     ONE_QUEUE,
     SPREAD,
     UNEVEN,
@@ -27,8 +25,10 @@ from lab.nic import (
     read_queue_counters,
     spread_verdict,
 )
+from lab.bench.rss import MICROSOFT_KEY
+from lab.errors import LabError
+from lab.harness import unique_name
 from lab.nsexec import entered
-from lab.rss import MICROSOFT_KEY
 
 REPO = Path(__file__).resolve().parents[2]
 

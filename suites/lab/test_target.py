@@ -1,4 +1,4 @@
-"""Hardware mode (lab/target.py, pytest --target): target files, and the suites driven over real SSH.
+"""Hardware mode (lab/remote/target.py, pytest --target): target files, and the suites driven over real SSH.
 
 No Vagrant or bare-metal lab exists here, so the SSH path is exercised against a netns lab whose
 nodes are reached by real ssh through `sshd -i` started in each namespace (`l4lab target --netns`):
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from lab import target
 from lab.errors import LabError, UsageError
 from lab.harness import REPO, Lab
+from lab.remote import target
 
 pytestmark = pytest.mark.topology("default")
 
@@ -64,7 +64,7 @@ def test_target_file_is_read(tmp_path: Path) -> None:
     py = t.python_argv("lb", "balancer.cli", "stats", "--json")
     assert py == ["sh", "-c", "cd /opt/l4lab && exec .venv/bin/python -m balancer.cli stats --json"]
     with pytest.raises(UsageError, match=r"\[nodes.real1\] needs repo"):
-        t.python_argv("real1", "lab.nic")
+        t.python_argv("real1", "lab.bench.nic")
     with pytest.raises(UsageError, match=r"no \[nodes.client\]"):
         t.node("client")
 

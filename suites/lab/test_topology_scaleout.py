@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lab import frr, topology, vmnodes
+from lab import frr, topology
 from lab.errors import TopologyError
+from lab.remote import vmnodes
 
 # A router, an LB with BGP, and one VM real; each error case below changes one thing in it.
 VALID = """

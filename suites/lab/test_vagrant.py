@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 
 from balancer import config as cfg
-from lab import cli, topology, vagrant
+from lab import cli, topology
 from lab.harness import unique_name
 from lab.nsexec import NETNS_DIR
+from lab.remote import vagrant
 from lab.topology import Topology
 
 REPO = Path(__file__).resolve().parents[2]
-PROVISION = REPO / "lab" / "provision"
+PROVISION = REPO / "lab" / "remote" / "provision"
 SCRIPTS = sorted(PROVISION.glob("*.sh"))
 PREFIX = "vgt-"
 TOPOLOGIES = topology.shipped()
@@ -346,7 +347,7 @@ def test_vagrant_validate(name: str, tmp_path: Path) -> None:
                                                                      check=False).returncode != 0,
                     reason="vagrant is missing: apt-get install vagrant (its insecure key is part of the box)")
 def test_box_key_covers_every_input(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lab import vagrantbox
+    from lab.remote import vagrantbox
 
     key = vagrantbox.cache_key()
     assert key == vagrantbox.cache_key(), "the key of the same inputs changed"
@@ -359,7 +360,7 @@ def test_box_key_covers_every_input(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_libvirt_driver_is_forced_or_probed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from lab import libvirtd
+    from lab.remote import libvirtd
 
     monkeypatch.setenv("L4LAB_LIBVIRT_DRIVER", "qemu")
     assert libvirtd.driver() == "qemu"
@@ -397,13 +398,13 @@ def smoke_lab() -> Iterator[Any]:
     """Name: smoke_lab. Scope: function. Depends: root, vagrant-libvirt, libvirt, debootstrap (skips otherwise).
 
     router, lb and real1 of the default topology booted from the local box as lab `smoke-<hex>`
-    (libvirt domains l4lab-vg-smoke-<hex>-*), as a lab.target.Target; destroyed after, and the
+    (libvirt domains l4lab-vg-smoke-<hex>-*), as a lab.remote.target.Target; destroyed after, and the
     test fails if anything of it is left::
 
         def test_x(smoke_lab):
             smoke_lab.run("router", ["curl", "http://198.51.100.100/"])
     """
-    from lab import libvirtd, target, vagrantbox, vagrantlab
+    from lab.remote import libvirtd, target, vagrantbox, vagrantlab
 
     if os.environ.get("L4LAB_VAGRANT_SMOKE") != "1":
         pytest.skip("the Vagrant smoke boots three TCG machines (minutes, more than the default run affords): "

@@ -407,7 +407,7 @@ def test_bad_latency_is_refused_naming_the_field(tmp_path: Path, change: dict[st
 
 
 def test_imix_mean_matches_the_generators_mix() -> None:
-    from lab.gen.base import IMIX
+    from lab.bench.gen.base import IMIX
     from reports.schema import IMIX_MEAN_FRAME_BYTES
 
     assert sum(size * n for size, n in IMIX) / sum(n for _, n in IMIX) == IMIX_MEAN_FRAME_BYTES

@@ -1,13 +1,13 @@
 """RSS on an actual NIC: every encap's flows through the balancer, counted by a real's receive queues.
 
 The nic-rss topology's real is a qemu VM whose NIC is a 4-queue virtio-net with qemu's Toeplitz
-RSS on (proven at boot by one-flow sends, lab.vm.VmReal.prove_rss). For each encap the LB emits,
+RSS on (proven at boot by one-flow sends, lab.remote.vm.VmReal.prove_rss). For each encap the LB emits,
 each outer source (fixed, or derived from the flow) and each `ethtool -N eth0 rx-flow-hash
 udp4|udp6 sd|sdfn` setting (restored afterwards), FLOWS UDP flows go from the client through the
 l4lab XDP balancer to the real. Each flow's receive queue is read from the NIC's own per-queue
 counters (`ethtool -S`, the same reading as on hardware): flows go in batches of BATCH, flow i of
 a batch sending 2**i packets, so each queue's delta names exactly the flows it received
-(lab.nic.observe_queues; a batch that does not add up exactly is sent again). A capture of the
+(lab.bench.nic.observe_queues; a batch that does not add up exactly is sent again). A capture of the
 frames the router hands to the real gives each flow's outer headers; the Toeplitz model hashes
 them with the key and indirection table read from the NIC (`ethtool -x`) under the same setting.
 Asserted: every flow on the queue the model predicts (100 %), and the spread verdict, for the NIC
@@ -16,7 +16,7 @@ and the model alike:
 * outer headers that do not vary (IPIP or 6in6 from a fixed source; GUE from a fixed source hashed
   "sd") → every flow on one queue;
 * anything else → spread: every queue used, chi-square p ≥ 0.001 against an even spread
-  (lab.nic.spread_verdict).
+  (lab.bench.nic.spread_verdict).
 
 Results are rss results with one scenario per setting from each source: "model" and "nic:virtio"
 ("nic:<driver>" on hardware). Also runs against a --target lab (marked hardware) built as nic-rss
@@ -37,14 +37,13 @@ from pathlib import Path
 import pytest
 
 from balancer.encaps import SAME_FAMILY, by_id
+from lab.bench.nic import ONE_QUEUE, SPREAD, RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
+from lab.bench.nic import spread_verdict as verdict
+from lab.bench.rss import Toeplitz, nic_input, queues_of, spread
 from lab.harness import REPO, Lab, LabBalancer
 from lab.lbconf import real_addresses
-from lab.nic import ONE_QUEUE, SPREAD, RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
-from lab.nic import spread_verdict as verdict
-from lab.rss import Toeplitz, nic_input, queues_of, spread
+from lab.nodes.rss_sender import PAYLOAD
 from reports.schema import Kind, RssPayload, RssScenario, case_id, write_result
-
-from ._sender import PAYLOAD
 
 # Here the nic-rss lab; on hardware, a target built as nic-rss or default (flows then go to real1 alone).
 pytestmark = [pytest.mark.topology("nic-rss", "default"), pytest.mark.hardware]
@@ -82,11 +81,12 @@ def _source(lab: Lab, nic: str) -> str:
 
 
 class Sender:
-    """The client's flow sender (suites.rss._sender) as a long-lived process: one batch per call,
+    """The client's flow sender (lab.nodes.rss_sender) as a long-lived process: one batch per call,
     returning once the real echoed the batch (or after the sender's wait): its NIC counted it."""
 
     def __init__(self, lab: Lab, vip: str, port: int) -> None:
-        self.proc = subprocess.Popen(lab.python_argv("client", "suites.rss._sender", "--vip", vip, "--port", str(port)),
+        argv = lab.python_argv("client", "lab.nodes.rss_sender", "--vip", vip, "--port", str(port))
+        self.proc = subprocess.Popen(argv,
                                      cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
 
@@ -168,7 +168,7 @@ def _flow_frames(pcap: Path, real: str) -> dict[int, set[bytes]]:
     """{client source port: its encapsulated frames' outer headers} from a capture of the real's link.
 
     Only frames to `real` count (the real's direct replies to the client are on the link too); the
-    frames are cut at the payload, which names the flow (suites.rss._sender)."""
+    frames are cut at the payload, which names the flow (lab.nodes.rss_sender)."""
     dst = ipaddress.ip_address(real).packed
     found: dict[int, set[bytes]] = {}
     for frame in _frames(pcap):
@@ -189,7 +189,7 @@ def _scenario(name: str, queues: Sequence[int], nqueues: int, source: str) -> Rs
 
 def test_rss_was_proven_on_at_boot(lab: Lab) -> None:
     """The VM's supervisor reported ready only after one-flow sends showed qemu's Toeplitz RSS at work."""
-    from lab import vmnodes
+    from lab.remote import vmnodes
 
     if lab.target is not None:
         pytest.skip("the boot-time proof is the nic-rss VM's; a target's NIC does RSS by itself")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.vm_init.image import KERNEL_ROOT, SETUP_HINT, ImageError, find_kernel, module_load_order
+from lab.remote.vm_init.image import KERNEL_ROOT, SETUP_HINT, ImageError, find_kernel, module_load_order
 
 
 def _unpacked(root: Path, version: str, *, depmod: bool = True) -> Path:

@@ -35,9 +35,9 @@ from lab.lbconf import balancer_config, lb_link, peer_mac
 from lab.netns import Builder, InjectedFailure
 from lab.nsexec import entered, nsenter_argv
 from lab.pytest_plugin import record_boot
+from lab.remote.vm_init.image import DEFAULT_CACHE_DIR
 from lab.services import starttime
 from lab.state import LabState, netns_name, state_dir
-from lab.vm_init.image import DEFAULT_CACHE_DIR
 from suites.lab import probes
 from suites.lab.probes import bpf_available
 

@@ -14,7 +14,7 @@ from pyroute2 import IPRoute, netns
 from lab.harness import unique_name
 from lab.harness.vmlab import VmLab, vm_skip_reason
 from lab.nsexec import entered
-from lab.vm import VmError, VmReal
+from lab.remote.vm import VmError, VmReal
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from lab.gen.base import (
+from lab.bench.gen.base import (
     Endpoints,
     Family,
     FrameSpec,

@@ -27,7 +27,7 @@ from typing import Protocol
 
 from balancer.btf import read_contract
 from balancer.libbpf import BPF_F_TEST_XDP_LIVE_FRAMES, BpfObject, Link, Program
-from lab.gen.base import (
+from lab.bench.gen.base import (
     Endpoints,
     Family,
     FrameSpec,
@@ -41,7 +41,7 @@ from lab.gen.base import (
 from lab.nsexec import entered
 from lab.poll import poll
 
-OBJECT = Path(__file__).resolve().parents[2] / "build" / "bpf" / "trafficgen.o"
+OBJECT = Path(__file__).resolve().parents[3] / "build" / "bpf" / "trafficgen.o"
 PROGRAM = "trafficgen_xdp"
 TEMPLATE_LEN = 64
 MAX_BATCH = 256  # the kernel's limit for live frames (TEST_XDP_MAX_BATCH)

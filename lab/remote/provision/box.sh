@@ -3,7 +3,7 @@
 #
 #   box.sh --pubkey FILE
 #
-# Called by `l4lab vagrant-box` (lab/vagrantbox.py), never on a running machine. It adds the
+# Called by `l4lab vagrant-box` (lab/remote/vagrantbox.py), never on a running machine. It adds the
 # `vagrant` user with the public key in FILE (Vagrant's well-known insecure key) and passwordless
 # sudo, a DHCP client on the management NIC (eth0) only, sshd with host keys made at first boot, a
 # Python environment for l4lab at /opt/l4lab/venv (Debian's python3-numpy and python3-pyroute2:

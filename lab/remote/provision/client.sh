@@ -4,7 +4,7 @@
 #   client.sh [--repo DIR]
 #
 # Installs only what is missing (needs the machine's management network). With --repo, DIR/.venv is
-# the Python the suites run there (`lab.traffic`): the local box's /opt/l4lab/venv, or a venv of
+# the Python the suites run there (`lab.nodes.traffic`): the local box's /opt/l4lab/venv, or a venv of
 # the system's python3. Idempotent.
 set -euo pipefail
 

@@ -4,7 +4,7 @@
 #   real.sh --name NODE [--vip ADDR]... [--gue-port PORT]... [--http ADDR:PORT]...
 #           [--udp-echo ADDR:PORT]... [--repo DIR]
 #
-# The same rules as the VM real (lab/vm_init/init.sh) and the netns lab's [roles.real.sysctls]:
+# The same rules as the VM real (lab/remote/vm_init/init.sh) and the netns lab's [roles.real.sysctls]:
 # arp_ignore=1, arp_announce=2 and rp_filter=0 on all, default and lo; each VIP on lo; tunl0 up
 # (IPIP, module ipip), ip6tnl0 in mode any (6in6 and 4in6, module ip6_tunnel) when a VIP is IPv6,
 # and `ip fou add port PORT gue` (module fou, and fou6 for IPv6) for GUE. The services are

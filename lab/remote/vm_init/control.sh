@@ -4,7 +4,7 @@
 # fail STEP OUTPUT: report "L4LAB-FAILED name=NAME step=STEP: OUTPUT" on the console and power off.
 # run STEP COMMAND...: run COMMAND; on failure report STEP with the command's output.
 #
-# A shell loop on ttyS1 (a Unix socket on the host: lab/vm.py guest_run) runs "ID COMMAND LINE"
+# A shell loop on ttyS1 (a Unix socket on the host: lab/remote/vm.py guest_run) runs "ID COMMAND LINE"
 # requests and answers "L4LAB-BEGIN ID", the command's output, then "L4LAB-DONE ID STATUS".
 # Commands get no terminal on their input (ipvsadm, for one, hangs reading a console).
 

@@ -1,7 +1,7 @@
 #!/bin/sh
 # init.sh: /init of the l4lab real-server VM: kernel decap (tunl0, fou/GUE) of traffic for VIPs on lo.
 #
-# Settings come from the kernel command line (lab/vm.py writes them):
+# Settings come from the kernel command line (lab/remote/vm.py writes them):
 #   l4lab.name=NAME  l4lab.addr=A.B.C.D/P  l4lab.gw=A.B.C.D  l4lab.vips=V1,V2,...
 #   l4lab.gue=P1,P2  (GUE ports: variant 0 header and variant 1 direct IP, both on each port;
 #                     also over IPv6 when addr6 is set)
@@ -9,7 +9,7 @@
 #   l4lab.addr6=X::Y/P  l4lab.gw6=X::Z   (optional IPv6 on eth0; VIPs may be IPv6 too)
 #   l4lab.http=80  l4lab.echo=9000
 #   l4lab.queues=N  (a multiqueue NIC: N combined channels)  l4lab.rsskey=6d:5a:...  (switch RSS on)
-# A shell loop on ttyS1 (the control channel, lab/vm.py) runs "ID COMMAND LINE" requests and
+# A shell loop on ttyS1 (the control channel, lab/remote/vm.py) runs "ID COMMAND LINE" requests and
 # answers "L4LAB-BEGIN ID", the command's output, then "L4LAB-DONE ID STATUS".
 # It prints one line to the console when done: "L4LAB-READY name=NAME uptime=SECONDS", or
 # "L4LAB-FAILED name=NAME step=STEP: OUTPUT" and powers off.

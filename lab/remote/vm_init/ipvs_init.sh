@@ -1,7 +1,7 @@
 #!/bin/sh
 # ipvs_init.sh: /init of the IPVS load-balancer VM: Linux IPVS in tunnel mode as a device under test.
 #
-# Settings come from the kernel command line (lab/ipvs.py writes them):
+# Settings come from the kernel command line (lab/dut/ipvs.py writes them):
 #   l4lab.name=NAME  l4lab.addr=A.B.C.D/P  l4lab.gw=A.B.C.D  l4lab.vips=V1,V2,...
 #   l4lab.addr6=X::Y/P  l4lab.gw6=X::Z   (optional IPv6 on eth0, for IPv6 VIPs)
 # The VIPs go on lo so that IPVS sees their traffic in LOCAL_IN. The VM then serves commands on
