@@ -129,133 +129,84 @@ class AddrKey(ctypes.Structure):
     """struct lb_addr_key (20 bytes)"""
 
     _pack_ = 1
-    _fields_ = [
-        ("addr", ctypes.c_uint32 * 4),
-        ("family", ctypes.c_uint8),
-        ("pad", ctypes.c_uint8 * 3),
-    ]
+    _fields_ = [("addr", ctypes.c_uint32 * 4), ("family", ctypes.c_uint8), ("pad", ctypes.c_uint8 * 3)]
 
 
 class Counter(ctypes.Structure):
     """struct lb_counter (16 bytes)"""
 
     _pack_ = 1
-    _fields_ = [
-        ("packets", ctypes.c_uint64),
-        ("bytes", ctypes.c_uint64),
-    ]
+    _fields_ = [("packets", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
 
 
 class Counts(ctypes.Structure):
     """struct lb_counts (368 bytes)"""
 
     _pack_ = 1
-    _fields_ = [
-        ("events", ctypes.c_uint64 * 6),
-        ("reasons", Counter * 20),
-    ]
+    _fields_ = [("events", ctypes.c_uint64 * 6), ("reasons", Counter * 20)]
 
 
 class Flow(ctypes.Structure):
     """struct lb_flow (40 bytes)"""
 
     _pack_ = 1
-    _fields_ = [
-        ("src", ctypes.c_uint32 * 4),
-        ("dst", ctypes.c_uint32 * 4),
-        ("sport", ctypes.c_uint16),
-        ("dport", ctypes.c_uint16),
-        ("proto", ctypes.c_uint8),
-        ("family", ctypes.c_uint8),
-        ("pad", ctypes.c_uint16),
-    ]
+    _fields_ = [("src", ctypes.c_uint32 * 4), ("dst", ctypes.c_uint32 * 4), ("sport", ctypes.c_uint16),
+                ("dport", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("family", ctypes.c_uint8),
+                ("pad", ctypes.c_uint16)]
 
 
 class Real(ctypes.Structure):
     """struct lb_real (20 bytes)"""
 
     _pack_ = 1
-    _fields_ = [
-        ("addr", ctypes.c_uint32 * 4),
-        ("family", ctypes.c_uint8),
-        ("flags", ctypes.c_uint8),
-        ("pad", ctypes.c_uint16),
-    ]
+    _fields_ = [("addr", ctypes.c_uint32 * 4), ("family", ctypes.c_uint8), ("flags", ctypes.c_uint8),
+                ("pad", ctypes.c_uint16)]
 
 
 class HcTarget(ctypes.Structure):
     """struct lb_hc_target (24 bytes)"""
 
     _pack_ = 1
-    _fields_ = [
-        ("real", Real),
-        ("encap", ctypes.c_uint8),
-        ("pad", ctypes.c_uint8),
-        ("gue_port", ctypes.c_uint16),
-    ]
+    _fields_ = [("real", Real), ("encap", ctypes.c_uint8), ("pad", ctypes.c_uint8), ("gue_port", ctypes.c_uint16)]
 
 
 class Session(ctypes.Structure):
     """struct lb_session (16 bytes)"""
 
     _pack_ = 1
-    _fields_ = [
-        ("real_id", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
-        ("atime_ns", ctypes.c_uint64),
-    ]
+    _fields_ = [("real_id", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("atime_ns", ctypes.c_uint64)]
 
 
 class Settings(ctypes.Structure):
     """struct lb_settings (56 bytes)"""
 
     _pack_ = 1
-    _fields_ = [
-        ("nexthop_mac", ctypes.c_uint8 * 6),
-        ("gue_port", ctypes.c_uint16),
-        ("src4", ctypes.c_uint32),
-        ("src4_mask", ctypes.c_uint32),
-        ("src6", ctypes.c_uint32 * 4),
-        ("src6_mask", ctypes.c_uint32 * 4),
-        ("mtu", ctypes.c_uint16),
-        ("pad", ctypes.c_uint16),
-        ("configured", ctypes.c_uint32),
-    ]
+    _fields_ = [("nexthop_mac", ctypes.c_uint8 * 6), ("gue_port", ctypes.c_uint16), ("src4", ctypes.c_uint32),
+                ("src4_mask", ctypes.c_uint32), ("src6", ctypes.c_uint32 * 4), ("src6_mask", ctypes.c_uint32 * 4),
+                ("mtu", ctypes.c_uint16), ("pad", ctypes.c_uint16), ("configured", ctypes.c_uint32)]
 
 
 class Tally(ctypes.Structure):
     """struct lb_tally (4 bytes)"""
 
     _pack_ = 1
-    _fields_ = [
-        ("events", ctypes.c_uint16),
-        ("steering", ctypes.c_uint8),
-        ("pad", ctypes.c_uint8),
-    ]
+    _fields_ = [("events", ctypes.c_uint16), ("steering", ctypes.c_uint8), ("pad", ctypes.c_uint8)]
 
 
 class VipKey(ctypes.Structure):
     """struct lb_vip_key (20 bytes)"""
 
     _pack_ = 1
-    _fields_ = [
-        ("addr", ctypes.c_uint32 * 4),
-        ("port", ctypes.c_uint16),
-        ("proto", ctypes.c_uint8),
-        ("family", ctypes.c_uint8),
-    ]
+    _fields_ = [("addr", ctypes.c_uint32 * 4), ("port", ctypes.c_uint16), ("proto", ctypes.c_uint8),
+                ("family", ctypes.c_uint8)]
 
 
 class VipMeta(ctypes.Structure):
     """struct lb_vip_meta (12 bytes)"""
 
     _pack_ = 1
-    _fields_ = [
-        ("vip_num", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
-        ("encap", ctypes.c_uint8),
-        ("pad", ctypes.c_uint8 * 3),
-    ]
+    _fields_ = [("vip_num", ctypes.c_uint32), ("flags", ctypes.c_uint32), ("encap", ctypes.c_uint8),
+                ("pad", ctypes.c_uint8 * 3)]
 
 
 SIZES = {

@@ -68,13 +68,22 @@ def _render_struct(s: Struct) -> list[str]:
     fields, pos = [], 0
     for m in s.members:
         if m.offset > pos:
-            fields.append(f'        ("_gap{pos}", ctypes.c_uint8 * {m.offset - pos}),')
-        fields.append(f'        ("{m.name}", {_ctype(m.ctype)}),')
+            fields.append(f'("_gap{pos}", ctypes.c_uint8 * {m.offset - pos})')
+        fields.append(f'("{m.name}", {_ctype(m.ctype)})')
         pos = m.offset + m.size
     if s.size > pos:
-        fields.append(f'        ("_tail{pos}", ctypes.c_uint8 * {s.size - pos}),')
+        fields.append(f'("_tail{pos}", ctypes.c_uint8 * {s.size - pos})')
+    lines, line = [], "    _fields_ = ["
+    for i, f in enumerate(fields):  # packed to the line width: a layout reads as one statement
+        item = f + ("]" if i == len(fields) - 1 else ",")
+        if len(line) + 1 + len(item) > 116 and not line.endswith("["):
+            lines.append(line)
+            line = " " * 16 + item
+        else:
+            line += ("" if line.endswith("[") else " ") + item
+    lines.append(line)
     return [f"class {class_name(s.name)}(ctypes.Structure):", f'    """struct {s.name} ({s.size} bytes)"""',
-            "", "    _pack_ = 1", "    _fields_ = [", *fields, "    ]"]
+            "", "    _pack_ = 1", *lines]
 
 
 def render(contracts: dict[str, Contract]) -> str:

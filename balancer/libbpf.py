@@ -59,18 +59,10 @@ _PERCPU_TYPES = {MapType.PERCPU_HASH, MapType.PERCPU_ARRAY, MapType.LRU_PERCPU_H
 
 
 class _MapCreateOpts(ctypes.Structure):
-    _fields_ = [
-        ("sz", ctypes.c_size_t),
-        ("btf_fd", ctypes.c_uint32),
-        ("btf_key_type_id", ctypes.c_uint32),
-        ("btf_value_type_id", ctypes.c_uint32),
-        ("btf_vmlinux_value_type_id", ctypes.c_uint32),
-        ("inner_map_fd", ctypes.c_uint32),
-        ("map_flags", ctypes.c_uint32),
-        ("map_extra", ctypes.c_uint64),
-        ("numa_node", ctypes.c_uint32),
-        ("map_ifindex", ctypes.c_uint32),
-    ]
+    _fields_ = [("sz", ctypes.c_size_t), ("btf_fd", ctypes.c_uint32), ("btf_key_type_id", ctypes.c_uint32),
+                ("btf_value_type_id", ctypes.c_uint32), ("btf_vmlinux_value_type_id", ctypes.c_uint32),
+                ("inner_map_fd", ctypes.c_uint32), ("map_flags", ctypes.c_uint32), ("map_extra", ctypes.c_uint64),
+                ("numa_node", ctypes.c_uint32), ("map_ifindex", ctypes.c_uint32)]
 
 
 class _BatchOpts(ctypes.Structure):
@@ -78,14 +70,9 @@ class _BatchOpts(ctypes.Structure):
 
 
 class _LinkCreateOpts(ctypes.Structure):
-    _fields_ = [
-        ("sz", ctypes.c_size_t),
-        ("flags", ctypes.c_uint32),
-        ("iter_info", ctypes.c_void_p),
-        ("iter_info_len", ctypes.c_uint32),
-        ("target_btf_id", ctypes.c_uint32),
-        ("union", ctypes.c_uint8 * 40),
-    ]
+    _fields_ = [("sz", ctypes.c_size_t), ("flags", ctypes.c_uint32), ("iter_info", ctypes.c_void_p),
+                ("iter_info_len", ctypes.c_uint32), ("target_btf_id", ctypes.c_uint32),
+                ("union", ctypes.c_uint8 * 40)]
 
 
 class _LinkUpdateOpts(ctypes.Structure):
@@ -93,23 +80,11 @@ class _LinkUpdateOpts(ctypes.Structure):
 
 
 class _TestRunOpts(ctypes.Structure):
-    _fields_ = [
-        ("sz", ctypes.c_size_t),
-        ("data_in", ctypes.c_void_p),
-        ("data_out", ctypes.c_void_p),
-        ("data_size_in", ctypes.c_uint32),
-        ("data_size_out", ctypes.c_uint32),
-        ("ctx_in", ctypes.c_void_p),
-        ("ctx_out", ctypes.c_void_p),
-        ("ctx_size_in", ctypes.c_uint32),
-        ("ctx_size_out", ctypes.c_uint32),
-        ("retval", ctypes.c_uint32),
-        ("repeat", ctypes.c_int),
-        ("duration", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("batch_size", ctypes.c_uint32),
-    ]
+    _fields_ = [("sz", ctypes.c_size_t), ("data_in", ctypes.c_void_p), ("data_out", ctypes.c_void_p),
+                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32), ("ctx_in", ctypes.c_void_p),
+                ("ctx_out", ctypes.c_void_p), ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
+                ("retval", ctypes.c_uint32), ("repeat", ctypes.c_int), ("duration", ctypes.c_uint32),
+                ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32), ("batch_size", ctypes.c_uint32)]
 
 
 def _load_library() -> ctypes.CDLL:

@@ -7,26 +7,26 @@
 
 #include "abi.h"
 
+/* A BTF-defined map of the usual four attributes (type, entries, key and value types); a map that
+ * needs more (flags) is written out. */
+#define LB_MAP(_type, _entries, _key, _value) \
+	struct { \
+		__uint(type, _type); \
+		__uint(max_entries, _entries); \
+		__type(key, _key); \
+		__type(value, _value); \
+	}
+
 /* Load-time settings; the controller writes them into .rodata before loading. */
 const volatile __u32 cfg_ring_size = LB_DEFAULT_RING_SIZE;
 const volatile __u64 cfg_udp_timeout_ns = LB_DEFAULT_UDP_TIMEOUT_S * 1000000000ULL;
 
 /* (VIP address, port, proto, family) -> VIP number, flags, encap. Port 0 is the wildcard; proto 0
  * and port 0 is the address-only entry (LB_VIP_ADDR_ONLY) that marks an address as a VIP. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, LB_DEFAULT_MAX_VIPS);
-	__type(key, struct lb_vip_key);
-	__type(value, struct lb_vip_meta);
-} lb_vips SEC(".maps");
+LB_MAP(BPF_MAP_TYPE_HASH, LB_DEFAULT_MAX_VIPS, struct lb_vip_key, struct lb_vip_meta) lb_vips SEC(".maps");
 
 /* real id -> address; id 0 is reserved ("no real"), an entry with family 0 is unused. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, LB_DEFAULT_MAX_REALS);
-	__type(key, __u32);
-	__type(value, struct lb_real);
-} lb_reals SEC(".maps");
+LB_MAP(BPF_MAP_TYPE_ARRAY, LB_DEFAULT_MAX_REALS, __u32, struct lb_real) lb_reals SEC(".maps");
 
 /* Maglev rings, one per VIP number, cfg_ring_size slots each: slot -> real id. Memory-mappable:
  * the controller reads and writes rings as plain memory (aligned 32-bit stores, each atomic),
@@ -39,12 +39,7 @@ struct {
 	__type(value, __u32);
 } lb_ring SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct lb_settings);
-} lb_settings SEC(".maps");
+LB_MAP(BPF_MAP_TYPE_ARRAY, 1, __u32, struct lb_settings) lb_settings SEC(".maps");
 
 /* The session table (struct lb_flow -> struct lb_session): one LRU hash for every CPU, sized by the
  * controller to lru_size entries per possible CPU. A direct map, so the verifier inlines its lookup;
@@ -52,34 +47,14 @@ struct {
  * unknown at load: measured here (test run, session hit) 271-281 ns against 330-360 ns. The common
  * LRU (no BPF_F_NO_COMMON_LRU): its per-CPU local free lists refill 128 entries at a time, where the
  * per-CPU LRU rotates its lists on every insert, measured 150-170 ns more per new flow here. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, LB_DEFAULT_LRU_SIZE);
-	__type(key, struct lb_flow);
-	__type(value, struct lb_session);
-} lb_sessions SEC(".maps");
+LB_MAP(BPF_MAP_TYPE_LRU_HASH, LB_DEFAULT_LRU_SIZE, struct lb_flow, struct lb_session) lb_sessions SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, LB_DEFAULT_MAX_VIPS);
-	__type(key, __u32);
-	__type(value, struct lb_counter);
-} lb_vip_stats SEC(".maps");
+LB_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, LB_DEFAULT_MAX_VIPS, __u32, struct lb_counter) lb_vip_stats SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, LB_DEFAULT_MAX_REALS);
-	__type(key, __u32);
-	__type(value, struct lb_counter);
-} lb_real_stats SEC(".maps");
+LB_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, LB_DEFAULT_MAX_REALS, __u32, struct lb_counter) lb_real_stats SEC(".maps");
 
 /* Per CPU, one record that every packet updates once: its reason and the events it met. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct lb_counts);
-} lb_counts SEC(".maps");
+LB_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, 1, __u32, struct lb_counts) lb_counts SEC(".maps");
 
 enum scratch_limits {
 	SCRATCH_LEN = 512, /* bpf_csum_diff sums at most 512 bytes per call */
@@ -91,11 +66,6 @@ struct scratch_page {
 
 /* One page of per-CPU scratch: packet bytes are copied here (bpf_xdp_load_bytes works across
  * xdp.frags fragments) and summed with bpf_csum_diff (csum_frame.h). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct scratch_page);
-} lb_scratch SEC(".maps");
+LB_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, 1, __u32, struct scratch_page) lb_scratch SEC(".maps");
 
 #endif
