@@ -31,7 +31,7 @@ from pathlib import Path
 from lab.errors import LabError
 
 HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent.parent
+REPO_ROOT = HERE.parents[2]
 DEFAULT_CACHE_DIR = REPO_ROOT / "build" / "vm"
 KERNEL_ROOT = DEFAULT_CACHE_DIR / "kernel"  # setup.sh unpacks linux-image-*-cloud-amd64 here
 SETUP_HINT = "bash scripts/setup.sh --extra vm"
