@@ -61,14 +61,6 @@ CHURN_OBSERVE_S = 1.0
 MOVED = "real3"  # the real the churn run removes
 
 
-def _use_suite_helpers() -> None:
-    """Make the checkout's suites importable: the demo runs the conformance suite's own flow emitter,
-    echo servers and churn client (lab/emitted.py, _tcp_services.py, _churn_client.py)
-    rather than copies of them. `make demo` always runs from a checkout."""
-    if str(REPO) not in sys.path:
-        sys.path.append(str(REPO))
-
-
 @dataclass
 class EncapRun:
     encap_id: str
@@ -406,7 +398,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="also measure the spread on a real NIC: a VM real with a 4-queue virtio-net doing "
                          "Toeplitz RSS (lab/nicdemo.py; about 45 s more, so not in the one-minute default)")
     args = ap.parse_args(argv)
-    _use_suite_helpers()
     topo = topology.load(args.topology)
     nreals = len(topo.nodes_with_role("real"))
     runs: list[EncapRun] = []
