@@ -9,6 +9,7 @@ directory and be reopened from it by a later process (`Datapath.open_pinned`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno as _errno
 import ipaddress
@@ -295,6 +296,10 @@ class Datapath:
             for p in d.iterdir():
                 p.unlink()
             shutil.rmtree(d, ignore_errors=True)
+        # The instances' root (/sys/fs/bpf/lbctl) goes with its last instance: bpffs keeps no empty folders.
+        if d.parent != Path("/sys/fs/bpf"):
+            with contextlib.suppress(OSError):
+                d.parent.rmdir()
 
     def close(self) -> None:
         self._ring_view = None  # before lb_ring's mapping is closed

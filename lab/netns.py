@@ -13,6 +13,7 @@ Undo tolerates only "already gone" (ENOENT, ENODEV, ESRCH) and re-raises the res
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -646,6 +647,9 @@ def _undo_pin_dir(undo: Undo) -> str:
         else:
             p.unlink()
     path.rmdir()
+    if path.parent == BPF_DIR:
+        with contextlib.suppress(OSError):  # the labs' root goes with the last lab: bpffs keeps nothing of ours
+            BPF_DIR.rmdir()
     return f"pin directory {undo.target}" + (f" (and {len(stray)} entries pinned there since)" if stray else "")
 
 

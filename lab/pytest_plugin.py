@@ -305,6 +305,7 @@ def pytest_terminal_summary(terminalreporter: TerminalReporter, config: pytest.C
 
 _BPFFS_ROOTS = ("/sys/fs/bpf/l4lab", "/sys/fs/bpf/lbctl", "/sys/fs/bpf/lbctl-test")
 _BPFFS_BEFORE = pytest.StashKey[set[str]]()
+_ROOTS_BEFORE = pytest.StashKey[set[str]]()
 _OUTER = "L4LAB_PYTEST_OUTER"
 
 
@@ -330,6 +331,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return  # a pytest run by a test: the outer session's live labs are not this one's leftovers
     os.environ[_OUTER] = str(os.getpid())
     session.stash[_BPFFS_BEFORE] = _bpffs_entries()
+    session.stash[_ROOTS_BEFORE] = {r for r in _BPFFS_ROOTS if os.path.isdir(r)}
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -341,6 +343,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             if os.path.isdir(path) and not os.listdir(path):
                 os.rmdir(path)
+    none_yet: set[str] = set()
+    existed = session.stash.get(_ROOTS_BEFORE, none_yet)
+    made_roots = set(_BPFFS_ROOTS) - existed
+    for root in sorted(made_roots):
+        with contextlib.suppress(OSError):  # a root the run made goes once empty: no bpffs folder outlives it
+            os.rmdir(root)
     leaked = sorted(_bpffs_entries() - before)
     if leaked:
         sys.stderr.write("\nl4lab: the tests left BPF pins behind (a test did not clean up):\n"
