@@ -18,7 +18,7 @@ from balancer.encaps import SAME_FAMILY
 from lab.dut import Capability, IpvsDut, L4labDut, conform, encap_capability
 from reports.schema import ConformancePayload, Kind, case_id, load_results, write_result
 
-REPO = Path(conform.__file__).resolve().parent.parent
+REPO = conform.REPO
 
 
 def _write(tmp: Path, test: str, encap: str, dut: str, outcome: str, detail: str = "") -> None:
