@@ -190,8 +190,9 @@ def table(results: list[NicSpread]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lab.nicdemo", description=__doc__.splitlines()[0])
-    ap.add_argument("--name", default="l4nic")
-    ap.add_argument("--flows", type=int, default=48)
+    ap.add_argument("--name", default="l4nic", help="name of the nic-rss lab it builds and removes (default l4nic)")
+    ap.add_argument("--flows", type=int, default=48,
+                    help="UDP flows per encap and RSS setting, each from its own source port (default 48)")
     args = ap.parse_args(argv)
     started = time.monotonic()
     try:
