@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -99,17 +100,20 @@ def _checked(done: subprocess.CompletedProcess[str], argv: list[str] | tuple[str
 
 
 @dataclass
-class _Common:
+class _Common(ABC):
     """What both kinds of lab do the same way, given argv(), where() and python_command()."""
 
+    @abstractmethod
     def argv(self, node: str, argv: list[str] | tuple[str, ...]) -> list[str]:
-        raise NotImplementedError
+        """The command line that runs argv in the node (nsenter here, ssh on a target)."""
 
+    @abstractmethod
     def where(self, node: str) -> str:
-        raise NotImplementedError
+        """The node named for messages."""
 
+    @abstractmethod
     def python_command(self, node: str, module: str, *args: str) -> list[str]:
-        raise NotImplementedError
+        """`python -m module args` with the interpreter and checkout the node runs."""
 
     def run(self, node: str, argv: list[str] | tuple[str, ...], *, check: bool = True, timeout: float = 60.0,
             input: str | None = None) -> subprocess.CompletedProcess[str]:

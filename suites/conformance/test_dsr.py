@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 from balancer import _abi
 from lab.capture import classify_lb_link
 from lab.dut import Capability, Dut, L4labDut
+from lab.poll import poll
 
 pytestmark = [pytest.mark.topology("default"), pytest.mark.hardware]
 GUE_PORT = _abi.Limits.DEFAULT_GUE_PORT
@@ -41,12 +41,9 @@ def _encapsulated(dut: Dut) -> int:
 
 
 def _counted(dut: Dut, before: int, want: int) -> int:
-    deadline = time.monotonic() + COUNTER_DEADLINE_S
-    while True:
-        delta = _encapsulated(dut) - before
-        if delta >= want or time.monotonic() > deadline:
-            return delta
-        time.sleep(0.2)  # polling the DUT's counters, bounded by the deadline above
+    """What the DUT counted since `before`, once it reaches `want` (or at the deadline: the caller asserts)."""
+    return poll(COUNTER_DEADLINE_S, lambda: _encapsulated(dut) - before, "the DUT's encapsulation counters",
+                until=lambda delta: delta >= want, check=False, interval_s=0.2)
 
 
 def test_replies_bypass_the_lb(lab: Any, dut: Dut, dut_encap: str, tmp_path: Path) -> None:
