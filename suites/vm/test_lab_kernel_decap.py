@@ -3,10 +3,12 @@
 The lab (`mlt-<hex>`, built once for the module) has two reals of kind "vm": qemu VMs booting
 Debian's cloud kernel, joined to the router by taps. lbctl loads the balancer in the LB node; for
 each encap id the test applies that encapsulation, makes HTTP requests to the VIP from several
-client addresses and checks that both VMs answered, with the router's capture of the LB's link
-showing only client→VIP packets in and encapsulated ones out: every answer went from the VM
-straight back to the client (DSR). Case ids: the catalogue's same-family cases (balancer/encaps.py):
-`ip4-ipip` (4in4), `ip4-gue1`, `ip4-gue0` (GUE variants 1 and 0 on UDP 6080), `ip6-ip6ip6` (6in6), `ip6-gue1`.
+client addresses on ports the ring gives to each VM in turn (asked of the program itself,
+suites/conformance/_owners.py) and checks that each request was answered by the VM its flow hashes
+to, with the router's capture of the LB's link showing only client→VIP packets in and encapsulated
+ones out: every answer went from the VM straight back to the client (DSR). Case ids: the
+catalogue's same-family cases (balancer/encaps.py): `ip4-ipip` (4in4), `ip4-gue1`, `ip4-gue0` (GUE
+variants 1 and 0 on UDP 6080), `ip6-ip6ip6` (6in6), `ip6-gue1`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from lab.capture import Capture, classify_lb_link
 from lab.errors import LabError
 from lab.harness import poll, unique_name
 from lab.harness.vmlab import vm_skip_reason
-from lab.lbconf import balancer_config, lb_link, peer_mac
+from lab.lbconf import balancer_config, lb_link, peer_mac, real_addresses
 from lab.netns import Builder, InjectedFailure
 from lab.nsexec import entered, nsenter_argv
 from lab.pytest_plugin import record_boot
@@ -49,6 +51,7 @@ CLIENTS = {4: ("192.0.2.2", "192.0.2.3", "192.0.2.4", "192.0.2.5"),
 VIPS = {4: "198.51.100.100", 6: "2001:db8:100::100"}
 REALS = {"real1", "real2"}
 GUE_PORT = 6080  # kernel-decap.toml: decap.gue_port of both VMs, and the balancer's default
+CANDIDATE_PORTS = 24  # client ports asked of the ring per client address and case (all on one VM: 2^-23)
 
 
 def skip_reason() -> str | None:
@@ -87,6 +90,37 @@ class KernelDecapLab:
             raise LabError(f"lbctl {' '.join(args)} failed: {done.stderr.strip()}", command=" ".join(argv))
         return done
 
+    def ring_owners(self, family: int, client: str, sports: list[int]) -> dict[int, str]:
+        """The VM node the loaded ring gives each flow client:sport -> VIP:80 (the program, test-run)."""
+        argv = [sys.executable, "-m", "suites.conformance._owners", "--instance", f"{self.name}-lb",
+                "--vip", VIPS[family], "--port", "80", "--client", client,
+                "--sports", ",".join(map(str, sports))]  # fmt: skip
+        done = subprocess.run(nsenter_argv(netns_name(self.name, "lb"), argv), capture_output=True, text=True,
+                              timeout=60, cwd=REPO, check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise LabError(f"ring owners failed: {done.stderr.strip()}", command=" ".join(argv))
+        by_addr = {addr: node for node, addr in real_addresses(self.topo, family).items()}
+        answer = json.loads(done.stdout)
+        return {port: by_addr.get(answer[str(port)], answer[str(port)]) for port in sports}
+
+    def planned_flows(self, family: int, base_port: int) -> list[tuple[str, int, str]]:
+        """REQUESTS flows (client, sport, VM the ring gives it), alternating between the VMs, so that
+        both must answer; every sport is fresh (base_port..) so no session or TIME_WAIT interferes."""
+        free: dict[str, dict[str, list[int]]] = {}
+        for index, client in enumerate(CLIENTS[family]):
+            first = base_port + index * CANDIDATE_PORTS
+            owners = self.ring_owners(family, client, list(range(first, first + CANDIDATE_PORTS)))
+            for port, node in sorted(owners.items()):
+                free.setdefault(client, {}).setdefault(node, []).append(port)
+        plan: list[tuple[str, int, str]] = []
+        wanted = sorted(REALS)
+        for i in range(REQUESTS):
+            client, node = CLIENTS[family][i % len(CLIENTS[family])], wanted[(i // len(CLIENTS[family])) % 2]
+            ports = free[client].get(node, [])
+            assert ports, f"the ring gives none of {CANDIDATE_PORTS} ports of {client} to {node}: {free[client]}"
+            plan.append((client, ports.pop(0), node))
+        return plan
+
 
 @pytest.fixture(scope="module")
 def kd_lab(request: pytest.FixtureRequest) -> Iterator[KernelDecapLab]:
@@ -120,13 +154,13 @@ def kd_lab(request: pytest.FixtureRequest) -> Iterator[KernelDecapLab]:
         probes.remove_lab(name)
 
 
-def http_get(ns: str, source: str, vip: str, timeout: float = 10.0) -> str:
-    """GET / on vip:80 from `source` inside `ns`; the body of a 200 answer (any HTTP/1.x)."""
+def http_get(ns: str, source: str, vip: str, sport: int = 0, timeout: float = 10.0) -> str:
+    """GET / on vip:80 from source:sport inside `ns`; the body of a 200 answer (any HTTP/1.x)."""
     with entered(ns):
         sock = socket.socket(socket.AF_INET6 if ":" in vip else socket.AF_INET, socket.SOCK_STREAM)
     with sock:
         sock.settimeout(timeout)
-        sock.bind((source, 0))
+        sock.bind((source, sport))
         sock.connect((vip, 80))
         sock.sendall(f"GET / HTTP/1.0\r\nHost: {vip}\r\n\r\n".encode())
         chunks = []
@@ -149,12 +183,12 @@ def test_vm_reals_decapsulate_and_answer_the_client_directly(kd_lab: KernelDecap
     lb_if, router, router_if = lb_link(kd_lab.topo)
     answers: dict[str, int] = {}
     pcap = state_dir(kd_lab.name) / f"{encap_id}.pcap"
+    plan = kd_lab.planned_flows(family, 42000 + 200 * SAME_FAMILY.index(encap_id))
     with Capture(kd_lab.name, router, router_if, pcap):
-        for i in range(REQUESTS):
-            source = CLIENTS[family][i % len(CLIENTS[family])]
-            body = http_get(netns_name(kd_lab.name, "client"), source, VIPS[family])
+        for i, (source, sport, owner) in enumerate(plan):
+            body = http_get(netns_name(kd_lab.name, "client"), source, VIPS[family], sport)
             node = body.strip().removeprefix("l4lab real server ")
-            assert node in REALS, f"request {i} from {source} answered {body!r}"
+            assert node == owner, f"request {i} from {source}:{sport} (ring: {owner}) answered {body!r}"
             answers[node] = answers.get(node, 0) + 1
         lb_tx = settled_tx_encap(kd_lab) - before  # the last ACKs may still be on their way
     link = classify_lb_link(pcap, peer_mac(kd_lab.name, "lb", lb_if).lower(), {VIPS[family]},
