@@ -13,6 +13,11 @@
  *   destination settings.gue_port. The outer UDP checksum is computed, over IPv4 and IPv6, unless the VIP has
  *   LB_VIP_GUE_CSUM_ZERO: then it is 0 (RFC 768 allows it over IPv4; over IPv6 only the operator's
  *   opt-in makes it acceptable, RFC 6935/6936, and the reals must accept zero checksums).
+ *   For an inner TCP or UDP packet (IPv4, or IPv6 without extension headers) the payload is not read:
+ *   its own valid L4 checksum makes the segment sum to the complement of its pseudo-header, so the
+ *   outer sum needs only headers (local checksum offload, as the kernel does for UDP tunnels). The
+ *   outer checksum is then right exactly when the inner segment is intact: a segment that arrives
+ *   corrupted is dropped by the real's UDP instead of its TCP. Anything else is summed byte by byte.
  *   Variant 0 adds the 4-byte header version 0, C 0, hlen 0, proto/ctype = 4 (IPv4) or 41 (IPv6), flags 0.
  * encap_packet makes the room and keeps the L2 header; encap_ip6 / encap_ip4 write the outer IP
  * header of the real's family; encap_gue writes UDP (and GUE) and the UDP checksum.
@@ -146,6 +151,43 @@ static __always_inline int encap_ip4(void *data, void *data_end, const __u8 *old
 	return 0;
 }
 
+/* The ones' complement sum of the inner IP packet (already in place behind the outer headers) from
+ * its headers alone: its IP header's words, plus the complement of its L4 pseudo-header, which is
+ * what an intact TCP / UDP segment with its checksum sums to. -1 where that does not hold: other
+ * protocols (ICMP answers and steered errors), UDP without a checksum, IPv6 extension headers. */
+static __always_inline __s64 inner_sum_from_headers(void *data, void *data_end, const struct encap_args *a)
+{
+	const struct packet *pkt = a->pkt;
+	__u32 hdr_len = pkt->l4_off - pkt->l2_len;
+	__u8 proto = pkt->flow.proto;
+	__u64 sum, pseudo;
+	void *ip = data + ((a->l2_len + a->overhead) & 0x7f);
+
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return -1;
+	if (pkt->flow.family == LB_AF_INET) {
+		if (hdr_len != sizeof(struct iphdr) || ip + sizeof(struct iphdr) > data_end)
+			return -1;
+		sum = csum_words(ip, sizeof(struct iphdr) / 2);
+		pseudo = csum_words(pkt->flow.src, 2) + csum_words(pkt->flow.dst, 2);
+	} else {
+		if (hdr_len != sizeof(struct ipv6hdr) || ip + sizeof(struct ipv6hdr) > data_end)
+			return -1;
+		sum = csum_words(ip, sizeof(struct ipv6hdr) / 2);
+		pseudo = csum_words(pkt->flow.src, 8) + csum_words(pkt->flow.dst, 8);
+	}
+	/* IPv4: zero, protocol, 16-bit length; IPv6: 32-bit length, three zero bytes, next header. The
+	 * same two non-zero words either way. */
+	pseudo += bpf_htons(proto) + bpf_htons(pkt->ip_len - hdr_len);
+	if (proto == IPPROTO_UDP) {
+		struct udphdr *uh = ip + (hdr_len & 0x3f);
+
+		if ((void *)(uh + 1) > data_end || !uh->check)
+			return -1;
+	}
+	return sum + csum_fold(pseudo); /* csum_fold complements: ~pseudo, what the segment sums to */
+}
+
 /* Writes the UDP (and variant-0 GUE) header at udp and fills in the UDP checksum, over the
  * pseudo-header, the UDP (and GUE) header and the inner packet, unless the VIP asks for zero. */
 static __always_inline int encap_gue(struct xdp_md *ctx, struct udphdr *udp, void *data_end, __u8 mode,
@@ -165,7 +207,9 @@ static __always_inline int encap_gue(struct xdp_md *ctx, struct udphdr *udp, voi
 	if (a->vip_flags & LB_VIP_GUE_CSUM_ZERO)
 		return LB_TX_ENCAP;
 
-	inner_sum = csum_region(ctx, a->l2_len + a->overhead, a->pkt->ip_len);
+	inner_sum = inner_sum_from_headers((void *)(long)ctx->data, data_end, a);
+	if (inner_sum < 0)
+		inner_sum = csum_region(ctx, a->l2_len + a->overhead, a->pkt->ip_len);
 	if (inner_sum < 0)
 		return LB_DROP_ENCAP_FAILED;
 	sum = (__u64)inner_sum;

@@ -103,6 +103,29 @@ def _pseudo6(ip6: bytes, proto: int, length: int) -> bytes:
     return ip6[8:40] + struct.pack("!IxxxB", length, proto)
 
 
+def _pseudo4(ip: bytes, proto: int, length: int) -> bytes:
+    return ip[12:20] + struct.pack("!xBH", proto, length)
+
+
+def outer_udp_sum_must_verify(inner: bytes) -> bool:
+    """Whether a GUE output's UDP checksum must verify over its bytes. The balancer derives it from the
+    inner segment's own checksum where one covers the segment (TCP, UDP with a checksum, over IPv4 or
+    IPv6 without extension headers: encap.h, inner_sum_from_headers); then it verifies exactly when the
+    inner one does. Otherwise it sums the bytes and must always verify."""
+    if len(inner) >= 20 and inner[0] == 0x45:
+        proto, hdr, length = inner[9], 20, struct.unpack_from("!H", inner, 2)[0]
+        pseudo = _pseudo4
+    elif len(inner) >= 40 and inner[0] >> 4 == 6:
+        proto, hdr, length = inner[6], 40, 40 + struct.unpack_from("!H", inner, 4)[0]
+        pseudo = _pseudo6
+    else:
+        return True
+    segment = inner[hdr:length]
+    if proto not in (6, 17) or (proto == 17 and len(segment) >= 8 and segment[6:8] == b"\0\0"):
+        return True
+    return inet_checksum(pseudo(inner, proto, len(segment)) + segment) == 0
+
+
 def judge_tx(frame: bytes, out: bytes, gue_port: int, reals: frozenset[bytes] = frozenset(),
              nexthop: bytes = b"") -> tuple[str, str]:
     """(kind, problem) of a balancer XDP_TX output: kind encap, echo or too_big; problem '' if valid.
@@ -142,8 +165,9 @@ def judge_tx(frame: bytes, out: bytes, gue_port: int, reals: frozenset[bytes] = 
         sport, dport, ulen, _ = struct.unpack_from("!HHHH", rest)
         if dport != gue_port or ulen != len(rest):
             return "encap", f"UDP port {dport} length {ulen} (GUE port {gue_port}, {len(rest)} bytes)"
-        if hdr == 40 and inet_checksum(_pseudo6(packet, 17, ulen) + rest):
-            return "encap", "outer UDP checksum"
+        verifies = inet_checksum((_pseudo6 if hdr == 40 else _pseudo4)(packet, 17, ulen) + rest) == 0
+        if verifies != outer_udp_sum_must_verify(original):
+            return "encap", f"outer UDP checksum {'verifies' if verifies else 'fails'} (must it? inner segment)"
         rest = rest[8:]
         if rest and rest[0] >> 6 == 0:  # GUE variant 0: a 4-byte header naming the inner protocol
             if rest[1] not in (4, 41):

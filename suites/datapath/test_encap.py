@@ -5,8 +5,8 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
-from scapy.layers.inet import IP
-from scapy.layers.inet6 import IPv6
+from scapy.layers.inet import IP, UDP
+from scapy.layers.inet6 import IPv6, IPv6ExtHdrDestOpt
 from scapy.packet import Packet
 
 from balancer import _abi
@@ -139,6 +139,61 @@ def test_gue_checksum_is_zero_when_the_vip_opts_in(balancer_factory: BalancerFac
     enc = decode_encap(out.out, P.GUE_PORT)
     assert enc.udp and enc.udp_checksum == 0, f"outer UDP checksum {enc.udp.hex()}"
     assert enc.inner.raw == ip_packet_of(flow(case, sport=43100))
+
+
+def outer_udp_verifies(case: P.EncapCase, out: bytes) -> bool:
+    enc = decode_encap(out, P.GUE_PORT)
+    return l4_checksum_ok_v4(enc.outer.raw) if case.outer == 4 else l4_checksum_ok_v6(enc.outer.raw)
+
+
+def with_byte_flipped(frame: Packet, offset_from_l4: int) -> bytes:
+    """The frame's bytes with one byte of its L4 header or payload inverted."""
+    raw = bytearray(bytes(frame))
+    raw[14 + (20 if IP in frame else 40) + offset_from_l4] ^= 0xFF
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("case", GUE_CASES, ids=[c.id for c in GUE_CASES])
+def test_gue_checksum_is_derived_from_the_inner_tcp_checksum(balancer_factory: BalancerFactory,
+                                                             case: P.EncapCase) -> None:
+    """The outer UDP checksum of a TCP segment comes from the segment's own checksum, not its bytes
+    (encap.h): it verifies exactly when the inner one does, so a segment that arrived corrupted is
+    dropped by the real's UDP, where its TCP would have dropped it."""
+    b = balancer_factory(world=False)
+    b.vip(case.vip, P.VIP_PORT, "tcp", 0, case.reals, case.mode)
+    good = flow(case, sport=43300)
+    for frame, verifies in ((bytes(good), True), (with_byte_flipped(good, 16), False),  # the TCP checksum
+                            (with_byte_flipped(good, 20), False)):                     # a payload byte
+        out = b.run(frame)
+        assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP")
+        assert decode_encap(out.out, P.GUE_PORT).inner.raw == ip_packet_of(frame)
+        assert outer_udp_verifies(case, out.out) == verifies
+
+
+BYTE_SUMMED = [(c, "udp-without-checksum") for c in GUE_CASES] + \
+    [(c, "ipv6-extension-header") for c in GUE_CASES if c.inner == 6]
+
+
+@pytest.mark.parametrize(("case", "inner"), BYTE_SUMMED, ids=[f"{c.id}-{k}" for c, k in BYTE_SUMMED])
+def test_gue_checksum_is_summed_over_bytes_no_inner_checksum_covers(balancer_factory: BalancerFactory,
+                                                                    case: P.EncapCase, inner: str) -> None:
+    """Where no inner checksum covers the segment (UDP with checksum 0) or headers lie outside it
+    (IPv6 extension headers), the outer checksum is summed over the bytes: it verifies even with a
+    payload byte changed (nothing else would catch that) or a wrong inner checksum."""
+    b = balancer_factory(world=False)
+    if inner == "udp-without-checksum":
+        b.vip(case.vip, P.VIP_UDP_PORT, "udp", 0, case.reals, case.mode)
+        frame = P.eth() / P.ip_for(case.vip) / UDP(sport=43400, dport=P.VIP_UDP_PORT, chksum=0) / P.PAYLOAD
+        changed = with_byte_flipped(frame, 12)
+    else:
+        b.vip(case.vip, P.VIP_PORT, "tcp", 0, case.reals, case.mode)
+        frame = P.eth() / P.ip_for(case.vip) / IPv6ExtHdrDestOpt() / flow(case, sport=43500)[IPv6].payload
+        changed = with_byte_flipped(frame, 8 + 16)  # the TCP checksum, behind the 8-byte option header
+    for raw in (bytes(frame), changed):
+        out = b.run(raw)
+        assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP")
+        assert decode_encap(out.out, P.GUE_PORT).inner.raw == ip_packet_of(raw)
+        assert outer_udp_verifies(case, out.out)
 
 
 @pytest.mark.parametrize("case", [P.ENCAPS[0], P.ENCAPS[4]], ids=[P.ENCAPS[0].id, P.ENCAPS[4].id])
