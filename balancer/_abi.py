@@ -68,6 +68,8 @@ class Limits(IntEnum):
     DEFAULT_GUE_PORT = 6080
     DEFAULT_UDP_TIMEOUT_S = 30
     DEFAULT_MTU = 1500
+    VIP_FILTER_BITS = 32768
+    VIP_FILTER_HASH = -1640531535
 
 
 class Outer(IntEnum):
@@ -193,6 +195,13 @@ class Tally(ctypes.Structure):
     _fields_ = [("events", ctypes.c_uint16), ("steering", ctypes.c_uint8), ("pad", ctypes.c_uint8)]
 
 
+class VipFilter(ctypes.Structure):
+    """struct lb_vip_filter (4096 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [("words", ctypes.c_uint64 * 512)]
+
+
 class VipKey(ctypes.Structure):
     """struct lb_vip_key (20 bytes)"""
 
@@ -219,6 +228,7 @@ SIZES = {
     "Session": 16,
     "Settings": 56,
     "Tally": 4,
+    "VipFilter": 4096,
     "VipKey": 20,
     "VipMeta": 12,
 }
@@ -259,6 +269,7 @@ MAPS = {
         "lb_scratch",
         "lb_sessions",
         "lb_settings",
+        "lb_vip_filter",
         "lb_vip_stats",
         "lb_vips",
     ),
@@ -285,10 +296,10 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "4a88f33d2cd5133cec6cd796147e9c21",
-    "decap": "3b99ef49a0cbcf6c101709dce1ee8d9a",
+    "balancer": "07a11ba820084d77f30429dbfd349405",
+    "decap": "7dcaa3d6de8991eff8c64c4d01c3b8a2",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
-    "healthcheck": "561b5a9b02762f10745ce4be0d0e4cf1",
+    "healthcheck": "deabb17baee64892b6c9e58bdc8e9471",
     "pass": "8f39d9f24e7339db28876547ef6a9879",
     "trafficgen": "37e8064bdb28e3f638edcbfe03b2332f",
     "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",

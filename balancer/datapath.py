@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -80,6 +81,26 @@ def proto_number(proto: str | int) -> int:
     if proto not in PROTOS:
         raise DatapathError(f"use protocol '{proto}'", _errno.EINVAL, "use tcp or udp")
     return PROTOS[proto]
+
+
+FILTER_BITS = int(_abi.Limits.VIP_FILTER_BITS)
+FILTER_HASH = int(_abi.Limits.VIP_FILTER_HASH) & 0xFFFFFFFF  # BTF hands the enum member back signed
+FILTER_SHIFT = 32 - (FILTER_BITS - 1).bit_length()  # the product's top bits are the bit number
+
+
+def vip_filter_bit(key: bytes) -> int:
+    """The lb_vip_filter bit of an lb_vips key's address (struct lb_vip_filter in bpf/include/abi.h)."""
+    w0, w1, w2, w3 = (int(w) for w in struct.unpack_from("<4I", key))
+    return (((w0 ^ w1 ^ w2 ^ w3) * FILTER_HASH) & 0xFFFFFFFF) >> FILTER_SHIFT
+
+
+def vip_filter(keys: Sequence[bytes], start: bytes | None = None) -> bytes:
+    """lb_vip_filter's element with the bit of every key's address set (on top of `start`, if given)."""
+    words = np.frombuffer(start, dtype="<u8").copy() if start else np.zeros(FILTER_BITS // 64, dtype="<u8")
+    for key in keys:
+        bit = vip_filter_bit(key)
+        words[bit // 64] |= np.uint64(1 << (bit % 64))
+    return words.tobytes()
 
 
 def vip_key(address: str, port: int, proto: str | int) -> bytes:
@@ -364,10 +385,20 @@ class Datapath:
 
     def put_vip(self, address: str, port: int, proto: str | int, *, vip_num: int, flags: int = 0,
                 encap: int = Encap.IPIP) -> None:
-        self.maps["lb_vips"].update(*_vip_entry(address, port, proto, vip_num, flags, encap))
+        key, meta = _vip_entry(address, port, proto, vip_num, flags, encap)
+        self.maps["lb_vip_filter"].update(b"\0" * 4, self.vip_filter_with(key))  # the filter first: a superset
+        self.maps["lb_vips"].update(key, meta)
 
     def del_vip(self, address: str, port: int, proto: str | int) -> bool:
-        return self.maps["lb_vips"].delete(vip_key(address, port, proto))
+        gone = self.maps["lb_vips"].delete(vip_key(address, port, proto))
+        self.maps["lb_vip_filter"].update(b"\0" * 4, self.vip_filter_with())
+        return gone
+
+    def vip_filter_with(self, key: bytes | None = None) -> bytes:
+        """lb_vip_filter as it must be: today's bits plus `key`'s, or (no key) afresh from lb_vips."""
+        if key is not None:
+            return vip_filter([key], self.maps["lb_vip_filter"].lookup(b"\0" * 4))
+        return vip_filter([k for k, _ in self.maps["lb_vips"].items()])
 
     def vips(self) -> dict[tuple[str, int, int], _abi.VipMeta]:
         out = {}
@@ -555,6 +586,7 @@ class Transaction:
         key, meta = _vip_entry(address, port, proto, vip_num, flags, encap)
         if self._dp.maps["lb_vips"].lookup(key) == meta:
             return False
+        self._put_filter(self._dp.vip_filter_with(key))  # first, so that it never misses a VIP address
         self._put(self._dp.maps["lb_vips"], key, meta)
         return True
 
@@ -565,6 +597,12 @@ class Transaction:
         if old is not None:
             self._undo.append(lambda: _restore(m, key, old))
             m.delete(key)
+            self._put_filter(self._dp.vip_filter_with())
+
+    def _put_filter(self, value: bytes) -> None:
+        m = self._dp.maps["lb_vip_filter"]
+        if m.lookup(b"\0" * 4) != value:
+            self._put(m, b"\0" * 4, value)
 
     def write_ring_slots(self, vip_num: int, slots: npt.NDArray[Any], new_ring: npt.NDArray[Any]) -> None:
         """Set ``slots`` of a VIP's ring to their values in ``new_ring`` (a whole ring)."""

@@ -8,7 +8,18 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-/* The VIP serving (addr, port, proto): the exact entry, else the port-0 wildcard. */
+/* Whether some VIP may use this address: its bit in lb_vip_filter (abi.h). One array word, where a
+ * lookup in lb_vips costs a hash of the key and a walk of its bucket. */
+static __always_inline int maybe_vip_addr(const __u32 *addr)
+{
+	__u32 zero = 0, bit = ((addr[0] ^ addr[1] ^ addr[2] ^ addr[3]) * (__u32)LB_VIP_FILTER_HASH) >> 17;
+	struct lb_vip_filter *f = bpf_map_lookup_elem(&lb_vip_filter, &zero);
+
+	return !f || (f->words[(bit / 64) & (LB_VIP_FILTER_BITS / 64 - 1)] >> (bit % 64)) & 1;
+}
+
+/* The VIP serving (addr, port, proto): the exact entry, else the port-0 wildcard (looked up only
+ * when the filter says some VIP may use the address: traffic to other addresses pays one lookup). */
 static __always_inline struct lb_vip_meta *lookup_vip(const __u32 *addr, __u16 port, __u8 proto, __u8 family)
 {
 	struct lb_vip_key key = {};
@@ -19,7 +30,7 @@ static __always_inline struct lb_vip_meta *lookup_vip(const __u32 *addr, __u16 p
 	key.proto = proto;
 	key.family = family;
 	vip = bpf_map_lookup_elem(&lb_vips, &key);
-	if (vip || port == LB_MATCH_ANY_PORT)
+	if (vip || port == LB_MATCH_ANY_PORT || !maybe_vip_addr(addr))
 		return vip;
 	key.port = LB_MATCH_ANY_PORT;
 	return bpf_map_lookup_elem(&lb_vips, &key);
@@ -28,7 +39,7 @@ static __always_inline struct lb_vip_meta *lookup_vip(const __u32 *addr, __u16 p
 /* Whether some VIP uses this address (the controller's address-only entry). */
 static __always_inline int is_vip_addr(const __u32 *addr, __u8 family)
 {
-	return lookup_vip(addr, LB_MATCH_ANY_PORT, LB_MATCH_ADDR_ONLY, family) != NULL;
+	return maybe_vip_addr(addr) && lookup_vip(addr, LB_MATCH_ANY_PORT, LB_MATCH_ADDR_ONLY, family) != NULL;
 }
 
 /* The flow key that hashing and sessions use, after the VIP's hashing flags: the flow itself (its

@@ -20,6 +20,8 @@ enum lb_limits {
 	LB_DEFAULT_GUE_PORT = 6080,
 	LB_DEFAULT_UDP_TIMEOUT_S = 30,
 	LB_DEFAULT_MTU = 1500,
+	LB_VIP_FILTER_BITS = 32768,       /* bits of lb_vip_filter: VIP addresses, hashed */
+	LB_VIP_FILTER_HASH = 0x9e3779b1,  /* its multiplier (Fibonacci hashing of the folded address) */
 };
 
 enum lb_family {
@@ -166,6 +168,14 @@ struct lb_settings {
 	__u16 mtu;           /* egress MTU: an encapsulated IP packet larger than this is too big */
 	__u16 pad;
 	__u32 configured;    /* non-zero once the controller has written this element */
+};
+
+/* A bit per hashed address (LB_VIP_FILTER_BITS), set for the address of every lb_vips entry: a clear
+ * bit proves that no VIP uses the address, so the wildcard and address-only lookups are skipped. Bit
+ * of an address: (addr[0] ^ addr[1] ^ addr[2] ^ addr[3]) * LB_VIP_FILTER_HASH, top 15 bits, with
+ * the words loaded in host order from the network-order address. */
+struct lb_vip_filter {
+	__u64 words[LB_VIP_FILTER_BITS / 64];
 };
 
 /* Special values in struct lb_vip_key (added by the datapath helper). */

@@ -25,6 +25,9 @@ const volatile __u64 cfg_udp_timeout_ns = LB_DEFAULT_UDP_TIMEOUT_S * 1000000000U
  * and port 0 is the address-only entry (LB_VIP_ADDR_ONLY) that marks an address as a VIP. */
 LB_MAP(BPF_MAP_TYPE_HASH, LB_DEFAULT_MAX_VIPS, struct lb_vip_key, struct lb_vip_meta) lb_vips SEC(".maps");
 
+/* One element: the VIP address filter (struct lb_vip_filter), written by the controller with lb_vips. */
+LB_MAP(BPF_MAP_TYPE_ARRAY, 1, __u32, struct lb_vip_filter) lb_vip_filter SEC(".maps");
+
 /* real id -> address; id 0 is reserved ("no real"), an entry with family 0 is unused. */
 LB_MAP(BPF_MAP_TYPE_ARRAY, LB_DEFAULT_MAX_REALS, __u32, struct lb_real) lb_reals SEC(".maps");
 

@@ -86,6 +86,7 @@ def _dump(m: Map) -> dict[bytes, bytes]:
 def _snapshot(inst: Instance) -> dict[str, object]:
     return {
         "vips": _dump(inst.dp.maps["lb_vips"]),
+        "vip filter": inst.dp.maps["lb_vip_filter"].lookup(b"\0" * 4),
         "reals": _dump(inst.dp.maps["lb_reals"]),
         "settings": inst.dp.maps["lb_settings"].lookup(b"\0" * 4),
         "rings": [inst.dp.ring(n) for n in range(3)],

@@ -168,10 +168,10 @@ class Loaded:
 
 
 def dump(lb: Loaded) -> tuple[object, ...]:
-    """The maps apply writes (VIPs, reals, settings, every ring slot) and the state file."""
+    """The maps apply writes (VIPs and their address filter, reals, settings, every ring slot) and the state file."""
     pins = Path(Instance.pin_dir(lb.instance))
     tables = []
-    for name in ("lb_vips", "lb_reals", "lb_settings"):
+    for name in ("lb_vips", "lb_vip_filter", "lb_reals", "lb_settings"):
         m = map_from_pin(str(pins / name))
         try:
             tables.append(sorted(m.items()))

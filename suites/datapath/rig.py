@@ -17,7 +17,7 @@ import pytest
 from scapy.packet import Packet
 
 from balancer import _abi
-from balancer.datapath import Datapath, vip_key
+from balancer.datapath import Datapath
 
 from . import packets as P
 
@@ -79,8 +79,7 @@ class RunBalancer:
             mode: str = "IPIP", flags: int = 0) -> None:
         """Put a VIP, its address-only entry and a ring cycling over `reals` (empty: no ring)."""
         self.dp.put_vip(address, port, proto, vip_num=vip_num, flags=flags, encap=_abi.Encap[mode])
-        meta = _abi.VipMeta(vip_num=vip_num, flags=0, encap=_abi.Encap[mode])
-        self.dp.maps["lb_vips"].update(vip_key(address, 0, _abi.VipMatch.ADDR_ONLY), bytes(meta))
+        self.dp.put_vip(address, 0, _abi.VipMatch.ADDR_ONLY, vip_num=vip_num, encap=_abi.Encap[mode])
         self.ring(vip_num, reals)
 
     def ring(self, vip_num: int, reals: tuple[str, ...] | list[str]) -> None:

@@ -1,4 +1,5 @@
-"""test_vip.py: VIP matching (exact, port-0 wildcard, protocol) and the per-VIP hashing and LRU flags."""
+"""test_vip.py: VIP matching (exact, port-0 wildcard, protocol, the VIP address filter) and the per-VIP
+hashing and LRU flags."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 from scapy.packet import Packet
 
 from balancer import _abi
+from balancer.datapath import vip_filter_bit, vip_key
 
 from . import packets as P
 from .frames import decode_encap
@@ -32,6 +34,31 @@ def test_exact_port_wins_over_the_wildcard(balancer_factory: BalancerFactory) ->
         out = b.run(frame)
         assert out.reason == "TX_ENCAP" and real_of(out.out) == real, description
     assert b.dp.vip_stats(0)[0] == 1 and b.dp.vip_stats(1)[0] == 2
+
+
+def test_the_address_filter_gates_the_wildcard_and_follows_the_vips(balancer_factory: BalancerFactory) -> None:
+    """lb_vip_filter has exactly the bits of the VIP addresses (computed alike in C and Python); the
+    datapath looks for a wildcard VIP only where the address's bit is set."""
+    b = balancer_factory(world=False)
+    b.vip(VIP, 0, "tcp", 0, [P.REALS4[0]])
+    b.vip("2001:db8:f::50", 443, "tcp", 1, [P.REALS6[0]])
+    flt = b.dp.maps["lb_vip_filter"]
+
+    def bits() -> set[int]:
+        words = flt.lookup(b"\0" * 4) or b""
+        return {i for i in range(len(words) * 8) if words[i // 8] >> (i % 8) & 1}
+
+    wanted = {vip_filter_bit(vip_key(a, 0, 0)) for a in (VIP, "2001:db8:f::50")}
+    assert bits() == wanted
+    wildcard = P.tcp_to(VIP, dport=8443, flags="S")
+    assert b.run(wildcard).reason == "TX_ENCAP"
+    saved = flt.lookup(b"\0" * 4)
+    flt.update(b"\0" * 4, bytes(len(saved or b"")))  # a filter without the bit: the wildcard is not looked up
+    assert b.run(wildcard).reason == "PASS_NOT_VIP"
+    flt.update(b"\0" * 4, b.dp.vip_filter_with())  # rebuilt from lb_vips
+    assert bits() == wanted and b.run(wildcard).reason == "TX_ENCAP"
+    assert b.dp.del_vip(VIP, 0, "tcp") and b.dp.del_vip(VIP, 0, _abi.VipMatch.ADDR_ONLY)
+    assert bits() == {vip_filter_bit(vip_key("2001:db8:f::50", 0, 0))}, "a removed VIP's address leaves"
 
 
 def test_protocol_is_part_of_the_vip(balancer_factory: BalancerFactory) -> None:
