@@ -86,9 +86,13 @@ class Side:
 @dataclass
 class Result:
     medians: dict[str, float] = field(default_factory=dict)        # "who:encap:case" or floor -> ns
-    insns: dict[str, tuple[int, int]] = field(default_factory=dict)  # object -> (xlated, verified)
+    insns: dict[str, tuple[int, int]] = field(default_factory=dict)  # "who:encap" -> (xlated, verified)
     ndr: dict[str, float] = field(default_factory=dict)            # name -> NDR Mpps at 64 B
+    live: dict[str, Any] = field(default_factory=dict)             # name -> lab/bench/run.py Measured
+    path_counters: dict[str, str] = field(default_factory=dict)    # "who:encap:case" -> counter checked
     calls: int = 0
+    rounds: int = 0
+    lru_size: int = 0
     results_file: Path | None = None
 
 
@@ -176,6 +180,7 @@ def katran_side(stack: ExitStack, encap_id: str, obj: Path, lru_size: int) -> Si
     return Side("katran", encap_id, kt.program, counters,
                 {"non-vip": "XDP_PASS.v1", "session-hit": "LRU hits", "new-syn": "LRU_MISS.v1",
                  "new-ack": "LRU_MISS.v2"})
+
 
 
 def ring() -> Any:
@@ -296,7 +301,9 @@ def run(opts: Options, say: Callable[[str], None] = print) -> Result:
             say(f"timing {len(cases)} cases on CPU {cpu}: {opts.rounds} rounds × {per_round} calls, interleaved")
             time_rounds(cases, sides, per_round, opts.rounds, say)
         result.calls = per_round * opts.rounds
+        result.rounds, result.lru_size = opts.rounds, opts.lru_size
         result.medians = {c.name: float(statistics.median(c.samples)) for c in cases}
+        result.path_counters = {c.name: c.side.path_counter[c.case] for c in cases if c.side is not None}
     for line in table(result):
         say(line)
     if opts.baseline:
@@ -345,24 +352,27 @@ def measure_ndr(opts: Options, objs: dict[str, Path], result: Result, say: Calla
     """Live-frames NDR at 64 B on the bench veth: the XDP_TX floor, then l4lab and Katran per encap."""
     from lab.bench import run as B
 
-    settings = B.Options(quick=True).search_settings()
+    settings = B.Options(quick=opts.quick).search_settings()
     say("live frames on veth, 64 B, NDR search (lab/bench/run.py testbed):")
     with B.testbed() as bed:
-        plan: list[tuple[str, str]] = [("floor:xdp_tx", "")]
+        plan: list[tuple[str, str]] = [("floor:xdp_drop", ""), ("floor:xdp_tx", "")]
         for encap_id in ENCAPS:
             plan += [(f"l4lab:{encap_id}", encap_id), (f"katran:{encap_id}", encap_id)]
         for name, encap_id in plan:
             if not encap_id:
-                prog = bed.lb_floor.program("xdp_tx_swap")
+                prog = bed.lb_floor.program("xdp_drop" if name == "floor:xdp_drop" else "xdp_tx_swap")
             elif name.startswith("l4lab"):
                 prog = _l4lab_on(bed, encap_id)
             else:
                 prog = _katran_on(bed, encap_id, objs, opts)
             bed.on_lb_program(prog)
-            with B._generator(bed, bed.gen_count) as gen:
+            sink = bed.lb_count if name == "floor:xdp_drop" else bed.gen_count
+            with B._generator(bed, sink) as gen:
                 measured = B.ndr_point(gen, name, 64, 1024, 4, settings)
+            result.live[name] = measured
             result.ndr[name] = measured.result.ndr_pps / 1e6
-            say(f"  {name:<16} NDR {result.ndr[name]:6.3f} Mpps")
+            say(f"  {name:<16} NDR {result.ndr[name]:6.3f} Mpps  PDR {measured.result.pdr_pps / 1e6:6.3f} Mpps  "
+                f"({len(measured.result.trials)} trials)")
     floor = result.ndr["floor:xdp_tx"]
     for encap_id in ENCAPS:
         ours, theirs = result.ndr[f"l4lab:{encap_id}"], result.ndr[f"katran:{encap_id}"]
@@ -395,11 +405,61 @@ def _katran_on(bed: Any, encap_id: str, objs: dict[str, Path], opts: Options) ->
     return kt.program
 
 
-def write_results(result: Result, opts: Options) -> None:
-    """One `bench` result (generator test-run): a micro figure per side, case and floor."""
-    from reports.schema import BenchPayload, MicroFigure, case_id, results_dir, write_result
+def side_by_side(result: Result) -> Any:
+    """The micro table and program sizes as the schema's SideBySide (reports/schema.py)."""
+    from reports.schema import ProgramSize, SideBySide, SideCase
 
-    micro = [MicroFigure(case=name, ns_per_packet=ns) for name, ns in result.medians.items()]
-    payload = BenchPayload(generator="test-run", egress_mtu=1500, micro=micro)
-    result.results_file = write_result("bench", case_id("bench_katran_side_by_side"), payload,
-                                       results_dir(opts.results))
+    rows: list[Any] = []
+    for name in result.medians:
+        who, _, rest = name.partition(":")
+        if who != "l4lab":
+            continue
+        encap_id, _, case = rest.rpartition(":")
+        r = ratio(result, case, encap_id or None)
+        rows.append(SideCase(encap=encap_id or None, case=case, ns=result.medians[name],  # type: ignore[arg-type]
+                             other_ns=result.medians[f"katran:{rest}"],
+                             ratio_above_floor=round(r, 4) if r == r else None,
+                             path_counter=result.path_counters[name],
+                             other_path_counter=result.path_counters[f"katran:{rest}"], calls=result.calls))
+    sizes = [ProgramSize(encap=encap_id, verified_insns=result.insns[f"l4lab:{encap_id}"][1],  # type: ignore[arg-type]
+                         other_verified_insns=result.insns[f"katran:{encap_id}"][1],
+                         xlated_insns=result.insns[f"l4lab:{encap_id}"][0],
+                         other_xlated_insns=result.insns[f"katran:{encap_id}"][0]) for encap_id in ENCAPS]
+    return SideBySide(program="katran", frame_bytes=len(tcp_frame(CLIENT, 45000, VIP, 0x10)), rounds=result.rounds,
+                      session_table_entries=result.lru_size, floor_xdp_drop_ns=result.medians["floor:xdp_drop"],
+                      floor_xdp_tx_ns=result.medians["floor:xdp_tx"], cases=rows, sizes=sizes)
+
+
+def live_points(result: Result) -> list[Any]:
+    """The live-frames NDR of l4lab per encap as the schema's BenchPoints, Katran's in `versus`."""
+    from reports.schema import BenchPoint, Floor, Trial, Versus
+
+    if not {"floor:xdp_tx", "floor:xdp_drop"} <= result.live.keys():
+        return []
+    floor = Floor(xdp_tx_mpps=result.ndr["floor:xdp_tx"], xdp_drop_mpps=result.ndr["floor:xdp_drop"])
+    points = []
+    for encap_id in ENCAPS:
+        ours, theirs = result.live.get(f"l4lab:{encap_id}"), result.live.get(f"katran:{encap_id}")
+        if ours is None or theirs is None:
+            continue
+        points.append(BenchPoint(
+            encap=encap_id, frame_size=64, ndr_mpps=ours.result.ndr_pps / 1e6,  # type: ignore[arg-type]
+            pdr_mpps=ours.result.pdr_pps / 1e6, floor=floor, egress_overhead_bytes=encaps.by_id(encap_id).overhead,
+            trials=[Trial(rate_mpps=t.rate_pps / 1e6, loss=t.loss, duration_s=t.duration_s)
+                    for t in ours.result.trials],
+            versus=[Versus(program="katran", ndr_mpps=theirs.result.ndr_pps / 1e6,
+                           pdr_mpps=theirs.result.pdr_pps / 1e6)]))
+    return points
+
+
+def write_results(result: Result, opts: Options) -> None:
+    """One `bench` result: the micro table and sizes (side_by_side), the live-frames NDR (points, with versus)."""
+    from lab.bench.run import LINK_MTU
+    from reports.schema import BenchPayload, case_id, results_dir, write_result
+
+    points = live_points(result)
+    payload = BenchPayload(generator="xdp-live" if points else "test-run",
+                           egress_mtu=LINK_MTU if points else 1500, points=points,
+                           side_by_side=side_by_side(result))
+    rid = case_id("bench_katran_side_by_side", None, "quick") if opts.quick else case_id("bench_katran_side_by_side")
+    result.results_file = write_result("bench", rid, payload, results_dir(opts.results))
