@@ -466,6 +466,32 @@ def _side_by_side(results: list[Result]) -> Section:
             [[Cell(z.encap, "key"), Cell(str(z.other_verified_insns), "num"), Cell(str(z.verified_insns), "num"),
               Cell(_fmt(z.verified_insns / z.other_verified_insns), "num"), Cell(str(z.other_xlated_insns), "num"),
               Cell(str(z.xlated_insns), "num")] for z in sbs.sizes]))
+    if sbs.loop:
+        cost = {(lc.program, lc.encap): lc for lc in sbs.loop}
+        tx_cost = cost.get(("xdp_tx", None))
+        loop_rows = []
+        for encap in sorted({lc.encap for lc in sbs.loop if lc.encap}, key=_encap_rank):
+            cells = [Cell(encap, "key"), Cell(_fmt(tx_cost.cpu_ns_per_frame, 0) if tx_cost else "–", "num")]
+            for who in ("l4lab", other):
+                got = cost.get((who, encap))
+                if got is None:
+                    cells.append(Cell("–", "num missing"))
+                    continue
+                share = ""
+                if tx_cost and got.cpu_ns_per_frame:
+                    share = f" ({_fmt(tx_cost.cpu_ns_per_frame / got.cpu_ns_per_frame)})"
+                cells.append(Cell(f"{_fmt(got.cpu_ns_per_frame, 0)}{share}", "num",
+                                  f"{got.frames} frames a round; delivered {_fmt(got.delivered, 3)}"))
+            loop_rows.append(cells)
+        section.tables.append(Table(
+            f"Live frames on veth: CPU ns per frame of the whole loop (XDP_TX floor ÷ it), median of "
+            f"{max(lc.rounds for lc in sbs.loop)} rounds — {run}",
+            ["encap", "MAC-swap XDP_TX floor", "l4lab", name], loop_rows))
+        section.notes.append(
+            "On veth the whole loop (generator, both veths, the LB program, the counting sink) runs in the sending "
+            "thread's softirqs on one CPU, so its CPU time per frame is the loop's cost and the NDR is the rate "
+            "the senders can sustain: frames are not lost in flight, a paced sender falls behind. The CPU-time "
+            "ratio does not count time the scheduler gave to other processes; the NDR does.")
     live = []
     for pt in sorted(payload.points, key=lambda pt: (_encap_rank(pt.encap), _size_order(pt.frame_size))):
         tx = pt.floor.xdp_tx_mpps
@@ -952,6 +978,11 @@ def figures(result: Result) -> dict[str, float | str]:
         for z in sbs.sizes:
             out[f"versus {sbs.program} {z.encap} verified insns l4lab"] = float(z.verified_insns)
             out[f"versus {sbs.program} {z.encap} verified insns {sbs.program}"] = float(z.other_verified_insns)
+        tx_loop = next((lc.cpu_ns_per_frame for lc in sbs.loop if lc.program == "xdp_tx"), 0.0)
+        for lc in sbs.loop:
+            if lc.encap and lc.cpu_ns_per_frame > 0 and tx_loop > 0:
+                out[f"versus {sbs.program} {lc.encap} 64 B live loop floor ÷ {lc.program} (CPU ns)"] = round(
+                    tx_loop / lc.cpu_ns_per_frame, 4)
         for pt in p.points:
             key = f"versus {sbs.program} {pt.encap} {pt.frame_size} B live NDR ÷ XDP_TX floor"
             if pt.floor.xdp_tx_mpps > 0:

@@ -76,6 +76,7 @@ __all__ = [
     "KatranChurn",
     "Kind",
     "LatencyFigure",
+    "LoopCost",
     "Machine",
     "Nic",
     "PmtuPayload",
@@ -354,6 +355,23 @@ class ProgramSize:
 
 
 @dataclass(frozen=True)
+class LoopCost:
+    """CPU time per frame of the whole live-frames loop on veth with one program on the LB side.
+
+    One thread sends unpaced; the loop (generator, veths, the LB program, the sink) runs in its
+    softirqs on its CPU, so its CPU time per frame is the loop's cost, robust to other processes'
+    load (lab/bench/gen/xdplive.py chain_cost). The median of the run's rounds.
+    """
+
+    program: str = field(metadata=_rule(_non_empty))  # "xdp_drop", "xdp_tx" (the floors), "l4lab", "katran"
+    encap: EncapId | None  # None for the floors
+    cpu_ns_per_frame: float = field(metadata=_rule(_at_least(0)))
+    frames: int = field(metadata=_rule(_at_least(1)))  # per round
+    rounds: int = field(metadata=_rule(_at_least(1)))
+    delivered: float = field(metadata=_rule(_between(0, 1)))  # share of the frames the sink counted, worst round
+
+
+@dataclass(frozen=True)
 class SideBySide:
     """l4lab and another XDP balancer timed in one run on identical packets (lab/bench/katran.py).
 
@@ -369,6 +387,7 @@ class SideBySide:
     floor_xdp_tx_ns: float = field(metadata=_rule(_at_least(0)))  # MAC-swap XDP_TX
     cases: list[SideCase] = field(metadata=_rule(_non_empty))
     sizes: list[ProgramSize] = field(default_factory=list)
+    loop: list[LoopCost] = field(default_factory=list)  # live frames: CPU ns per frame of each program's loop
 
     def problems(self) -> Iterator[tuple[str, str]]:
         seen: set[tuple[str | None, str]] = set()

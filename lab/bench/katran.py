@@ -89,6 +89,7 @@ class Result:
     insns: dict[str, tuple[int, int]] = field(default_factory=dict)  # "who:encap" -> (xlated, verified)
     ndr: dict[str, float] = field(default_factory=dict)            # name -> NDR Mpps at 64 B
     live: dict[str, Any] = field(default_factory=dict)             # name -> lab/bench/run.py Measured
+    loop: dict[str, list[Any]] = field(default_factory=dict)       # name -> xdplive.ChainCost per round
     path_counters: dict[str, str] = field(default_factory=dict)    # "who:encap:case" -> counter checked
     calls: int = 0
     rounds: int = 0
@@ -348,35 +349,64 @@ def table(result: Result) -> list[str]:
     return lines
 
 
+def live_plan() -> list[tuple[str, str]]:
+    """(name, encap) of every program put on the bench veth: the floors, then l4lab and Katran per encap."""
+    plan = [("floor:xdp_drop", ""), ("floor:xdp_tx", "")]
+    for encap_id in ENCAPS:
+        plan += [(f"l4lab:{encap_id}", encap_id), (f"katran:{encap_id}", encap_id)]
+    return plan
+
+
 def measure_ndr(opts: Options, objs: dict[str, Path], result: Result, say: Callable[[str], None]) -> None:
-    """Live-frames NDR at 64 B on the bench veth: the XDP_TX floor, then l4lab and Katran per encap."""
+    """Live frames at 64 B on the bench veth: each program's loop cost in rounds, then its NDR search."""
     from lab.bench import run as B
 
     settings = B.Options(quick=opts.quick).search_settings()
-    say("live frames on veth, 64 B, NDR search (lab/bench/run.py testbed):")
     with B.testbed() as bed:
-        plan: list[tuple[str, str]] = [("floor:xdp_drop", ""), ("floor:xdp_tx", "")]
-        for encap_id in ENCAPS:
-            plan += [(f"l4lab:{encap_id}", encap_id), (f"katran:{encap_id}", encap_id)]
-        for name, encap_id in plan:
+        katrans = {encap_id: _katran_on(bed, encap_id, objs, opts) for encap_id in ENCAPS}
+
+        def program(name: str, encap_id: str) -> Any:
             if not encap_id:
-                prog = bed.lb_floor.program("xdp_drop" if name == "floor:xdp_drop" else "xdp_tx_swap")
-            elif name.startswith("l4lab"):
-                prog = _l4lab_on(bed, encap_id)
-            else:
-                prog = _katran_on(bed, encap_id, objs, opts)
-            bed.on_lb_program(prog)
-            sink = bed.lb_count if name == "floor:xdp_drop" else bed.gen_count
-            with B._generator(bed, sink) as gen:
+                return bed.lb_floor.program("xdp_drop" if name == "floor:xdp_drop" else "xdp_tx_swap")
+            return _l4lab_on(bed, encap_id) if name.startswith("l4lab") else katrans[encap_id]
+
+        def sink(name: str) -> Callable[[], int]:
+            return bed.lb_count if name == "floor:xdp_drop" else bed.gen_count
+
+        frames, rounds = (1 << 18, 3) if opts.quick else (1 << 20, 5)
+        cpu = max(os.sched_getaffinity(0))
+        say(f"live frames on veth, 64 B (lab/bench/run.py testbed): CPU time per frame of the whole loop, "
+            f"{rounds} rounds × {frames} frames sent unpaced from CPU {cpu}:")
+        for _ in range(rounds):
+            for name, encap_id in live_plan():
+                bed.on_lb_program(program(name, encap_id))
+                with B._generator(bed, sink(name)) as gen:
+                    result.loop.setdefault(name, []).append(gen.chain_cost(frames, 64, 1024, 4, cpu))
+        tx_ns = loop_ns(result, "floor:xdp_tx")
+        for name, _encap in live_plan():
+            worst = min(c.delivered for c in result.loop[name])
+            say(f"  {name:<16} {loop_ns(result, name):7.1f} ns/frame  floor ÷ this {tx_ns / loop_ns(result, name):.2f}"
+                f"  (delivered {worst:.3f})")
+        say("NDR search (zero loss; on veth a lost frame is one the paced sender could not send in time):")
+        for name, encap_id in live_plan():
+            bed.on_lb_program(program(name, encap_id))
+            with B._generator(bed, sink(name)) as gen:
                 measured = B.ndr_point(gen, name, 64, 1024, 4, settings)
             result.live[name] = measured
             result.ndr[name] = measured.result.ndr_pps / 1e6
             say(f"  {name:<16} NDR {result.ndr[name]:6.3f} Mpps  PDR {measured.result.pdr_pps / 1e6:6.3f} Mpps  "
                 f"({len(measured.result.trials)} trials)")
-    floor = result.ndr["floor:xdp_tx"]
+    floor_ndr = result.ndr["floor:xdp_tx"]
     for encap_id in ENCAPS:
         ours, theirs = result.ndr[f"l4lab:{encap_id}"], result.ndr[f"katran:{encap_id}"]
-        say(f"  {encap_id}: l4lab {ours / floor:.2f} × XDP_TX floor, Katran {theirs / floor:.2f} ×")
+        say(f"  {encap_id}: NDR l4lab {ours / floor_ndr:.2f} × XDP_TX floor, Katran {theirs / floor_ndr:.2f} ×; "
+            f"loop cost floor ÷ l4lab {tx_ns / loop_ns(result, 'l4lab:' + encap_id):.2f}, "
+            f"floor ÷ Katran {tx_ns / loop_ns(result, 'katran:' + encap_id):.2f}")
+
+
+def loop_ns(result: Result, name: str) -> float:
+    """The median CPU ns per frame of one program's loop over the rounds."""
+    return float(statistics.median(c.cpu_ns_per_frame for c in result.loop[name]))
 
 
 def _l4lab_on(bed: Any, encap_id: str) -> Any:
@@ -407,7 +437,7 @@ def _katran_on(bed: Any, encap_id: str, objs: dict[str, Path], opts: Options) ->
 
 def side_by_side(result: Result) -> Any:
     """The micro table and program sizes as the schema's SideBySide (reports/schema.py)."""
-    from reports.schema import ProgramSize, SideBySide, SideCase
+    from reports.schema import LoopCost, ProgramSize, SideBySide, SideCase
 
     rows: list[Any] = []
     for name in result.medians:
@@ -425,9 +455,16 @@ def side_by_side(result: Result) -> Any:
                          other_verified_insns=result.insns[f"katran:{encap_id}"][1],
                          xlated_insns=result.insns[f"l4lab:{encap_id}"][0],
                          other_xlated_insns=result.insns[f"katran:{encap_id}"][0]) for encap_id in ENCAPS]
+    loop = []
+    for name, encap_id in live_plan() if result.loop else []:
+        who, _, what = name.partition(":")
+        loop.append(LoopCost(program=what if who == "floor" else who, encap=encap_id or None,  # type: ignore[arg-type]
+                             cpu_ns_per_frame=round(loop_ns(result, name), 2), frames=result.loop[name][0].frames,
+                             rounds=len(result.loop[name]),
+                             delivered=min(c.delivered for c in result.loop[name])))
     return SideBySide(program="katran", frame_bytes=len(tcp_frame(CLIENT, 45000, VIP, 0x10)), rounds=result.rounds,
                       session_table_entries=result.lru_size, floor_xdp_drop_ns=result.medians["floor:xdp_drop"],
-                      floor_xdp_tx_ns=result.medians["floor:xdp_tx"], cases=rows, sizes=sizes)
+                      floor_xdp_tx_ns=result.medians["floor:xdp_tx"], cases=rows, sizes=sizes, loop=loop)
 
 
 def live_points(result: Result) -> list[Any]:
