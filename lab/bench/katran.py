@@ -1,4 +1,4 @@
-"""katranbench.py: `l4lab bench --katran PATH`: l4lab and Katran timed side by side on identical packets.
+"""`l4lab bench --katran PATH`: l4lab and Katran timed side by side on identical packets.
 
 Both datapaths are built and loaded in the same run (Katran from the user's checkout, lab/dut/katran.py),
 given the same VIP, the same four reals and the same Maglev ring (balancer/maglev.py), and per-CPU
@@ -20,8 +20,22 @@ events, PASS_NOT_VIP; Katran: `stats` LRU v1 without v2 for hits, LRU_MISS v1 fo
 for ACK misses, XDP_PASS). Each datapath instance serves one encap, so no two cases share a counter.
 Ratios are of the cost above the MAC-swap floor, l4lab / Katran, measured in this run only.
 
-Then the live-frames NDR at 64 B on the bench veth (lab/bench/run.py's testbed and search) of the
-XDP_TX floor, l4lab and Katran per encap, also in this run.
+Then live frames at 64 B on the bench veth (lab/bench/run.py's testbed), for the floors (XDP_DROP,
+MAC-swap XDP_TX), l4lab and Katran per encap, also in this run, two ways:
+
+    loop cost   one thread sends unpaced; the CPU time it spends per frame, median of rounds taken in turn
+    NDR         the zero-loss rate of lab/bench/run.py's search
+
+On veth the whole loop (the generator's program, both veths, the program under test, its XDP_TX,
+the counting sink) runs in the sending thread's softirqs on its own CPU: measured, every frame sent
+arrives, and a trial's loss is only what the paced sender could not send before its deadline. So the
+NDR is the rate the sending threads sustain through that loop, which moves with whatever else the
+machine runs; the loop cost (thread CPU time, which leaves out time given to other processes) is the
+same loop measured without the scheduler, and floor ÷ program is its ratio. Floor and balancer share
+the generator and the sink: the ratio charges each program only its own work and what it sends.
+
+The result (reports/schema.py) holds the micro table, the program sizes and the loop costs in
+`side_by_side`, and the NDRs as 64-byte points of l4lab with Katran's in `versus`.
 """
 
 from __future__ import annotations

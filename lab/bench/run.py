@@ -9,7 +9,16 @@ The bench builds its own two-namespace testbed (prefix `bnt-`): a generator name
 leads into an LB namespace. The live-frames generator sends UDP flows to a VIP; the program on
 the LB veth (the balancer, or a floor program) XDP_TXes each frame back over the same veth pair,
 where a counting XDP program on the generator side counts and drops it (it is also the program the
-XDP_TX peer rule needs). The XDP_DROP floor counts on the LB side instead. Both veth ends get one
+XDP_TX peer rule needs). The XDP_DROP floor counts on the LB side instead. The floors and the
+balancer are measured alike: the same generator, the same veths, the same counting sink.
+
+On veth the whole loop runs in the sending thread: after each batch the test run re-enables
+softirqs and the LB veth's NAPI (the program under test, its XDP_TX) and then the generator veth's
+NAPI (the counter) run right there, on that CPU. Measured here: every frame sent arrives; a trial's
+loss is what the paced sender could not send before its deadline. The NDR is therefore the rate
+the sending threads sustain through generator, veths, LB program and sink, and it moves with the
+CPU share other processes leave them; `l4lab bench --katran` also reports the loop's CPU time per
+frame, which does not (lab/bench/katran.py). Both veth ends get one
 receive queue per CPU, so each CPU's frames stay on that CPU from generator to counter (one shared
 queue loses frames between two producing CPUs at any rate). Two idle veth pairs in the generator
 namespace hold the generator's programs attached, which keeps each test run from re-patching the

@@ -61,6 +61,24 @@ def test_generator_frames_come_back_through_the_xdp_tx_floor(family: int, size: 
         assert _leftovers() == []
 
 
+@pytest.mark.parametrize("program", ["xdp_tx_swap", "balancer"])
+def test_the_live_loop_runs_in_the_sender_so_every_frame_sent_arrives(program: str) -> None:
+    """The premise of the loop cost (lab/bench/katran.py): unpaced, nothing is lost in flight on veth."""
+    _needs_root_and_build()
+    try:
+        with bench.testbed() as bed:
+            bed.on_lb(program)
+            with bench._generator(bed, bed.gen_count) as gen:
+                cost = gen.chain_cost(1 << 15, 64, 1024, 4, max(os.sched_getaffinity(0)))
+            print(f"{program}: {cost.cpu_ns_per_frame:.0f} CPU ns per frame, {cost}")
+            assert cost.received == cost.frames == 1 << 15, cost
+            assert cost.cpu_s > 0, cost
+            if program == "balancer":
+                assert bed.instance.dp.events()["LRU_HIT"] > 0, "the frames were balanced, sessions hit"
+    finally:
+        assert _leftovers() == []
+
+
 def test_quick_bench_writes_results_that_validate(capsys: pytest.CaptureFixture[str]) -> None:
     _needs_root_and_build()
     opts = bench.Options(encaps=("ip4-ipip", "ip6-gue1"), sizes=(64,), quick=True, result_id="test_bench_quick")
