@@ -399,8 +399,8 @@ def measure_ndr(opts: Options, objs: dict[str, Path], result: Result, say: Calla
         tx_ns = loop_ns(result, "floor:xdp_tx")
         for name, _encap in live_plan():
             worst = min(c.delivered for c in result.loop[name])
-            say(f"  {name:<16} {loop_ns(result, name):7.1f} ns/frame  floor ÷ this {tx_ns / loop_ns(result, name):.2f}"
-                f"  (delivered {worst:.3f})")
+            say(f"  {name:<16} {loop_ns(result, name):7.1f} ns/frame  floor ÷ this "
+                f"{_share(tx_ns, loop_ns(result, name))}  (delivered {worst:.3f})")
         say("NDR search (zero loss; on veth a lost frame is one the paced sender could not send in time):")
         for name, encap_id in live_plan():
             bed.on_lb_program(program(name, encap_id))
@@ -413,9 +413,17 @@ def measure_ndr(opts: Options, objs: dict[str, Path], result: Result, say: Calla
     floor_ndr = result.ndr["floor:xdp_tx"]
     for encap_id in ENCAPS:
         ours, theirs = result.ndr[f"l4lab:{encap_id}"], result.ndr[f"katran:{encap_id}"]
-        say(f"  {encap_id}: NDR l4lab {ours / floor_ndr:.2f} × XDP_TX floor, Katran {theirs / floor_ndr:.2f} ×; "
-            f"loop cost floor ÷ l4lab {tx_ns / loop_ns(result, 'l4lab:' + encap_id):.2f}, "
-            f"floor ÷ Katran {tx_ns / loop_ns(result, 'katran:' + encap_id):.2f}")
+        say(f"  {encap_id}: NDR l4lab {_share(ours, floor_ndr)} × XDP_TX floor, Katran {_share(theirs, floor_ndr)} ×; "
+            f"loop cost floor ÷ l4lab {_share(tx_ns, loop_ns(result, 'l4lab:' + encap_id))}, "
+            f"floor ÷ Katran {_share(tx_ns, loop_ns(result, 'katran:' + encap_id))}")
+    if floor_ndr <= 0:
+        say("  the XDP_TX floor's NDR is 0 (no trial without loss): the machine is too busy for the NDR; "
+            "the loop costs above do not depend on it")
+
+
+def _share(part: float, whole: float) -> str:
+    """part / whole with two decimals, or "–" when whole is not positive."""
+    return f"{part / whole:.2f}" if whole > 0 else "–"
 
 
 def loop_ns(result: Result, name: str) -> float:
