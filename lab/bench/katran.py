@@ -409,7 +409,7 @@ def measure_ndr(opts: Options, objs: dict[str, Path], result: Result, say: Calla
             result.live[name] = measured
             result.ndr[name] = measured.result.ndr_pps / 1e6
             say(f"  {name:<16} NDR {result.ndr[name]:6.3f} Mpps  PDR {measured.result.pdr_pps / 1e6:6.3f} Mpps  "
-                f"({len(measured.result.trials)} trials)")
+                f"({len(measured.result.trials)} trials{B.repeats(measured)})")
     floor_ndr = result.ndr["floor:xdp_tx"]
     for encap_id in ENCAPS:
         ours, theirs = result.ndr[f"l4lab:{encap_id}"], result.ndr[f"katran:{encap_id}"]

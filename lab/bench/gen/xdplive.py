@@ -280,6 +280,7 @@ class XdpLiveGenerator(Generator):
         offered = round(rate_pps * duration_s)
         per_thread = [offered // nthreads + (1 if i < offered % nthreads else 0) for i in range(nthreads)]
         sent = [0] * nthreads
+        waited = [0.0] * nthreads
         errors: list[BaseException] = []
         start = threading.Barrier(nthreads + 1)
         how = Pacing(self.chunk_s, self.min_chunk, self.batch_size)
@@ -291,7 +292,9 @@ class XdpLiveGenerator(Generator):
                 with entered(self.netns):
                     os.sched_setaffinity(0, {self.threads[i]})
                     start.wait()
+                    w0 = run_queue_wait()
                     sent[i] = pace(streams, per_thread[i], rate_pps / nthreads, duration_s, how)
+                    waited[i] = run_queue_wait() - w0
             except BaseException as exc:  # handed to the caller below
                 errors.append(exc)
                 start.abort()
@@ -308,7 +311,7 @@ class XdpLiveGenerator(Generator):
         if errors:
             raise errors[0]
         received = self._settled() - before
-        return TrialResult(offered=offered, sent=sum(sent), received=received, duration=elapsed)
+        return TrialResult(offered=offered, sent=sum(sent), received=received, duration=elapsed, waited=max(waited))
 
     def chain_cost(self, frames: int, frame_size: int, flows: int, family: Family, cpu: int) -> ChainCost:
         """CPU time per frame of the whole loop: `frames` sent unpaced by one thread pinned to `cpu`.
@@ -371,6 +374,15 @@ class XdpLiveGenerator(Generator):
         for prog in self._programs.values():
             prog.close()
         self._programs.clear()
+
+
+def run_queue_wait() -> float:
+    """Seconds this thread has waited on a run queue, ready but not running (0.0 without schedstats)."""
+    try:
+        fields = Path("/proc/thread-self/schedstat").read_text().split()
+    except OSError:
+        return 0.0
+    return int(fields[1]) / 1e9 if len(fields) >= 2 else 0.0
 
 
 def percpu_total(values: Sequence[bytes] | None) -> int:
