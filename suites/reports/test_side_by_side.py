@@ -1,8 +1,9 @@
 """The side-by-side result (`l4lab bench --katran`): its schema, and the report's "l4lab vs Katran" section.
 
 SAMPLE is a real result of `l4lab bench --katran /work/katran-src --quick` on the 2-vCPU lab VM, trimmed
-to the last three trials of each search (load average 9-11 while it ran: the NDRs are noisy, the
-loop costs less so); its figures are asserted below as the page must show them.
+to the last three trials of each search (load average 14-15 while it ran, another helper's VMs: the
+NDRs are mostly the scheduler's, Katran's GUE found no lossless rate at all; the loop costs hold); its
+figures are asserted below as the page must show them.
 """
 
 from __future__ import annotations
@@ -83,21 +84,21 @@ def test_the_report_shows_the_side_by_side_section(tmp_path: Path) -> None:
     micro = tables["Test run, median ns per call (69-byte frames, 4 rounds, session tables of 131072 entries per CPU)"]
     assert micro.header[:5] == ["encap", "case", "Katran (ns)", "l4lab (ns)", "l4lab ÷ Katran, cost above the floor"]
     rows = {(r[0], r[1]): r for r in micro.rows}
-    # 862 ns vs 822 ns over a 180 ns floor: (862 - 180) / (822 - 180) = 1.06
-    assert rows[("ip4-ipip", "session hit")][2:7] == ["822", "862", "1.06", "LRU_HIT / LRU hits", "20000"]
-    assert rows[("ip4-gue1", "new flow, ACK")][2:5] == ["2554", "2375", "0.92"]
+    # 1062 ns vs 1051 ns over a 180 ns floor: (1062 - 180) / (1051 - 180) = 1.01
+    assert rows[("ip4-ipip", "session hit")][2:7] == ["1051", "1062", "1.01", "LRU_HIT / LRU hits", "20000"]
+    assert rows[("ip4-gue1", "new flow, ACK")][2:5] == ["2785", "2545", "0.91"]
     assert rows[("–", "MAC-swap XDP_TX floor")][3] == "180"
     sizes = tables["Program size: instructions the verifier walked, and after translation"]
     assert sizes.rows[0][:4] == ["ip4-ipip", "107965", "60386", "0.56"]
     loop = tables["Live frames on veth: CPU ns per frame of the whole loop (XDP_TX floor ÷ it), median of 3 rounds"]
     assert loop.header == ["encap", "MAC-swap XDP_TX floor", "l4lab", "Katran"]
-    # 373.26 / 727.58 = 0.51, 373.26 / 695.12 = 0.54
-    assert loop.rows == [["ip4-ipip", "373", "728 (0.51)", "695 (0.54)"],
-                         ["ip4-gue1", "373", "820 (0.46)", "1055 (0.35)"]]
+    # 360.36 / 707.53 = 0.51, 360.36 / 816.68 = 0.44
+    assert loop.rows == [["ip4-ipip", "360", "708 (0.51)", "817 (0.44)"],
+                         ["ip4-gue1", "360", "880 (0.41)", "1150 (0.31)"]]
     live = tables["Live frames on veth: NDR in Mpps (÷ XDP_TX floor)"]
     assert live.header == ["encap", "frame size (bytes)", "XDP_DROP floor", "MAC-swap XDP_TX floor", "l4lab", "Katran"]
-    assert live.rows[0] == ["ip4-ipip", "64", "0.662", "0.656", "0.365 (0.56)", "0.410 (0.62)"]
-    assert live.rows[1][0] == "ip4-gue1" and live.rows[1][4].endswith("(0.71)")
+    assert live.rows[0] == ["ip4-ipip", "64", "1.173", "0.778", "0.288 (0.37)", "0.259 (0.33)"]
+    assert live.rows[1][0] == "ip4-gue1" and live.rows[1][4:] == ["0.232 (0.30)", "0.000 (0.00)"]
     # Its points are the side-by-side run's own: they stay out of the encap comparison's tables.
     assert not any(t.section == "bench" and t.caption.startswith("NDR / PDR") for t in page.tables)
 
@@ -108,7 +109,7 @@ def test_the_section_is_left_out_without_a_side_by_side_result(sample_report: Pa
 
 def test_its_figures_have_names_of_their_own() -> None:
     named = figures(parse_result(_sample(), SAMPLE))
-    assert named["versus katran ip4-ipip session-hit l4lab ÷ katran above the floor"] == pytest.approx(1.0623)
-    assert named["versus katran ip4-gue1 64 B live NDR ÷ XDP_TX floor katran"] == pytest.approx(0.3737, abs=1e-3)
-    assert named["versus katran ip4-gue1 64 B live loop floor ÷ l4lab (CPU ns)"] == pytest.approx(0.4552, abs=1e-3)
+    assert named["versus katran ip4-ipip session-hit l4lab ÷ katran above the floor"] == pytest.approx(1.0126)
+    assert named["versus katran ip4-gue1 64 B live NDR ÷ XDP_TX floor katran"] == 0.0
+    assert named["versus katran ip4-gue1 64 B live loop floor ÷ l4lab (CPU ns)"] == pytest.approx(0.4097, abs=1e-3)
     assert not any(name.startswith("bench ") for name in named), "no trend line shared with `l4lab bench`"
