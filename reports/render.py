@@ -48,6 +48,7 @@ from reports.schema import (
     Result,
     ResultsError,
     RssPayload,
+    Versus,
     load_results,
     of_kind,
     results_dir,
@@ -350,7 +351,7 @@ def _demo(results: list[Result]) -> Section:
 
 def _micro_and_controller(section: Section, results: list[Result]) -> None:
     """Tables of the newest run's test-run micro-benchmark and controller figures, if any."""
-    with_micro = [(r, p) for r, p in of_kind(results, BenchPayload) if p.micro]
+    with_micro = [(r, p) for r, p in of_kind(results, BenchPayload) if p.micro and p.side_by_side is None]
     with_controller = [(r, p) for r, p in of_kind(results, BenchPayload) if p.controller]
     if with_micro:
         _, payload = max(with_micro, key=lambda rp: rp[0].time)
@@ -375,7 +376,7 @@ def _bench_rows(results: list[Result]) -> pd.DataFrame:
          "pdr": pt.pdr_mpps, "tx": pt.floor.xdp_tx_mpps, "drop": pt.floor.xdp_drop_mpps,
          "overhead": pt.egress_overhead_bytes, "trials": len(pt.trials), "latency": pt.latency,
          "versus": pt.versus, "run": _run_label(r, p.generator)}
-        for r, p in of_kind(results, BenchPayload)
+        for r, p in of_kind(results, BenchPayload) if p.side_by_side is None  # those have their own section
         for pt in p.points
     ]
     return pd.DataFrame(rows)
@@ -411,6 +412,102 @@ def _bench(results: list[Result]) -> Section:
     section.tables.append(Table(
         "Egress overhead and the largest client packet that fits without ICMP too-big",
         ["encap", "egress overhead (bytes)", "egress MTU (bytes)", "effective MTU (bytes)", "generator"], mtu_rows))
+    return section
+
+
+SIDE_BY_SIDE_TITLE = "l4lab vs Katran"
+_SIDE_CASES = {"non-vip": "non-VIP", "session-hit": "session hit", "new-syn": "new flow, SYN",
+               "new-ack": "new flow, ACK"}
+
+
+def _side_by_side(results: list[Result]) -> Section:
+    """The newest side-by-side run (l4lab bench --katran): micro table, program sizes, live-frames NDR."""
+    found = [(r, p) for r, p in of_kind(results, BenchPayload) if p.side_by_side is not None]
+    other = found[-1][1].side_by_side.program if found else "katran"  # type: ignore[union-attr]
+    name = other.capitalize() if other.islower() else other
+    section = Section(
+        "versus",
+        SIDE_BY_SIDE_TITLE,
+        f"l4lab and {name} timed in one run on identical packets (l4lab bench --katran): single "
+        "BPF_PROG_TEST_RUN calls (repeat = 1) taking turns on one CPU, every call's action and path counter "
+        "checked, medians in ns; the ratio is l4lab's cost above the MAC-swap XDP_TX floor divided by "
+        f"{name}'s. Then both programs' live-frames NDR at 64 B on the bench veth, beside the floors of "
+        "the same run. Only ratios within one run are comparable; absolute figures vary ±20 % between runs.",
+    )
+    if not found:
+        section.empty = True
+        return section
+    result, payload = max(found, key=lambda rp: rp[0].time)
+    sbs = payload.side_by_side
+    assert sbs is not None
+    run = _run_label(result)
+    rows = []
+    for c in sbs.cases:
+        encap = c.encap or "–"
+        ratio = _fmt(c.ratio_above_floor) if c.ratio_above_floor is not None else "–"
+        css = "num" if c.ratio_above_floor is None else ("num ok" if c.ratio_above_floor <= 1 else "num warn")
+        rows.append([Cell(encap, "key"), Cell(_SIDE_CASES.get(c.case, c.case), "key"),
+                     Cell(_fmt(c.other_ns, 0), "num"), Cell(_fmt(c.ns, 0), "num"), Cell(ratio, css),
+                     Cell(f"{c.path_counter} / {c.other_path_counter}", "", "the counter only this case moves, "
+                          "checked after every round"),
+                     Cell(str(c.calls), "num")])
+    for label, ns in (("XDP_DROP floor", sbs.floor_xdp_drop_ns), ("MAC-swap XDP_TX floor", sbs.floor_xdp_tx_ns)):
+        rows.append([Cell("–", "key"), Cell(label, "key"), Cell("", "num"), Cell(_fmt(ns, 0), "num"),
+                     Cell("–", "num"), Cell("–"), Cell("", "num")])
+    section.tables.append(Table(
+        f"Test run, median ns per call ({sbs.frame_bytes}-byte frames, {sbs.rounds} rounds, session tables of "
+        f"{sbs.session_table_entries} entries per CPU) — {run}",
+        ["encap", "case", f"{name} (ns)", "l4lab (ns)", f"l4lab ÷ {name}, cost above the floor",
+         f"path counter checked (l4lab / {name})", "calls checked"], rows))
+    if sbs.sizes:
+        section.tables.append(Table(
+            f"Program size: instructions the verifier walked, and after translation — {run}",
+            ["encap", f"{name} verified", "l4lab verified", f"l4lab ÷ {name}", f"{name} xlated", "l4lab xlated"],
+            [[Cell(z.encap, "key"), Cell(str(z.other_verified_insns), "num"), Cell(str(z.verified_insns), "num"),
+              Cell(_fmt(z.verified_insns / z.other_verified_insns), "num"), Cell(str(z.other_xlated_insns), "num"),
+              Cell(str(z.xlated_insns), "num")] for z in sbs.sizes]))
+    if sbs.loop:
+        cost = {(lc.program, lc.encap): lc for lc in sbs.loop}
+        tx_cost = cost.get(("xdp_tx", None))
+        loop_rows = []
+        for encap in sorted({lc.encap for lc in sbs.loop if lc.encap}, key=_encap_rank):
+            cells = [Cell(encap, "key"), Cell(_fmt(tx_cost.cpu_ns_per_frame, 0) if tx_cost else "–", "num")]
+            for who in ("l4lab", other):
+                got = cost.get((who, encap))
+                if got is None:
+                    cells.append(Cell("–", "num missing"))
+                    continue
+                share = ""
+                if tx_cost and got.cpu_ns_per_frame:
+                    share = f" ({_fmt(tx_cost.cpu_ns_per_frame / got.cpu_ns_per_frame)})"
+                cells.append(Cell(f"{_fmt(got.cpu_ns_per_frame, 0)}{share}", "num",
+                                  f"{got.frames} frames a round; delivered {_fmt(got.delivered, 3)}"))
+            loop_rows.append(cells)
+        section.tables.append(Table(
+            f"Live frames on veth: CPU ns per frame of the whole loop (XDP_TX floor ÷ it), median of "
+            f"{max(lc.rounds for lc in sbs.loop)} rounds — {run}",
+            ["encap", "MAC-swap XDP_TX floor", "l4lab", name], loop_rows))
+        section.notes.append(
+            "On veth the whole loop (generator, both veths, the LB program, the counting sink) runs in the sending "
+            "thread's softirqs on one CPU, so its CPU time per frame is the loop's cost and the NDR is the rate "
+            "the senders can sustain: frames are not lost in flight, a paced sender falls behind. The CPU-time "
+            "ratio does not count time the scheduler gave to other processes; the NDR does.")
+    live = []
+    for pt in sorted(payload.points, key=lambda pt: (_encap_rank(pt.encap), _size_order(pt.frame_size))):
+        tx = pt.floor.xdp_tx_mpps
+        theirs: list[Versus | None] = [v for v in pt.versus if v.program == other] or [None]
+        for v in theirs:
+            them = "–" if v is None else f"{_fmt(v.ndr_mpps, 3)} ({_fmt(v.ndr_mpps / tx) if tx else '–'})"
+            live.append([Cell(pt.encap, "key"), Cell(str(pt.frame_size), "num"),
+                         Cell(_fmt(pt.floor.xdp_drop_mpps, 3), "num"), Cell(_fmt(tx, 3), "num"),
+                         Cell(f"{_fmt(pt.ndr_mpps, 3)} ({_fmt(pt.ndr_mpps / tx) if tx else '–'})", "num"),
+                         Cell(them, "num")])
+    if live:
+        section.tables.append(Table(
+            f"Live frames on veth: NDR in Mpps (÷ XDP_TX floor) — {_run_label(result, payload.generator)}",
+            ["encap", "frame size (bytes)", "XDP_DROP floor", "MAC-swap XDP_TX floor", "l4lab", name], live))
+    else:
+        section.notes.append("This run measured no live frames (the test-run table only).")
     return section
 
 
@@ -870,7 +967,29 @@ def figures(result: Result) -> dict[str, float | str]:
     """The figures of one result by a name that is stable across runs (for trends and comparisons)."""
     out: dict[str, float | str] = {}
     p = result.payload
-    if isinstance(p, BenchPayload):
+    if isinstance(p, BenchPayload) and p.side_by_side is not None:
+        sbs = p.side_by_side
+        for row in sbs.cases:
+            key = f"versus {sbs.program} {row.encap or '-'} {row.case}"
+            out[f"{key} l4lab (ns)"] = row.ns
+            out[f"{key} {sbs.program} (ns)"] = row.other_ns
+            if row.ratio_above_floor is not None:
+                out[f"{key} l4lab ÷ {sbs.program} above the floor"] = row.ratio_above_floor
+        for z in sbs.sizes:
+            out[f"versus {sbs.program} {z.encap} verified insns l4lab"] = float(z.verified_insns)
+            out[f"versus {sbs.program} {z.encap} verified insns {sbs.program}"] = float(z.other_verified_insns)
+        tx_loop = next((lc.cpu_ns_per_frame for lc in sbs.loop if lc.program == "xdp_tx"), 0.0)
+        for lc in sbs.loop:
+            if lc.encap and lc.cpu_ns_per_frame > 0 and tx_loop > 0:
+                out[f"versus {sbs.program} {lc.encap} 64 B live loop floor ÷ {lc.program} (CPU ns)"] = round(
+                    tx_loop / lc.cpu_ns_per_frame, 4)
+        for pt in p.points:
+            key = f"versus {sbs.program} {pt.encap} {pt.frame_size} B live NDR ÷ XDP_TX floor"
+            if pt.floor.xdp_tx_mpps > 0:
+                out[f"{key} l4lab"] = round(pt.ndr_mpps / pt.floor.xdp_tx_mpps, 4)
+                for v in pt.versus:
+                    out[f"{key} {v.program}"] = round(v.ndr_mpps / pt.floor.xdp_tx_mpps, 4)
+    elif isinstance(p, BenchPayload):
         for pt in p.points:
             key = f"bench {p.generator} {pt.encap} {pt.frame_size} B"
             out[f"{key} NDR (Mpps)"] = pt.ndr_mpps
@@ -1138,6 +1257,7 @@ def render_html(results: list[Result], source: str = "", now: datetime | None = 
         _summary(results),
         _demo(results),
         _bench(results),
+        *([versus] if not (versus := _side_by_side(results)).empty else []),
         _rss(results),
         _pmtu(results),
         _churn(results),

@@ -76,14 +76,18 @@ __all__ = [
     "KatranChurn",
     "Kind",
     "LatencyFigure",
+    "LoopCost",
     "Machine",
     "Nic",
     "PmtuPayload",
     "PmtuScenario",
+    "ProgramSize",
     "Result",
     "ResultsError",
     "RssPayload",
     "RssScenario",
+    "SideBySide",
+    "SideCase",
     "TimelineEvent",
     "Trial",
     "Versus",
@@ -316,6 +320,90 @@ class ControllerFigure:
     ring_slots: int | None = None  # ring slots written, for applies
 
 
+#: The cases of the side-by-side micro-benchmark (lab/bench/katran.py), in table order.
+SideCaseName = Literal["non-vip", "session-hit", "new-syn", "new-ack"]
+
+
+@dataclass(frozen=True)
+class SideCase:
+    """One row of the side-by-side micro-benchmark: both programs' median on identical packets.
+
+    ``ratio_above_floor`` is (ns - floor) / (other_ns - floor) with the MAC-swap XDP_TX floor of the
+    same run; None when the other program is not above the floor. ``calls`` is how many calls of each
+    program returned the expected action with its path counter moving by one (every call is checked).
+    """
+
+    encap: EncapId | None  # None: a case that encapsulates nothing (non-vip)
+    case: SideCaseName
+    ns: float = field(metadata=_rule(_at_least(0)))  # l4lab, median ns per call
+    other_ns: float = field(metadata=_rule(_at_least(0)))
+    ratio_above_floor: float | None
+    path_counter: str = field(metadata=_rule(_non_empty))  # l4lab's counter that only this case moves
+    other_path_counter: str = field(metadata=_rule(_non_empty))
+    calls: int = field(metadata=_rule(_at_least(1)))
+
+
+@dataclass(frozen=True)
+class ProgramSize:
+    """Both programs' size for one encap, from the kernel's bpf_prog_info of the loaded programs."""
+
+    encap: EncapId
+    verified_insns: int = field(metadata=_rule(_at_least(1)))  # l4lab; instructions the verifier walked
+    other_verified_insns: int = field(metadata=_rule(_at_least(1)))
+    xlated_insns: int = field(metadata=_rule(_at_least(1)))
+    other_xlated_insns: int = field(metadata=_rule(_at_least(1)))
+
+
+@dataclass(frozen=True)
+class LoopCost:
+    """CPU time per frame of the whole live-frames loop on veth with one program on the LB side.
+
+    One thread sends unpaced; the loop (generator, veths, the LB program, the sink) runs in its
+    softirqs on its CPU, so its CPU time per frame is the loop's cost, robust to other processes'
+    load (lab/bench/gen/xdplive.py chain_cost). The median of the run's rounds.
+    """
+
+    program: str = field(metadata=_rule(_non_empty))  # "xdp_drop", "xdp_tx" (the floors), "l4lab", "katran"
+    encap: EncapId | None  # None for the floors
+    cpu_ns_per_frame: float = field(metadata=_rule(_at_least(0)))
+    frames: int = field(metadata=_rule(_at_least(1)))  # per round
+    rounds: int = field(metadata=_rule(_at_least(1)))
+    delivered: float = field(metadata=_rule(_between(0, 1)))  # share of the frames the sink counted, worst round
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """l4lab and another XDP balancer timed in one run on identical packets (lab/bench/katran.py).
+
+    The micro-benchmark (BPF_PROG_TEST_RUN, repeat = 1, interleaved, one CPU) is here; the same
+    run's live-frames NDR of both are the payload's points, the other program's in ``versus``.
+    """
+
+    program: str = field(metadata=_rule(_non_empty))  # the other program, e.g. "katran"
+    frame_bytes: int = field(metadata=_rule(_at_least(14)))  # frame length of every timed call
+    rounds: int = field(metadata=_rule(_at_least(1)))
+    session_table_entries: int = field(metadata=_rule(_at_least(1)))  # per-CPU LRU size, both programs
+    floor_xdp_drop_ns: float = field(metadata=_rule(_at_least(0)))
+    floor_xdp_tx_ns: float = field(metadata=_rule(_at_least(0)))  # MAC-swap XDP_TX
+    cases: list[SideCase] = field(metadata=_rule(_non_empty))
+    sizes: list[ProgramSize] = field(default_factory=list)
+    loop: list[LoopCost] = field(default_factory=list)  # live frames: CPU ns per frame of each program's loop
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        seen: set[tuple[str | None, str]] = set()
+        for i, c in enumerate(self.cases):
+            if (c.encap, c.case) in seen:
+                yield f"cases[{i}]", f"repeats {c.case} of {c.encap or 'no encap'}; one row per encap and case"
+            seen.add((c.encap, c.case))
+            above = c.other_ns - self.floor_xdp_tx_ns
+            if c.ratio_above_floor is not None and above > 0:
+                expected = (c.ns - self.floor_xdp_tx_ns) / above
+                if abs(expected - c.ratio_above_floor) > 0.01 + 0.01 * abs(expected):
+                    yield (f"cases[{i}].ratio_above_floor",
+                           f"must be (ns - floor_xdp_tx_ns) / (other_ns - floor_xdp_tx_ns) = {expected:.3f} "
+                           f"but got {c.ratio_above_floor}")
+
+
 @dataclass(frozen=True)
 class BenchPayload:
     """A benchmark run: NDR/PDR of every encap × frame size beside the floor, and/or the test-run
@@ -327,10 +415,11 @@ class BenchPayload:
     micro: list[MicroFigure] = field(default_factory=list)
     controller: list[ControllerFigure] = field(default_factory=list)
     nic: Nic | None = None  # hardware runs: the LB's NIC
+    side_by_side: SideBySide | None = None  # l4lab and another program timed together (`l4lab bench --katran`)
 
     def problems(self) -> Iterator[tuple[str, str]]:
-        if not (self.points or self.micro or self.controller):
-            yield "points", "must not be empty when there are no micro or controller figures"
+        if not (self.points or self.micro or self.controller or self.side_by_side):
+            yield "points", "must not be empty when there are no micro, controller or side-by-side figures"
 
 
 # --- rss ----------------------------------------------------------------------------------------
@@ -735,6 +824,9 @@ def _parse(value: Any, tp: Any, path: str) -> Any:
             return value
         raise _READ.fail(path, value, _describe(tp))
     if origin in (Union, types.UnionType):
+        objects = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        if isinstance(value, dict) and len(objects) == 1:  # an object or null: name the field inside that is wrong
+            return _parse(value, objects[0], path)
         for alternative in typing.get_args(tp):
             try:
                 return _parse(value, alternative, path)

@@ -1,4 +1,4 @@
-"""katranbench.py: `l4lab bench --katran PATH`: l4lab and Katran timed side by side on identical packets.
+"""`l4lab bench --katran PATH`: l4lab and Katran timed side by side on identical packets.
 
 Both datapaths are built and loaded in the same run (Katran from the user's checkout, lab/dut/katran.py),
 given the same VIP, the same four reals and the same Maglev ring (balancer/maglev.py), and per-CPU
@@ -20,8 +20,22 @@ events, PASS_NOT_VIP; Katran: `stats` LRU v1 without v2 for hits, LRU_MISS v1 fo
 for ACK misses, XDP_PASS). Each datapath instance serves one encap, so no two cases share a counter.
 Ratios are of the cost above the MAC-swap floor, l4lab / Katran, measured in this run only.
 
-Then the live-frames NDR at 64 B on the bench veth (lab/bench/run.py's testbed and search) of the
-XDP_TX floor, l4lab and Katran per encap, also in this run.
+Then live frames at 64 B on the bench veth (lab/bench/run.py's testbed), for the floors (XDP_DROP,
+MAC-swap XDP_TX), l4lab and Katran per encap, also in this run, two ways:
+
+    loop cost   one thread sends unpaced; the CPU time it spends per frame, median of rounds taken in turn
+    NDR         the zero-loss rate of lab/bench/run.py's search
+
+On veth the whole loop (the generator's program, both veths, the program under test, its XDP_TX,
+the counting sink) runs in the sending thread's softirqs on its own CPU: measured, every frame sent
+arrives, and a trial's loss is only what the paced sender could not send before its deadline. So the
+NDR is the rate the sending threads sustain through that loop, which moves with whatever else the
+machine runs; the loop cost (thread CPU time, which leaves out time given to other processes) is the
+same loop measured without the scheduler, and floor ÷ program is its ratio. Floor and balancer share
+the generator and the sink: the ratio charges each program only its own work and what it sends.
+
+The result (reports/schema.py) holds the micro table, the program sizes and the loop costs in
+`side_by_side`, and the NDRs as 64-byte points of l4lab with Katran's in `versus`.
 """
 
 from __future__ import annotations
@@ -86,9 +100,14 @@ class Side:
 @dataclass
 class Result:
     medians: dict[str, float] = field(default_factory=dict)        # "who:encap:case" or floor -> ns
-    insns: dict[str, tuple[int, int]] = field(default_factory=dict)  # object -> (xlated, verified)
+    insns: dict[str, tuple[int, int]] = field(default_factory=dict)  # "who:encap" -> (xlated, verified)
     ndr: dict[str, float] = field(default_factory=dict)            # name -> NDR Mpps at 64 B
+    live: dict[str, Any] = field(default_factory=dict)             # name -> lab/bench/run.py Measured
+    loop: dict[str, list[Any]] = field(default_factory=dict)       # name -> xdplive.ChainCost per round
+    path_counters: dict[str, str] = field(default_factory=dict)    # "who:encap:case" -> counter checked
     calls: int = 0
+    rounds: int = 0
+    lru_size: int = 0
     results_file: Path | None = None
 
 
@@ -176,6 +195,7 @@ def katran_side(stack: ExitStack, encap_id: str, obj: Path, lru_size: int) -> Si
     return Side("katran", encap_id, kt.program, counters,
                 {"non-vip": "XDP_PASS.v1", "session-hit": "LRU hits", "new-syn": "LRU_MISS.v1",
                  "new-ack": "LRU_MISS.v2"})
+
 
 
 def ring() -> Any:
@@ -296,7 +316,9 @@ def run(opts: Options, say: Callable[[str], None] = print) -> Result:
             say(f"timing {len(cases)} cases on CPU {cpu}: {opts.rounds} rounds × {per_round} calls, interleaved")
             time_rounds(cases, sides, per_round, opts.rounds, say)
         result.calls = per_round * opts.rounds
+        result.rounds, result.lru_size = opts.rounds, opts.lru_size
         result.medians = {c.name: float(statistics.median(c.samples)) for c in cases}
+        result.path_counters = {c.name: c.side.path_counter[c.case] for c in cases if c.side is not None}
     for line in table(result):
         say(line)
     if opts.baseline:
@@ -341,32 +363,72 @@ def table(result: Result) -> list[str]:
     return lines
 
 
+def live_plan() -> list[tuple[str, str]]:
+    """(name, encap) of every program put on the bench veth: the floors, then l4lab and Katran per encap."""
+    plan = [("floor:xdp_drop", ""), ("floor:xdp_tx", "")]
+    for encap_id in ENCAPS:
+        plan += [(f"l4lab:{encap_id}", encap_id), (f"katran:{encap_id}", encap_id)]
+    return plan
+
+
 def measure_ndr(opts: Options, objs: dict[str, Path], result: Result, say: Callable[[str], None]) -> None:
-    """Live-frames NDR at 64 B on the bench veth: the XDP_TX floor, then l4lab and Katran per encap."""
+    """Live frames at 64 B on the bench veth: each program's loop cost in rounds, then its NDR search."""
     from lab.bench import run as B
 
-    settings = B.Options(quick=True).search_settings()
-    say("live frames on veth, 64 B, NDR search (lab/bench/run.py testbed):")
+    settings = B.Options(quick=opts.quick).search_settings()
     with B.testbed() as bed:
-        plan: list[tuple[str, str]] = [("floor:xdp_tx", "")]
-        for encap_id in ENCAPS:
-            plan += [(f"l4lab:{encap_id}", encap_id), (f"katran:{encap_id}", encap_id)]
-        for name, encap_id in plan:
+        katrans = {encap_id: _katran_on(bed, encap_id, objs, opts) for encap_id in ENCAPS}
+
+        def program(name: str, encap_id: str) -> Any:
             if not encap_id:
-                prog = bed.lb_floor.program("xdp_tx_swap")
-            elif name.startswith("l4lab"):
-                prog = _l4lab_on(bed, encap_id)
-            else:
-                prog = _katran_on(bed, encap_id, objs, opts)
-            bed.on_lb_program(prog)
-            with B._generator(bed, bed.gen_count) as gen:
+                return bed.lb_floor.program("xdp_drop" if name == "floor:xdp_drop" else "xdp_tx_swap")
+            return _l4lab_on(bed, encap_id) if name.startswith("l4lab") else katrans[encap_id]
+
+        def sink(name: str) -> Callable[[], int]:
+            return bed.lb_count if name == "floor:xdp_drop" else bed.gen_count
+
+        frames, rounds = (1 << 18, 3) if opts.quick else (1 << 20, 5)
+        cpu = max(os.sched_getaffinity(0))
+        say(f"live frames on veth, 64 B (lab/bench/run.py testbed): CPU time per frame of the whole loop, "
+            f"{rounds} rounds × {frames} frames sent unpaced from CPU {cpu}:")
+        for _ in range(rounds):
+            for name, encap_id in live_plan():
+                bed.on_lb_program(program(name, encap_id))
+                with B._generator(bed, sink(name)) as gen:
+                    result.loop.setdefault(name, []).append(gen.chain_cost(frames, 64, 1024, 4, cpu))
+        tx_ns = loop_ns(result, "floor:xdp_tx")
+        for name, _encap in live_plan():
+            worst = min(c.delivered for c in result.loop[name])
+            say(f"  {name:<16} {loop_ns(result, name):7.1f} ns/frame  floor ÷ this "
+                f"{_share(tx_ns, loop_ns(result, name))}  (delivered {worst:.3f})")
+        say("NDR search (zero loss; on veth a lost frame is one the paced sender could not send in time):")
+        for name, encap_id in live_plan():
+            bed.on_lb_program(program(name, encap_id))
+            with B._generator(bed, sink(name)) as gen:
                 measured = B.ndr_point(gen, name, 64, 1024, 4, settings)
+            result.live[name] = measured
             result.ndr[name] = measured.result.ndr_pps / 1e6
-            say(f"  {name:<16} NDR {result.ndr[name]:6.3f} Mpps")
-    floor = result.ndr["floor:xdp_tx"]
+            say(f"  {name:<16} NDR {result.ndr[name]:6.3f} Mpps  PDR {measured.result.pdr_pps / 1e6:6.3f} Mpps  "
+                f"({len(measured.result.trials)} trials{B.repeats(measured)})")
+    floor_ndr = result.ndr["floor:xdp_tx"]
     for encap_id in ENCAPS:
         ours, theirs = result.ndr[f"l4lab:{encap_id}"], result.ndr[f"katran:{encap_id}"]
-        say(f"  {encap_id}: l4lab {ours / floor:.2f} × XDP_TX floor, Katran {theirs / floor:.2f} ×")
+        say(f"  {encap_id}: NDR l4lab {_share(ours, floor_ndr)} × XDP_TX floor, Katran {_share(theirs, floor_ndr)} ×; "
+            f"loop cost floor ÷ l4lab {_share(tx_ns, loop_ns(result, 'l4lab:' + encap_id))}, "
+            f"floor ÷ Katran {_share(tx_ns, loop_ns(result, 'katran:' + encap_id))}")
+    if floor_ndr <= 0:
+        say("  the XDP_TX floor's NDR is 0 (no trial without loss): the machine is too busy for the NDR; "
+            "the loop costs above do not depend on it")
+
+
+def _share(part: float, whole: float) -> str:
+    """part / whole with two decimals, or "–" when whole is not positive."""
+    return f"{part / whole:.2f}" if whole > 0 else "–"
+
+
+def loop_ns(result: Result, name: str) -> float:
+    """The median CPU ns per frame of one program's loop over the rounds."""
+    return float(statistics.median(c.cpu_ns_per_frame for c in result.loop[name]))
 
 
 def _l4lab_on(bed: Any, encap_id: str) -> Any:
@@ -395,11 +457,68 @@ def _katran_on(bed: Any, encap_id: str, objs: dict[str, Path], opts: Options) ->
     return kt.program
 
 
-def write_results(result: Result, opts: Options) -> None:
-    """One `bench` result (generator test-run): a micro figure per side, case and floor."""
-    from reports.schema import BenchPayload, MicroFigure, case_id, results_dir, write_result
+def side_by_side(result: Result) -> Any:
+    """The micro table and program sizes as the schema's SideBySide (reports/schema.py)."""
+    from reports.schema import LoopCost, ProgramSize, SideBySide, SideCase
 
-    micro = [MicroFigure(case=name, ns_per_packet=ns) for name, ns in result.medians.items()]
-    payload = BenchPayload(generator="test-run", egress_mtu=1500, micro=micro)
-    result.results_file = write_result("bench", case_id("bench_katran_side_by_side"), payload,
-                                       results_dir(opts.results))
+    rows: list[Any] = []
+    for name in result.medians:
+        who, _, rest = name.partition(":")
+        if who != "l4lab":
+            continue
+        encap_id, _, case = rest.rpartition(":")
+        r = ratio(result, case, encap_id or None)
+        rows.append(SideCase(encap=encap_id or None, case=case, ns=result.medians[name],  # type: ignore[arg-type]
+                             other_ns=result.medians[f"katran:{rest}"],
+                             ratio_above_floor=round(r, 4) if r == r else None,
+                             path_counter=result.path_counters[name],
+                             other_path_counter=result.path_counters[f"katran:{rest}"], calls=result.calls))
+    sizes = [ProgramSize(encap=encap_id, verified_insns=result.insns[f"l4lab:{encap_id}"][1],  # type: ignore[arg-type]
+                         other_verified_insns=result.insns[f"katran:{encap_id}"][1],
+                         xlated_insns=result.insns[f"l4lab:{encap_id}"][0],
+                         other_xlated_insns=result.insns[f"katran:{encap_id}"][0]) for encap_id in ENCAPS]
+    loop = []
+    for name, encap_id in live_plan() if result.loop else []:
+        who, _, what = name.partition(":")
+        loop.append(LoopCost(program=what if who == "floor" else who, encap=encap_id or None,  # type: ignore[arg-type]
+                             cpu_ns_per_frame=round(loop_ns(result, name), 2), frames=result.loop[name][0].frames,
+                             rounds=len(result.loop[name]),
+                             delivered=min(c.delivered for c in result.loop[name])))
+    return SideBySide(program="katran", frame_bytes=len(tcp_frame(CLIENT, 45000, VIP, 0x10)), rounds=result.rounds,
+                      session_table_entries=result.lru_size, floor_xdp_drop_ns=result.medians["floor:xdp_drop"],
+                      floor_xdp_tx_ns=result.medians["floor:xdp_tx"], cases=rows, sizes=sizes, loop=loop)
+
+
+def live_points(result: Result) -> list[Any]:
+    """The live-frames NDR of l4lab per encap as the schema's BenchPoints, Katran's in `versus`."""
+    from reports.schema import BenchPoint, Floor, Trial, Versus
+
+    if not {"floor:xdp_tx", "floor:xdp_drop"} <= result.live.keys():
+        return []
+    floor = Floor(xdp_tx_mpps=result.ndr["floor:xdp_tx"], xdp_drop_mpps=result.ndr["floor:xdp_drop"])
+    points = []
+    for encap_id in ENCAPS:
+        ours, theirs = result.live.get(f"l4lab:{encap_id}"), result.live.get(f"katran:{encap_id}")
+        if ours is None or theirs is None:
+            continue
+        points.append(BenchPoint(
+            encap=encap_id, frame_size=64, ndr_mpps=ours.result.ndr_pps / 1e6,  # type: ignore[arg-type]
+            pdr_mpps=ours.result.pdr_pps / 1e6, floor=floor, egress_overhead_bytes=encaps.by_id(encap_id).overhead,
+            trials=[Trial(rate_mpps=t.rate_pps / 1e6, loss=t.loss, duration_s=t.duration_s)
+                    for t in ours.result.trials],
+            versus=[Versus(program="katran", ndr_mpps=theirs.result.ndr_pps / 1e6,
+                           pdr_mpps=theirs.result.pdr_pps / 1e6)]))
+    return points
+
+
+def write_results(result: Result, opts: Options) -> None:
+    """One `bench` result: the micro table and sizes (side_by_side), the live-frames NDR (points, with versus)."""
+    from lab.bench.run import LINK_MTU
+    from reports.schema import BenchPayload, case_id, results_dir, write_result
+
+    points = live_points(result)
+    payload = BenchPayload(generator="xdp-live" if points else "test-run",
+                           egress_mtu=LINK_MTU if points else 1500, points=points,
+                           side_by_side=side_by_side(result))
+    rid = case_id("bench_katran_side_by_side", None, "quick") if opts.quick else case_id("bench_katran_side_by_side")
+    result.results_file = write_result("bench", rid, payload, results_dir(opts.results))

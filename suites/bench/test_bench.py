@@ -61,6 +61,24 @@ def test_generator_frames_come_back_through_the_xdp_tx_floor(family: int, size: 
         assert _leftovers() == []
 
 
+@pytest.mark.parametrize("program", ["xdp_tx_swap", "balancer"])
+def test_the_live_loop_runs_in_the_sender_so_every_frame_sent_arrives(program: str) -> None:
+    """The premise of the loop cost (lab/bench/katran.py): unpaced, nothing is lost in flight on veth."""
+    _needs_root_and_build()
+    try:
+        with bench.testbed() as bed:
+            bed.on_lb(program)
+            with bench._generator(bed, bed.gen_count) as gen:
+                cost = gen.chain_cost(1 << 15, 64, 1024, 4, max(os.sched_getaffinity(0)))
+            print(f"{program}: {cost.cpu_ns_per_frame:.0f} CPU ns per frame, {cost}")
+            assert cost.received == cost.frames == 1 << 15, cost
+            assert cost.cpu_s > 0, cost
+            if program == "balancer":
+                assert bed.instance.dp.events()["LRU_HIT"] > 0, "the frames were balanced, sessions hit"
+    finally:
+        assert _leftovers() == []
+
+
 def test_quick_bench_writes_results_that_validate(capsys: pytest.CaptureFixture[str]) -> None:
     _needs_root_and_build()
     opts = bench.Options(encaps=("ip4-ipip", "ip6-gue1"), sizes=(64,), quick=True, result_id="test_bench_quick")
@@ -141,6 +159,38 @@ def test_ndr_point_measures_latency_at_10_50_90_percent_of_pdr_when_the_generato
     assert device.runs[-3:] == pytest.approx([0.1 * measured.result.pdr_pps, 0.5 * measured.result.pdr_pps,
                                               0.9 * measured.result.pdr_pps])
     assert measured.latency["10%"].avg_us < measured.latency["90%"].avg_us
+
+
+class _Crowded(Generator):
+    """A loop that sustains `capacity`; every `every`-th trial a sender waited `wait_share` of it for a CPU and
+    fell behind by as much, as a paced software sender does when other processes hold the CPU."""
+
+    name = "crowded"
+
+    def __init__(self, capacity: float, every: int, wait_share: float) -> None:
+        self.capacity, self.every, self.wait_share = capacity, every, wait_share
+        self.calls = 0
+
+    def run(self, rate_pps: float, duration_s: float, frame_size: FrameSpec, flows: int,
+            family: Family) -> TrialResult:
+        self.calls += 1
+        offered = round(rate_pps * duration_s)
+        wait = self.wait_share if self.calls % self.every == 0 else 0.0
+        sent = min(offered, round(min(rate_pps, self.capacity) * duration_s * (1 - wait)))
+        return TrialResult(offered, sent, sent, duration_s, waited=wait * duration_s)
+
+
+def test_a_lossy_trial_whose_sender_waited_for_a_cpu_is_run_again() -> None:
+    settings = SearchSettings(max_rate_pps=4e6, short_s=0.1, full_s=1.0, width=0.02)
+    clean = bench.ndr_point(_Crowded(1e6, 10**9, 0.0), "ip4-ipip", 64, 16, 4, settings)
+    crowded = bench.ndr_point(_Crowded(1e6, 3, 0.3), "ip4-ipip", 64, 16, 4, settings)
+    assert clean.repeated == 0 and crowded.repeated > 0
+    assert crowded.result.ndr_pps == clean.result.ndr_pps, "the crowded trials were repeated, not counted"
+    always = bench.ndr_point(_Crowded(1e6, 1, 0.3), "ip4-ipip", 64, 16, 4, settings)
+    assert always.result.ndr_pps < 0.75e6, "a machine that is always crowded still loses: the last run counts"
+    assert not bench.disturbed(TrialResult(1000, 990, 990, 1.0, waited=0.5), 1.0), "within the rate tolerance: no loss"
+    assert not bench.disturbed(TrialResult(1000, 900, 900, 1.0, waited=0.01), 1.0), "a short wait explains nothing"
+    assert not bench.disturbed(TrialResult(1000, 900, 900, 1.0), 1.0), "a generator that cannot tell"
 
 
 def test_a_failing_measurement_still_removes_the_testbed(monkeypatch: pytest.MonkeyPatch) -> None:

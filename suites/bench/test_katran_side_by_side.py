@@ -23,6 +23,7 @@ from lab.bench import katran as katranbench
 from lab.dut import katran
 from lab.errors import LabError
 from lab.packets.decode import decapsulate
+from reports.schema import BenchPayload, load_results
 
 NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="loading BPF programs needs root")
 
@@ -127,3 +128,13 @@ def test_side_by_side_checks_every_path(checkout: katran.Checkout, tmp_path: Pat
     assert sum("actions and path counters checked" in line for line in lines) == 3
     assert any(line.startswith("IPIP session hit") for line in lines)
     assert result.results_file is not None and result.results_file.is_file()
+    (written,) = load_results(tmp_path)
+    assert isinstance(written.payload, BenchPayload) and written.payload.side_by_side is not None
+    sbs = written.payload.side_by_side
+    assert len(sbs.cases) == 1 + 3 * len(katranbench.ENCAPS) and {c.calls for c in sbs.cases} == {300}
+    hit = next(c for c in sbs.cases if (c.encap, c.case) == ("ip4-ipip", "session-hit"))
+    assert (hit.ns, hit.other_ns) == (result.medians["l4lab:ip4-ipip:session-hit"],
+                                      result.medians["katran:ip4-ipip:session-hit"])
+    assert (hit.path_counter, hit.other_path_counter) == ("LRU_HIT", "LRU hits")
+    assert [z.encap for z in sbs.sizes] == list(katranbench.ENCAPS)
+    assert written.payload.points == [], "no live frames in this run (ndr=False)"

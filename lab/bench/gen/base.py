@@ -111,6 +111,9 @@ class TrialResult:
     received: int
     duration: float
     latency: Latency | None = None
+    # Seconds the sending thread that waited longest was ready to run but had no CPU (from
+    # /proc/thread-self/schedstat), for generators that share the CPUs; None where unknown.
+    waited: float | None = None
 
     @property
     def sustained(self) -> bool:

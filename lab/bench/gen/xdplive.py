@@ -177,6 +177,24 @@ def pace(streams: Sequence[Stream], total: int, rate: float, duration_s: float, 
     return sent
 
 
+@dataclass(frozen=True)
+class ChainCost:
+    """What XdpLiveGenerator.chain_cost measured: frames sent and counted by the sink, CPU and wall seconds."""
+
+    frames: int
+    received: int
+    cpu_s: float
+    wall_s: float
+
+    @property
+    def cpu_ns_per_frame(self) -> float:
+        return self.cpu_s / self.frames * 1e9
+
+    @property
+    def delivered(self) -> float:
+        return self.received / self.frames
+
+
 class XdpLiveGenerator(Generator):
     """Live-frames generator out of `ifname` in netns `netns`; `sink()` returns the receive counter's total.
 
@@ -262,6 +280,7 @@ class XdpLiveGenerator(Generator):
         offered = round(rate_pps * duration_s)
         per_thread = [offered // nthreads + (1 if i < offered % nthreads else 0) for i in range(nthreads)]
         sent = [0] * nthreads
+        waited = [0.0] * nthreads
         errors: list[BaseException] = []
         start = threading.Barrier(nthreads + 1)
         how = Pacing(self.chunk_s, self.min_chunk, self.batch_size)
@@ -273,7 +292,9 @@ class XdpLiveGenerator(Generator):
                 with entered(self.netns):
                     os.sched_setaffinity(0, {self.threads[i]})
                     start.wait()
+                    w0 = run_queue_wait()
                     sent[i] = pace(streams, per_thread[i], rate_pps / nthreads, duration_s, how)
+                    waited[i] = run_queue_wait() - w0
             except BaseException as exc:  # handed to the caller below
                 errors.append(exc)
                 start.abort()
@@ -290,7 +311,48 @@ class XdpLiveGenerator(Generator):
         if errors:
             raise errors[0]
         received = self._settled() - before
-        return TrialResult(offered=offered, sent=sum(sent), received=received, duration=elapsed)
+        return TrialResult(offered=offered, sent=sum(sent), received=received, duration=elapsed, waited=max(waited))
+
+    def chain_cost(self, frames: int, frame_size: int, flows: int, family: Family, cpu: int) -> ChainCost:
+        """CPU time per frame of the whole loop: `frames` sent unpaced by one thread pinned to `cpu`.
+
+        On veth the loop runs in the sending thread: each 64-frame batch goes out when the test run
+        re-enables softirqs, and the receiving veth's NAPI (the LB program, its XDP_TX, the sink's
+        NAPI) runs right there, on that CPU. The thread's CPU time (time.thread_time) over the frames
+        is therefore the cost of the generator, the veths, the LB program and the sink per frame,
+        without the time the scheduler gave to other processes (which the wall clock would count).
+        """
+        check_trial(1.0, 1.0, flows, family)
+        prog = self._program(frame_size, flows, family)
+        self._park(prog)
+        ctx = _xdp_md(self.ifindex, len(prog.frame))
+        call = min(frames, 1 << 16)
+        out: dict[str, float] = {}
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            try:
+                with entered(self.netns):
+                    os.sched_setaffinity(0, {cpu})
+                    prog.send(call, ctx, self.batch_size)  # warm: page pool, caches, sessions
+                    before = self._settled()
+                    c0, t0 = time.thread_time(), time.perf_counter()
+                    sent = 0
+                    while sent < frames:
+                        n = min(call, frames - sent)
+                        prog.send(n, ctx, self.batch_size)
+                        sent += n
+                    out["cpu"], out["wall"] = time.thread_time() - c0, time.perf_counter() - t0
+                    out["received"] = self._settled() - before
+            except BaseException as exc:  # handed to the caller below
+                errors.append(exc)
+
+        thread = threading.Thread(target=worker, name="xdplive-cost")
+        thread.start()
+        thread.join()
+        if errors:
+            raise errors[0]
+        return ChainCost(frames=frames, received=int(out["received"]), cpu_s=out["cpu"], wall_s=out["wall"])
 
     def _settled(self) -> int:
         """The sink's count once it has stopped moving (frames still in flight have arrived)."""
@@ -312,6 +374,15 @@ class XdpLiveGenerator(Generator):
         for prog in self._programs.values():
             prog.close()
         self._programs.clear()
+
+
+def run_queue_wait() -> float:
+    """Seconds this thread has waited on a run queue, ready but not running (0.0 without schedstats)."""
+    try:
+        fields = Path("/proc/thread-self/schedstat").read_text().split()
+    except OSError:
+        return 0.0
+    return int(fields[1]) / 1e9 if len(fields) >= 2 else 0.0
 
 
 def percpu_total(values: Sequence[bytes] | None) -> int:

@@ -1,0 +1,115 @@
+"""The side-by-side result (`l4lab bench --katran`): its schema, and the report's "l4lab vs Katran" section.
+
+SAMPLE is a real result of `l4lab bench --katran /work/katran-src --quick` on the 2-vCPU lab VM, trimmed
+to the last three trials of each search (load average 14-15 while it ran, another helper's VMs: the
+NDRs are mostly the scheduler's, Katran's GUE found no lossless rate at all; the loop costs hold); its
+figures are asserted below as the page must show them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reports.render import SIDE_BY_SIDE_TITLE, figures, render
+from reports.schema import BenchPayload, ResultsError, load_results, parse_result
+from suites.reports._page import Page
+
+SAMPLE = Path(__file__).resolve().parent / "data" / "bench.katran_side_by_side.json"
+
+
+def _sample() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(SAMPLE.read_text(encoding="utf-8"))
+    return data
+
+
+def test_the_sample_round_trips(tmp_path: Path) -> None:
+    data = _sample()
+    result = parse_result(data, SAMPLE)
+    assert result.to_json() == data
+    assert isinstance(result.payload, BenchPayload)
+    sbs = result.payload.side_by_side
+    assert sbs is not None and sbs.program == "katran"
+    assert {(c.encap, c.case) for c in sbs.cases} == {
+        (None, "non-vip"), *((e, c) for e in ("ip4-ipip", "ip4-gue1") for c in ("session-hit", "new-syn", "new-ack"))}
+    assert {z.encap for z in sbs.sizes} == {"ip4-ipip", "ip4-gue1"}
+    assert [(p.encap, p.frame_size, [v.program for v in p.versus]) for p in result.payload.points] == [
+        ("ip4-ipip", 64, ["katran"]), ("ip4-gue1", 64, ["katran"])]
+    shutil.copy(SAMPLE, tmp_path / SAMPLE.name)
+    (loaded,) = load_results(tmp_path)
+    assert loaded == result
+
+
+def _mutated(path: Path, change: Any) -> Path:
+    data = copy.deepcopy(_sample())
+    change(data["payload"]["side_by_side"])
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("change", "field", "problem"), [
+    (lambda s: s["cases"][1].update(case="session-miss"), "payload.side_by_side.cases[1].case",
+     '"non-vip" or "session-hit" or "new-syn" or "new-ack"'),
+    (lambda s: s["cases"][2].update(ratio_above_floor=0.5), "payload.side_by_side.cases[2].ratio_above_floor",
+     "must be (ns - floor_xdp_tx_ns) / (other_ns - floor_xdp_tx_ns)"),
+    (lambda s: s["cases"][0].pop("other_path_counter"), "payload.side_by_side.cases[0].other_path_counter",
+     "is missing"),
+    (lambda s: s["cases"].append(dict(s["cases"][3])), "payload.side_by_side.cases[7]", "repeats new-ack"),
+    (lambda s: s["sizes"][0].update(verified_insns=0), "payload.side_by_side.sizes[0].verified_insns",
+     "must be ≥ 1"),
+    (lambda s: s.update(cases=[]), "payload.side_by_side.cases", "must not be empty"),
+    (lambda s: s["cases"][4].update(encap="ip4-vxlan"), "payload.side_by_side.cases[4].encap", '"ip4-ipip"'),
+])
+def test_a_malformed_side_by_side_result_names_file_and_field(tmp_path: Path, change: Any, field: str,
+                                                             problem: str) -> None:
+    path = _mutated(tmp_path / "bench.bad.json", change)
+    with pytest.raises(ResultsError) as caught:
+        load_results(tmp_path)
+    assert (caught.value.file, caught.value.field) == (str(path), field)
+    assert problem in caught.value.problem, caught.value.problem
+
+
+def test_the_report_shows_the_side_by_side_section(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    shutil.copy(SAMPLE, results / SAMPLE.name)
+    page = Page(render(results, tmp_path / "index.html").read_text(encoding="utf-8"))
+    assert "versus" in page.sections and SIDE_BY_SIDE_TITLE in page.sections["versus"].text
+    tables = {t.caption.split(" — ")[0]: t for t in page.tables if t.section == "versus"}
+    micro = tables["Test run, median ns per call (69-byte frames, 4 rounds, session tables of 131072 entries per CPU)"]
+    assert micro.header[:5] == ["encap", "case", "Katran (ns)", "l4lab (ns)", "l4lab ÷ Katran, cost above the floor"]
+    rows = {(r[0], r[1]): r for r in micro.rows}
+    # 1062 ns vs 1051 ns over a 180 ns floor: (1062 - 180) / (1051 - 180) = 1.01
+    assert rows[("ip4-ipip", "session hit")][2:7] == ["1051", "1062", "1.01", "LRU_HIT / LRU hits", "20000"]
+    assert rows[("ip4-gue1", "new flow, ACK")][2:5] == ["2785", "2545", "0.91"]
+    assert rows[("–", "MAC-swap XDP_TX floor")][3] == "180"
+    sizes = tables["Program size: instructions the verifier walked, and after translation"]
+    assert sizes.rows[0][:4] == ["ip4-ipip", "107965", "60386", "0.56"]
+    loop = tables["Live frames on veth: CPU ns per frame of the whole loop (XDP_TX floor ÷ it), median of 3 rounds"]
+    assert loop.header == ["encap", "MAC-swap XDP_TX floor", "l4lab", "Katran"]
+    # 360.36 / 707.53 = 0.51, 360.36 / 816.68 = 0.44
+    assert loop.rows == [["ip4-ipip", "360", "708 (0.51)", "817 (0.44)"],
+                         ["ip4-gue1", "360", "880 (0.41)", "1150 (0.31)"]]
+    live = tables["Live frames on veth: NDR in Mpps (÷ XDP_TX floor)"]
+    assert live.header == ["encap", "frame size (bytes)", "XDP_DROP floor", "MAC-swap XDP_TX floor", "l4lab", "Katran"]
+    assert live.rows[0] == ["ip4-ipip", "64", "1.173", "0.778", "0.288 (0.37)", "0.259 (0.33)"]
+    assert live.rows[1][0] == "ip4-gue1" and live.rows[1][4:] == ["0.232 (0.30)", "0.000 (0.00)"]
+    # Its points are the side-by-side run's own: they stay out of the encap comparison's tables.
+    assert not any(t.section == "bench" and t.caption.startswith("NDR / PDR") for t in page.tables)
+
+
+def test_the_section_is_left_out_without_a_side_by_side_result(sample_report: Path) -> None:
+    assert "versus" not in Page(sample_report.read_text(encoding="utf-8")).sections
+
+
+def test_its_figures_have_names_of_their_own() -> None:
+    named = figures(parse_result(_sample(), SAMPLE))
+    assert named["versus katran ip4-ipip session-hit l4lab ÷ katran above the floor"] == pytest.approx(1.0126)
+    assert named["versus katran ip4-gue1 64 B live NDR ÷ XDP_TX floor katran"] == 0.0
+    assert named["versus katran ip4-gue1 64 B live loop floor ÷ l4lab (CPU ns)"] == pytest.approx(0.4097, abs=1e-3)
+    assert not any(name.startswith("bench ") for name in named), "no trend line shared with `l4lab bench`"
