@@ -4,10 +4,13 @@ and the per-VIP hashing and LRU flags."""
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import select
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 from scapy.packet import Packet
 
 from balancer import _abi
@@ -15,7 +18,7 @@ from balancer.datapath import SLOT_SHARED, vip_filter_bit, vip_index, vip_key, v
 
 from . import packets as P
 from .frames import decode_encap
-from .rig import BalancerFactory, RunBalancer
+from .rig import BalancerFactory, RunBalancer, frame_bytes
 
 VIP = "203.0.113.50"
 
@@ -159,6 +162,51 @@ def test_the_index_after_puts_and_deletes_is_a_fresh_build(balancer_factory: Bal
             assert out.reason == "TX_ENCAP" and real_of(out.out) == real, f"{addr}:{port} is VIP #{num}"
     for key in set(pool) - set(live):
         assert b.run(to(*key)).reason == "PASS_NOT_VIP", key
+
+
+def test_a_reader_never_misreads_the_index_while_the_controller_rewrites_it(
+        balancer_factory: BalancerFactory) -> None:
+    """A forked process runs VIP K's packets through the program back to back on another CPU, while this
+    one rewrites K's slot: K's meta flips between VIP #0 and #1, and a key that shares the slot comes
+    and goes (single -> SHARED -> K published afresh into a zeroed slot). Every packet is encapsulated
+    for K by one of its two metas, none is missed, and both metas served packets (the reads overlapped
+    the writes)."""
+    mine = os.sched_getaffinity(0)
+    other = sorted(set(range(os.cpu_count() or 1)) - mine)
+    if not other:
+        pytest.skip("needs a second CPU for the reading process")
+    b = balancer_factory(world=False)
+    k, k2 = colliding(80, "tcp", skip=2)
+    b.vip(k, 80, "tcp", 0, [P.REALS4[0]], flags=_abi.VipFlag.NO_LRU)
+    b.ring(1, [P.REALS4[1]])
+    prog = b.dp.programs["balancer_xdp"]
+    frame = frame_bytes(P.tcp_to(k, dport=80, flags="S"))
+    before = b.dp.reasons()
+    stop_r, stop_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the reader: one packet per run (a repeated run would see its own output)
+        try:
+            os.sched_setaffinity(0, {other[0]})
+            while not select.select([stop_r], [], [], 0)[0]:
+                for _ in range(32):
+                    prog.test_run(frame)
+        finally:
+            os._exit(0)
+    try:
+        for i in range(1, 61):
+            b.dp.put_vip(k, 80, "tcp", vip_num=i % 2, flags=_abi.VipFlag.NO_LRU)
+            b.dp.put_vip(k2, 80, "tcp", vip_num=2)
+            b.dp.del_vip(k2, 80, "tcp")
+    finally:
+        os.write(stop_w, b"x")
+        os.waitpid(pid, 0)
+        os.close(stop_r)
+        os.close(stop_w)
+    moved = {r: n - before[r] for r, n in b.dp.reasons().items() if n != before[r]}
+    runs = sum(moved.values())
+    assert moved == {"TX_ENCAP": runs}, f"{runs} packets, read while the index changed: {moved}"
+    served = (b.dp.vip_stats(0)[0], b.dp.vip_stats(1)[0])
+    assert min(served) > 0 and sum(served) == runs, f"packets per meta: {served}"
 
 
 def test_protocol_is_part_of_the_vip(balancer_factory: BalancerFactory) -> None:
