@@ -121,7 +121,7 @@ def _family(tail: int) -> int:
     return (int(tail) >> 24) & 0xFF
 
 
-def vip_index(entries: Sequence[tuple[bytes, bytes]]) -> npt.NDArray[np.uint32]:
+def vip_index_from(entries: Sequence[tuple[bytes, bytes]]) -> npt.NDArray[np.uint32]:
     """lb_vip_index as lb_vips' (key, meta) entries make it: (INDEX_SLOTS, SLOT_WORDS) words, a slot
     empty (zero), the one key that has it with its meta, or SHARED (zero but the family)."""
     index = np.zeros((INDEX_SLOTS, SLOT_WORDS), dtype="<u4")
@@ -467,7 +467,7 @@ class Datapath:
         no concurrent reader misreads (see above). Returns how many slots changed."""
         vips = self.maps["lb_vips"]
         keys, metas = vips.lookup_batch(None, vips.max_entries)
-        want = vip_index(list(zip(keys, metas, strict=True)))
+        want = vip_index_from(list(zip(keys, metas, strict=True)))
         view = self.vip_index()
         changed = np.flatnonzero((view != want).any(axis=1))
         if not changed.size:

@@ -185,7 +185,7 @@ struct lb_vip_filter {
  * what the slot holds: LB_VIP_SLOT_EMPTY, no lb_vips key has this slot (a definite miss);
  * LB_VIP_SLOT_SHARED, two or more keys have it (look in lb_vips); else the one key that has it, with
  * its meta. The meta comes first: the controller writes the key's last word last, so a reader that
- * reads that word first and sees the key never sees a stale meta (see Datapath._sync_vip_index). */
+ * reads that word first and sees the key never sees a stale meta (see Datapath.sync_vip_index). */
 struct lb_vip_slot {
 	struct lb_vip_meta meta;
 	struct lb_vip_key key;

@@ -16,7 +16,7 @@ import pytest
 from balancer import _abi, controller, maglev
 from balancer import config as cfg
 from balancer.controller import Instance
-from balancer.datapath import Datapath, addr_words, vip_index, vip_key, vip_slot
+from balancer.datapath import Datapath, addr_words, vip_index_from, vip_key, vip_slot
 from balancer.errors import DatapathError, LbError
 from balancer.libbpf import Map
 from lab.harness import unique_name
@@ -343,7 +343,7 @@ def test_transaction_failing_in_a_vip_write_leaves_lb_vips_and_the_index_as_befo
         for n in range(room + 1):  # the last one does not fit
             tx.put_vip(f"10.8.0.{n + 1}", 443, "tcp", vip_num=n % 8)
     assert _snapshot(instance) == before
-    assert np.array_equal(dp.vip_index(), vip_index(list(dp.maps["lb_vips"].items())))
+    assert np.array_equal(dp.vip_index(), vip_index_from(list(dp.maps["lb_vips"].items())))
 
 
 def test_a_transaction_first_repairs_a_stale_vip_index(instance: Instance) -> None:

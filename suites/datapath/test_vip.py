@@ -14,7 +14,7 @@ import pytest
 from scapy.packet import Packet
 
 from balancer import _abi
-from balancer.datapath import SLOT_SHARED, vip_filter_bit, vip_index, vip_key, vip_slot
+from balancer.datapath import SLOT_SHARED, vip_filter_bit, vip_index_from, vip_key, vip_slot
 
 from . import packets as P
 from .frames import decode_encap
@@ -69,7 +69,7 @@ def test_the_address_filter_gates_the_wildcard_and_follows_the_vips(balancer_fac
 
 def index_from_vips(b: RunBalancer) -> np.ndarray:
     """lb_vip_index as built afresh from lb_vips' entries."""
-    return vip_index(list(b.dp.maps["lb_vips"].items()))
+    return vip_index_from(list(b.dp.maps["lb_vips"].items()))
 
 
 def to(addr: str, port: int, proto: str) -> Packet:
