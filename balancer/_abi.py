@@ -70,6 +70,7 @@ class Limits(IntEnum):
     DEFAULT_MTU = 1500
     VIP_FILTER_BITS = 32768
     VIP_FILTER_HASH = -1640531535
+    VIP_INDEX_SLOTS = 4096
 
 
 class Outer(IntEnum):
@@ -125,6 +126,13 @@ class VipMatch(IntEnum):
 
     ANY_PORT = 0
     ADDR_ONLY = 0
+
+
+class VipSlotState(IntEnum):
+    """enum lb_vip_slot_state"""
+
+    EMPTY = 0
+    SHARED = 255
 
 
 class AddrKey(ctypes.Structure):
@@ -218,6 +226,13 @@ class VipMeta(ctypes.Structure):
                 ("pad", ctypes.c_uint8 * 3)]
 
 
+class VipSlot(ctypes.Structure):
+    """struct lb_vip_slot (32 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [("meta", VipMeta), ("key", VipKey)]
+
+
 SIZES = {
     "AddrKey": 20,
     "Counter": 16,
@@ -231,16 +246,17 @@ SIZES = {
     "VipFilter": 4096,
     "VipKey": 20,
     "VipMeta": 12,
+    "VipSlot": 32,
 }
 
 # Offsets and sizes of each object's load-time constants in its .rodata image.
 RODATA = {
     "balancer": {
-        "cfg_ring_size": (36, 4),
-        "cfg_udp_timeout_ns": (40, 8),
+        "cfg_ring_size": (40, 4),
+        "cfg_udp_timeout_ns": (48, 8),
     },
     "decap": {
-        "cfg_gue_port": (44, 2),
+        "cfg_gue_port": (48, 2),
     },
     "floor": {
     },
@@ -270,6 +286,7 @@ MAPS = {
         "lb_sessions",
         "lb_settings",
         "lb_vip_filter",
+        "lb_vip_index",
         "lb_vip_stats",
         "lb_vips",
     ),
@@ -296,10 +313,10 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "07a11ba820084d77f30429dbfd349405",
-    "decap": "7dcaa3d6de8991eff8c64c4d01c3b8a2",
+    "balancer": "8de19f77fdf62118ba55df1fcf981e2a",
+    "decap": "ccec2d34add15dced6388ee787443bb5",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
-    "healthcheck": "deabb17baee64892b6c9e58bdc8e9471",
+    "healthcheck": "e73c8f32304d6ea165417df5fb1db0c2",
     "pass": "8f39d9f24e7339db28876547ef6a9879",
     "trafficgen": "37e8064bdb28e3f638edcbfe03b2332f",
     "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",

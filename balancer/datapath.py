@@ -38,6 +38,7 @@ from balancer.libbpf import (
     RunResult,
     map_from_pin,
     num_possible_cpus,
+    wait_for_bpf_programs,
 )
 
 Encap = _abi.Encap
@@ -101,6 +102,39 @@ def vip_filter(keys: Sequence[bytes], start: bytes | None = None) -> bytes:
         bit = vip_filter_bit(key)
         words[bit // 64] |= np.uint64(1 << (bit % 64))
     return words.tobytes()
+
+
+INDEX_SLOTS = int(_abi.Limits.VIP_INDEX_SLOTS)
+INDEX_SHIFT = 32 - (INDEX_SLOTS - 1).bit_length()  # the product's top bits are the slot
+SLOT_WORDS = ctypes.sizeof(_abi.VipSlot) // 4  # meta (3 words), then the key (5): the last is port/proto/family
+META_WORDS = ctypes.sizeof(_abi.VipMeta) // 4
+SLOT_SHARED = int(_abi.VipSlotState.SHARED) << 24  # a slot's last word when keys share it (family = SHARED)
+
+
+def vip_slot(key: bytes) -> int:
+    """The lb_vip_index slot of an lb_vips key (struct lb_vip_slot in bpf/include/abi.h; find_vip)."""
+    w0, w1, w2, w3, w4 = (int(w) for w in struct.unpack_from("<5I", key))
+    return (((w0 ^ w1 ^ w2 ^ w3 ^ w4) * FILTER_HASH) & 0xFFFFFFFF) >> INDEX_SHIFT
+
+
+def _family(tail: int) -> int:
+    return (int(tail) >> 24) & 0xFF
+
+
+def vip_index_from(entries: Sequence[tuple[bytes, bytes]]) -> npt.NDArray[np.uint32]:
+    """lb_vip_index as lb_vips' (key, meta) entries make it: (INDEX_SLOTS, SLOT_WORDS) words, a slot
+    empty (zero), the one key that has it with its meta, or SHARED (zero but the family)."""
+    index = np.zeros((INDEX_SLOTS, SLOT_WORDS), dtype="<u4")
+    seen: set[int] = set()
+    for key, meta in entries:
+        i = vip_slot(key)
+        if i in seen:
+            index[i] = 0
+            index[i, -1] = SLOT_SHARED
+        else:
+            seen.add(i)
+            index[i] = np.frombuffer(meta + key, dtype="<u4")
+    return index
 
 
 def vip_key(address: str, port: int, proto: str | int) -> bytes:
@@ -184,6 +218,7 @@ class Datapath:
         self.links: list[Link] = []
         self._obj = obj
         self._ring_view: npt.NDArray[np.uint32] | None = None
+        self._index_view: npt.NDArray[np.uint32] | None = None
 
     # -- construction -------------------------------------------------------------------------
 
@@ -323,7 +358,7 @@ class Datapath:
                 d.parent.rmdir()
 
     def close(self) -> None:
-        self._ring_view = None  # before lb_ring's mapping is closed
+        self._ring_view = self._index_view = None  # before the maps' mappings are closed
         for link in self.links:
             link.close()
         for m in self.maps.values():
@@ -368,6 +403,7 @@ class Datapath:
         state throughout); on an exception every replaced value is restored, newest first, and the
         exception goes on. ``crash_after_slots`` is a test hook (see Transaction).
         """
+        self.sync_vip_index()  # derived from lb_vips: repairs what a controller killed between the two left
         tx = Transaction(self, crash_after_slots=crash_after_slots)
         try:
             yield tx
@@ -388,11 +424,60 @@ class Datapath:
         key, meta = _vip_entry(address, port, proto, vip_num, flags, encap)
         self.maps["lb_vip_filter"].update(b"\0" * 4, self.vip_filter_with(key))  # the filter first: a superset
         self.maps["lb_vips"].update(key, meta)
+        self.sync_vip_index()  # after lb_vips: a reader sent there by a SHARED slot finds the entry
 
     def del_vip(self, address: str, port: int, proto: str | int) -> bool:
-        gone = self.maps["lb_vips"].delete(vip_key(address, port, proto))
+        key = vip_key(address, port, proto)
+        self.unpublish_vips([key])  # first: no reader may find the key in the index once it leaves lb_vips
+        gone = self.maps["lb_vips"].delete(key)
         self.maps["lb_vip_filter"].update(b"\0" * 4, self.vip_filter_with())
+        self.sync_vip_index()
         return gone
+
+    # lb_vip_index: a direct-mapped copy of lb_vips (struct lb_vip_slot), written as plain memory. The
+    # program reads a slot's last word (port/proto/family) first, then the address and meta; x86 makes
+    # stores visible in program order. So a key is published by writing meta and address before that
+    # word, and a slot that readers may match is first unpublished (its last word set SHARED: readers
+    # go to lb_vips, which the caller has brought up to date) and its old content left alone until
+    # every program run that may have matched it has finished: an XDP run cannot sleep, but a test run
+    # (or softirq on PREEMPT_RT) can be preempted, so not a fixed pause but the kernel's own wait for
+    # running programs (wait_for_bpf_programs, an RCU grace period, ~5-20 ms); only then is the slot
+    # rewritten. One wait per sync, and none for a key published into an empty or SHARED slot.
+
+    def vip_index(self) -> npt.NDArray[np.uint32]:
+        """lb_vip_index as (INDEX_SLOTS, SLOT_WORDS) words over the map's memory, mapped on first use."""
+        if self._index_view is None:
+            self._index_view = self.maps["lb_vip_index"].mmap_words()
+        return self._index_view
+
+    def unpublish_vips(self, keys: Sequence[bytes]) -> None:
+        """Send readers of these keys' slots to lb_vips (SHARED), and wait out those that matched before."""
+        self._unpublish_slots({vip_slot(k) for k in keys})
+
+    def _unpublish_slots(self, slots: set[int] | Sequence[int]) -> None:
+        view = self.vip_index()
+        empty, shared = int(_abi.VipSlotState.EMPTY), int(_abi.VipSlotState.SHARED)
+        single = sorted(int(i) for i in slots if _family(view[i, -1]) not in (empty, shared))
+        if single:
+            view[single, -1] = SLOT_SHARED
+            wait_for_bpf_programs()
+
+    def sync_vip_index(self) -> int:
+        """Make lb_vip_index exactly what lb_vips says, writing only the slots that differ, in an order
+        no concurrent reader misreads (see above). Returns how many slots changed."""
+        vips = self.maps["lb_vips"]
+        keys, metas = vips.lookup_batch(None, vips.max_entries)
+        want = vip_index_from(list(zip(keys, metas, strict=True)))
+        view = self.vip_index()
+        changed = np.flatnonzero((view != want).any(axis=1))
+        if not changed.size:
+            return 0
+        self._unpublish_slots([int(i) for i in changed])
+        for i in changed:  # each slot is EMPTY or SHARED now: readers touch none of its words but the last
+            view[i, :META_WORDS] = want[i, :META_WORDS]
+            view[i, META_WORDS:-1] = want[i, META_WORDS:-1]
+            view[i, -1] = want[i, -1]
+        return int(changed.size)
 
     def vip_filter_with(self, key: bytes | None = None) -> bytes:
         """lb_vip_filter as it must be: today's bits plus `key`'s, or (no key) afresh from lb_vips."""
@@ -587,7 +672,10 @@ class Transaction:
         if self._dp.maps["lb_vips"].lookup(key) == meta:
             return False
         self._put_filter(self._dp.vip_filter_with(key))  # first, so that it never misses a VIP address
+        self._index_undo()
         self._put(self._dp.maps["lb_vips"], key, meta)
+        self._undo.append(lambda: self._dp.unpublish_vips([key]))
+        self._dp.sync_vip_index()
         return True
 
     def del_vip(self, address: str, port: int, proto: str | int) -> None:
@@ -595,9 +683,21 @@ class Transaction:
         key = vip_key(address, port, proto)
         old = m.lookup(key)
         if old is not None:
+            self._index_undo()
+            self._dp.unpublish_vips([key])
             self._undo.append(lambda: _restore(m, key, old))
             m.delete(key)
+            self._undo.append(lambda: self._dp.unpublish_vips([key]))
+            self._dp.sync_vip_index()
             self._put_filter(self._dp.vip_filter_with())
+
+    def _index_undo(self) -> None:
+        """Before an lb_vips write: its undo re-syncs lb_vip_index after lb_vips is restored. The write
+        adds an undo that unpublishes the key's slot, so the rollback runs: unpublish, restore, re-sync."""
+        def resync() -> None:
+            self._dp.sync_vip_index()
+
+        self._undo.append(resync)
 
     def _put_filter(self, value: bytes) -> None:
         m = self._dp.maps["lb_vip_filter"]

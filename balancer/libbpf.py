@@ -331,7 +331,17 @@ class Map:
         arrays returned here."""
         if self.type != MapType.ARRAY or self.value_size != 4:
             raise DatapathError(f"map '{self.name}' into memory: it is no array of 32-bit values", _errno.EINVAL)
-        elem = 8
+        return np.ndarray((self.max_entries,), dtype="<u4", buffer=self._mmap(8), strides=(8,))
+
+    def mmap_words(self) -> npt.NDArray[np.uint32]:
+        """A BPF_F_MMAPABLE array whose values are a multiple of 8 bytes, as a writable
+        (max_entries, value_size / 4) array of 32-bit words over the map's memory (see mmap_u32)."""
+        if self.type != MapType.ARRAY or self.value_size % 8:
+            raise DatapathError(f"map '{self.name}' into memory as words: it is no array of 8-byte multiples",
+                                _errno.EINVAL)
+        return np.ndarray((self.max_entries, self.value_size // 4), dtype="<u4", buffer=self._mmap(self.value_size))
+
+    def _mmap(self, elem: int) -> mmap.mmap:
         length = -(-self.max_entries * elem // mmap.PAGESIZE) * mmap.PAGESIZE
         if self._mm is None:
             try:
@@ -339,7 +349,7 @@ class Map:
             except OSError as exc:
                 raise DatapathError(f"map '{self.name}' into memory (is it BPF_F_MMAPABLE?)",
                                     exc.errno or _errno.EINVAL) from None
-        return np.ndarray((self.max_entries,), dtype="<u4", buffer=self._mm, strides=(elem,))
+        return self._mm
 
     def pin(self, path: str) -> None:
         pin(self.fd, path, f"map '{self.name}'")
@@ -618,3 +628,27 @@ def map_from_fd(fd: int, what: str) -> Map:
     mtype, _id, key_size, value_size, max_entries, _flags = struct.unpack_from("<6I", info.raw)
     name = info.raw[24:40].split(b"\0", 1)[0].decode()
     return Map(fd, name, mtype, key_size, value_size, max_entries, owned=True)
+
+
+_grace_maps: tuple[Map, Map] | None = None
+
+
+def wait_for_bpf_programs() -> None:
+    """Return once every BPF program that was running at the call has finished.
+
+    The kernel waits for an RCU grace period after an update of a map-in-map, so that its caller knows
+    no program still uses the inner map it replaced (maybe_wait_bpf_programs in kernel/bpf/syscall.c);
+    XDP runs inside an RCU read-side section (softirq, or rcu_read_lock in a test run), even where it
+    may be preempted (test runs, PREEMPT_RT). So one update of a private array of maps is that wait:
+    ~5-20 ms here. The two maps live as long as the process."""
+    global _grace_maps
+    if _grace_maps is None:
+        inner = Map.create(MapType.ARRAY, "lb_grace_inner", 4, 4, 1)
+        try:
+            outer = Map.create(MapType.ARRAY_OF_MAPS, "lb_grace", 4, 4, 1, inner_map_fd=inner.fd)
+        except BaseException:
+            inner.close()
+            raise
+        _grace_maps = (inner, outer)
+    inner, outer = _grace_maps
+    outer.update(b"\0" * 4, inner.fd.to_bytes(4, "little"))

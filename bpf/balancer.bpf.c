@@ -8,6 +8,10 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
+_Static_assert(LB_VIP_INDEX_SLOTS == 1 << 12, "find_vip takes the top 12 bits of the product");
+_Static_assert(sizeof(struct lb_vip_slot) == 32 && __builtin_offsetof(struct lb_vip_slot, key) == 12,
+	       "the controller writes lb_vip_index as 8 words: meta (3), then the key (5)");
+
 /* Whether some VIP may use this address: its bit in lb_vip_filter (abi.h). One array word, where a
  * lookup in lb_vips costs a hash of the key and a walk of its bucket. */
 static __always_inline int maybe_vip_addr(const __u32 *addr)
@@ -18,8 +22,42 @@ static __always_inline int maybe_vip_addr(const __u32 *addr)
 	return !f || (f->words[(bit / 64) & (LB_VIP_FILTER_BITS / 64 - 1)] >> (bit % 64)) & 1;
 }
 
+/* The last word of a VIP key (port, proto, family), as one 32-bit load or compare. */
+union vip_key_tail {
+	__u32 word;
+	struct {
+		__u16 port;
+		__u8 proto;
+		__u8 family;
+	};
+};
+
+/* lb_vips' entry for a key, through lb_vip_index (struct lb_vip_slot in abi.h). The slot's last key
+ * word is read once, first, and behind a compiler barrier: x86 keeps loads in program order, and the
+ * controller stores that word after the rest of the slot (and sets it SHARED before changing the rest),
+ * so when it equals the key's, the address words and the meta read after it are the key's own. */
+static __always_inline struct lb_vip_meta *find_vip(const struct lb_vip_key *key)
+{
+	const __u32 *want = (const __u32 *)key;
+	__u32 i = ((want[0] ^ want[1] ^ want[2] ^ want[3] ^ want[4]) * (__u32)LB_VIP_FILTER_HASH) >>
+		  (32 - 12);
+	struct lb_vip_slot *slot = bpf_map_lookup_elem(&lb_vip_index, &i);
+	union vip_key_tail tail;
+
+	if (!slot)
+		return NULL; /* never: i < LB_VIP_INDEX_SLOTS */
+	tail.word = *(volatile __u32 *)&((__u32 *)&slot->key)[4];
+	asm volatile("" ::: "memory");
+	if (tail.word == want[4])
+		return slot->key.addr[0] == want[0] && slot->key.addr[1] == want[1] &&
+		       slot->key.addr[2] == want[2] && slot->key.addr[3] == want[3] ? &slot->meta : NULL;
+	if (tail.family == LB_VIP_SLOT_SHARED)
+		return bpf_map_lookup_elem(&lb_vips, key);
+	return NULL; /* empty, or another key's */
+}
+
 /* The VIP serving (addr, port, proto): the exact entry, else the port-0 wildcard (looked up only
- * when the filter says some VIP may use the address: traffic to other addresses pays one lookup). */
+ * when the filter says some VIP may use the address). */
 static __always_inline struct lb_vip_meta *lookup_vip(const __u32 *addr, __u16 port, __u8 proto, __u8 family)
 {
 	struct lb_vip_key key = {};
@@ -29,11 +67,11 @@ static __always_inline struct lb_vip_meta *lookup_vip(const __u32 *addr, __u16 p
 	key.port = port;
 	key.proto = proto;
 	key.family = family;
-	vip = bpf_map_lookup_elem(&lb_vips, &key);
+	vip = find_vip(&key);
 	if (vip || port == LB_MATCH_ANY_PORT || !maybe_vip_addr(addr))
 		return vip;
 	key.port = LB_MATCH_ANY_PORT;
-	return bpf_map_lookup_elem(&lb_vips, &key);
+	return find_vip(&key);
 }
 
 /* Whether some VIP uses this address (the controller's address-only entry). */

@@ -22,6 +22,7 @@ enum lb_limits {
 	LB_DEFAULT_MTU = 1500,
 	LB_VIP_FILTER_BITS = 32768,       /* bits of lb_vip_filter: VIP addresses, hashed */
 	LB_VIP_FILTER_HASH = 0x9e3779b1,  /* its multiplier (Fibonacci hashing of the folded address) */
+	LB_VIP_INDEX_SLOTS = 4096,        /* slots of lb_vip_index: lb_vips keys, hashed (a power of 2) */
 };
 
 enum lb_family {
@@ -178,6 +179,23 @@ struct lb_vip_filter {
 	__u64 words[LB_VIP_FILTER_BITS / 64];
 };
 
+/* One slot of lb_vip_index, a direct-mapped copy of lb_vips that the controller derives from it.
+ * Slot of a key: its five 32-bit words (addr[0..3], then port/proto/family), loaded in host order,
+ * XORed together, times LB_VIP_FILTER_HASH, top 12 bits (log2 LB_VIP_INDEX_SLOTS). key.family says
+ * what the slot holds: LB_VIP_SLOT_EMPTY, no lb_vips key has this slot (a definite miss);
+ * LB_VIP_SLOT_SHARED, two or more keys have it (look in lb_vips); else the one key that has it, with
+ * its meta. The meta comes first: the controller writes the key's last word last, so a reader that
+ * reads that word first and sees the key never sees a stale meta (see Datapath.sync_vip_index). */
+struct lb_vip_slot {
+	struct lb_vip_meta meta;
+	struct lb_vip_key key;
+};
+
+enum lb_vip_slot_state {
+	LB_VIP_SLOT_EMPTY = 0,     /* key.family of a slot no key has */
+	LB_VIP_SLOT_SHARED = 0xff, /* key.family of a slot two or more keys have: lb_vips decides */
+};
+
 /* Special values in struct lb_vip_key (added by the datapath helper). */
 enum lb_vip_match {
 	LB_MATCH_ANY_PORT = 0,  /* port 0: the wildcard VIP matching every port of (addr, proto) */
@@ -203,5 +221,6 @@ const volatile enum lb_reason lb_abi_reason __attribute__((used)) = LB_TX_ENCAP;
 const volatile enum lb_event lb_abi_event __attribute__((used)) = LB_EV_LRU_HIT;
 const volatile enum lb_decap_reason lb_abi_decap_reason __attribute__((used)) = LB_DECAP_IPIP;
 const volatile enum lb_vip_match lb_abi_vip_match __attribute__((used)) = LB_MATCH_ANY_PORT;
+const volatile enum lb_vip_slot_state lb_abi_vip_slot_state __attribute__((used)) = LB_VIP_SLOT_EMPTY;
 
 #endif

@@ -28,6 +28,17 @@ LB_MAP(BPF_MAP_TYPE_HASH, LB_DEFAULT_MAX_VIPS, struct lb_vip_key, struct lb_vip_
 /* One element: the VIP address filter (struct lb_vip_filter), written by the controller with lb_vips. */
 LB_MAP(BPF_MAP_TYPE_ARRAY, 1, __u32, struct lb_vip_filter) lb_vip_filter SEC(".maps");
 
+/* lb_vips, direct-mapped (struct lb_vip_slot): one array element per packet where lb_vips costs a hash
+ * of the key and a walk of its bucket; lb_vips is looked up only for a slot that keys share. The
+ * controller writes it as plain memory (BPF_F_MMAPABLE), in an order no reader can misread. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, LB_VIP_INDEX_SLOTS);
+	__type(key, __u32);
+	__type(value, struct lb_vip_slot);
+} lb_vip_index SEC(".maps");
+
 /* real id -> address; id 0 is reserved ("no real"), an entry with family 0 is unused. */
 LB_MAP(BPF_MAP_TYPE_ARRAY, LB_DEFAULT_MAX_REALS, __u32, struct lb_real) lb_reals SEC(".maps");
 

@@ -28,7 +28,8 @@ from balancer.libbpf import BpfObject
 from lab.emitted import ETH, XDP_TX, _frame, _template
 from lab.lbconf import real_addresses
 
-SHARED = ("lb_vips", "lb_vip_filter", "lb_reals", "lb_ring", "lb_settings")  # what the ring choice reads
+# what the ring choice reads
+SHARED = ("lb_vips", "lb_vip_filter", "lb_vip_index", "lb_reals", "lb_ring", "lb_settings")
 
 
 def owners(instance: str, vip: str, port: int, client: str, sports: list[int]) -> dict[int, str]:

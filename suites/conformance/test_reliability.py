@@ -130,12 +130,13 @@ def _client(lab: Lab, port: int, conns: int = CONNS, new_every: float = NEW_EVER
 
 
 def _maps(instance: str) -> dict[str, bytes]:
-    """The bytes of every VIP's ring and of the VIP and real tables: what a controller writes."""
+    """The bytes of every VIP's ring, of the VIP and real tables and of the VIP index: what a controller writes."""
     inst = Instance.open(instance)
     try:
         out = {f"ring {name}": inst.dp.ring_array(num).tobytes() for name, num in inst.state.vip_nums.items()}
         for m in ("lb_vips", "lb_reals"):
             out[m] = b"".join(k + v for k, v in sorted(inst.dp.maps[m].items()))
+        out["lb_vip_index"] = inst.dp.vip_index().tobytes()
         return out
     finally:
         inst.close()

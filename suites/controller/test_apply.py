@@ -16,7 +16,7 @@ import pytest
 from balancer import _abi, controller, maglev
 from balancer import config as cfg
 from balancer.controller import Instance
-from balancer.datapath import Datapath, addr_words, vip_key
+from balancer.datapath import Datapath, addr_words, vip_index_from, vip_key, vip_slot
 from balancer.errors import DatapathError, LbError
 from balancer.libbpf import Map
 from lab.harness import unique_name
@@ -87,6 +87,7 @@ def _snapshot(inst: Instance) -> dict[str, object]:
     return {
         "vips": _dump(inst.dp.maps["lb_vips"]),
         "vip filter": inst.dp.maps["lb_vip_filter"].lookup(b"\0" * 4),
+        "vip index": inst.dp.vip_index().tobytes(),
         "reals": _dump(inst.dp.maps["lb_reals"]),
         "settings": inst.dp.maps["lb_settings"].lookup(b"\0" * 4),
         "rings": [inst.dp.ring(n) for n in range(3)],
@@ -305,11 +306,58 @@ def test_datapath_transaction_undoes_every_write_when_its_block_raises(instance:
         tx.del_vip("198.51.100.100", 9000, "udp")
         assert tx.ring_slots == (dp.ring_size + 1) // 2
         assert dp.real(7) == ("203.0.113.99", _abi.RealFlag.PRESENT)  # written at once, not at the end
+        assert dp.vip_index().tobytes() != before["vip index"]
         raise RuntimeError("the block failed")
     assert _snapshot(instance) == before
     with dp.transaction() as tx:
         tx.put_real(7, "203.0.113.99")
     assert dp.real(7) == ("203.0.113.99", _abi.RealFlag.PRESENT)
+
+
+def _same_slot(count: int) -> list[str]:
+    """IPv4 addresses whose TCP port-80 VIP keys share one lb_vip_index slot."""
+    by_slot: dict[int, list[str]] = {}
+    for n in range(1, 65536):
+        addr = f"10.9.{n >> 8}.{n & 255}"
+        same = by_slot.setdefault(vip_slot(vip_key(addr, 80, "tcp")), [])
+        same.append(addr)
+        if len(same) == count:
+            return same
+    raise AssertionError("no slot has that many keys")
+
+
+def test_transaction_failing_in_a_vip_write_leaves_lb_vips_and_the_index_as_before(instance: Instance) -> None:
+    """The VIP index changes with the transaction (a shared slot, a changed meta, a removal, new keys)
+    until lb_vips is full and the kernel refuses the next VIP: lb_vips and lb_vip_index are both as
+    before, and the index is exactly what lb_vips makes it."""
+    dp = instance.dp
+    before = _snapshot(instance)
+    pair = _same_slot(2)
+    room = dp.maps["lb_vips"].max_entries - len(list(dp.maps["lb_vips"].keys()))
+    with pytest.raises(DatapathError, match="update map 'lb_vips'"), dp.transaction() as tx:
+        for num, addr in enumerate(pair):
+            tx.put_vip(addr, 80, "tcp", vip_num=num)
+        assert dp.vip_index()[vip_slot(vip_key(pair[0], 80, "tcp")), -1] >> 24 == _abi.VipSlotState.SHARED
+        assert tx.put_vip("198.51.100.100", 80, "tcp", vip_num=5, encap=_abi.Encap.GUE1)
+        tx.del_vip("198.51.100.100", 9000, "udp")
+        for n in range(room + 1):  # the last one does not fit
+            tx.put_vip(f"10.8.0.{n + 1}", 443, "tcp", vip_num=n % 8)
+    assert _snapshot(instance) == before
+    assert np.array_equal(dp.vip_index(), vip_index_from(list(dp.maps["lb_vips"].items())))
+
+
+def test_a_transaction_first_repairs_a_stale_vip_index(instance: Instance) -> None:
+    """lb_vip_index is derived from lb_vips: what a controller killed between the two left behind
+    (here: a VIP's slot emptied, another filled with a stray key) is rewritten when a transaction starts."""
+    dp = instance.dp
+    good = dp.vip_index().copy()
+    slot = vip_slot(vip_key("198.51.100.100", 80, "tcp"))
+    stray = (slot + 1) % len(good)
+    dp.vip_index()[slot] = 0
+    dp.vip_index()[stray] = np.frombuffer(bytes(12) + vip_key("10.7.0.1", 80, "tcp"), dtype="<u4")
+    with dp.transaction():
+        pass
+    assert np.array_equal(dp.vip_index(), good)
 
 
 def test_datapath_transaction_refuses_real_id_zero(instance: Instance) -> None:

@@ -168,7 +168,8 @@ class Loaded:
 
 
 def dump(lb: Loaded) -> tuple[object, ...]:
-    """The maps apply writes (VIPs and their address filter, reals, settings, every ring slot) and the state file."""
+    """The maps apply writes (VIPs, their address filter and index, reals, settings, every ring slot) and the
+    state file."""
     pins = Path(Instance.pin_dir(lb.instance))
     tables = []
     for name in ("lb_vips", "lb_vip_filter", "lb_reals", "lb_settings"):
@@ -182,7 +183,12 @@ def dump(lb: Loaded) -> tuple[object, ...]:
         slots = bytes(ring.mmap_u32())
     finally:
         ring.close()
-    return (*tables, slots, Instance.state_path(lb.instance).read_text())
+    index = map_from_pin(str(pins / "lb_vip_index"))
+    try:
+        vip_index = index.mmap_words().tobytes()
+    finally:
+        index.close()
+    return (*tables, vip_index, slots, Instance.state_path(lb.instance).read_text())
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,24 @@
-"""test_vip.py: VIP matching (exact, port-0 wildcard, protocol, the VIP address filter) and the per-VIP
-hashing and LRU flags."""
+"""test_vip.py: VIP matching (exact, port-0 wildcard, protocol, the VIP address filter, the VIP index)
+and the per-VIP hashing and LRU flags."""
 
 from __future__ import annotations
 
+import itertools
+import os
+import random
+import select
 from collections.abc import Sequence
 
+import numpy as np
+import pytest
 from scapy.packet import Packet
 
 from balancer import _abi
-from balancer.datapath import vip_filter_bit, vip_key
+from balancer.datapath import SLOT_SHARED, vip_filter_bit, vip_index_from, vip_key, vip_slot
 
 from . import packets as P
 from .frames import decode_encap
-from .rig import BalancerFactory, RunBalancer
+from .rig import BalancerFactory, RunBalancer, frame_bytes
 
 VIP = "203.0.113.50"
 
@@ -59,6 +65,148 @@ def test_the_address_filter_gates_the_wildcard_and_follows_the_vips(balancer_fac
     assert bits() == wanted and b.run(wildcard).reason == "TX_ENCAP"
     assert b.dp.del_vip(VIP, 0, "tcp") and b.dp.del_vip(VIP, 0, _abi.VipMatch.ADDR_ONLY)
     assert bits() == {vip_filter_bit(vip_key("2001:db8:f::50", 0, 0))}, "a removed VIP's address leaves"
+
+
+def index_from_vips(b: RunBalancer) -> np.ndarray:
+    """lb_vip_index as built afresh from lb_vips' entries."""
+    return vip_index_from(list(b.dp.maps["lb_vips"].items()))
+
+
+def to(addr: str, port: int, proto: str) -> Packet:
+    """A first packet of a flow to (addr, port, proto); port 0 (a wildcard VIP): to port 53."""
+    return P.tcp_to(addr, dport=port or 53, flags="S") if proto == "tcp" else P.udp_to(addr, dport=port or 53)
+
+
+def colliding(port: int, proto: str, count: int = 2, skip: int = 0) -> list[str]:
+    """`count` IPv4 addresses in 10.0.0.0/16 whose VIP keys (port, proto) have one lb_vip_index slot."""
+    by_slot: dict[int, list[str]] = {}
+    for n in itertools.count(1):
+        addr = f"10.0.{n >> 8}.{n & 255}"
+        same = by_slot.setdefault(vip_slot(vip_key(addr, port, proto)), [])
+        same.append(addr)
+        if len(same) == count + skip:
+            return same[skip:]
+    raise AssertionError("unreachable")
+
+
+def test_the_program_finds_a_vip_in_the_slot_python_computes(balancer_factory: BalancerFactory) -> None:
+    """C and Python place keys alike: each VIP is found in its slot, and only there (an emptied slot
+    is a definite miss although lb_vips still has the key); a slot forced SHARED sends the program to
+    lb_vips, where it finds the VIP."""
+    b = balancer_factory(world=False)
+    cases = [("203.0.113.50", 80, "tcp"), ("198.51.100.7", 5353, "udp"), ("2001:db8:f::50", 443, "tcp"),
+             ("2001:db8:f::1:2", 8080, "udp")]
+    index = b.dp.vip_index()
+    for num, (addr, port, proto) in enumerate(cases):
+        reals = P.REALS4 if ":" not in addr else P.REALS6
+        b.vip(addr, port, proto, num, [reals[num % 3]])
+        frame = to(addr, port, proto)
+        slot = vip_slot(vip_key(addr, port, proto))
+        assert bytes(index[slot, 3:]) == vip_key(addr, port, proto), f"{addr}: the key sits in its slot"
+        out = b.run(frame)
+        assert out.reason == "TX_ENCAP" and real_of(out.out) == reals[num % 3], f"{addr}:{port} found"
+        saved = index[slot].copy()
+        index[slot, -1] = 0  # empty: a definite miss, lb_vips is not asked
+        assert b.run(frame).reason == "PASS_NOT_VIP", f"{addr}: the program read slot {slot}"
+        index[slot] = 0
+        index[slot, -1] = SLOT_SHARED
+        assert b.run(frame).reason == "TX_ENCAP", f"{addr}: a SHARED slot is looked up in lb_vips"
+        index[slot] = saved
+    assert np.array_equal(index, index_from_vips(b))
+    assert b.dp.sync_vip_index() == 0
+
+
+def test_keys_that_share_a_slot_are_found_through_lb_vips(balancer_factory: BalancerFactory) -> None:
+    b = balancer_factory(world=False)
+    first, second = colliding(80, "tcp")
+    slot = vip_slot(vip_key(first, 80, "tcp"))
+    index = b.dp.vip_index()
+    b.vip(first, 80, "tcp", 0, [P.REALS4[0]])
+    b.vip(second, 80, "tcp", 1, [P.REALS4[1]])
+    assert index[slot, -1] == SLOT_SHARED and not index[slot, :-1].any()
+    for addr, real in ((first, P.REALS4[0]), (second, P.REALS4[1])):
+        out = b.run(P.tcp_to(addr, dport=80, flags="S"))
+        assert out.reason == "TX_ENCAP" and real_of(out.out) == real, addr
+    assert b.dp.del_vip(first, 80, "tcp")
+    assert bytes(index[slot, 3:]) == vip_key(second, 80, "tcp"), "the slot holds the one key left"
+    assert real_of(b.run(P.tcp_to(second, dport=80, flags="S")).out) == P.REALS4[1]
+    assert b.run(P.tcp_to(first, dport=80, flags="S")).reason == "PASS_NOT_VIP"
+    assert np.array_equal(index, index_from_vips(b))
+
+
+def test_the_index_after_puts_and_deletes_is_a_fresh_build(balancer_factory: BalancerFactory) -> None:
+    """Random puts (new keys, changed metas) and deletes, with keys that collide: after each step the
+    mapped index equals lb_vip_index built afresh from lb_vips, and every VIP is served as its meta says."""
+    b = balancer_factory(world=False)
+    rng = random.Random(11)
+    pool = [(a, 80, "tcp") for a in colliding(80, "tcp", 3)] + [(a, 0, "udp") for a in colliding(0, "udp", 2)]
+    pool += [(f"2001:db8:e::{n:x}", 443, "tcp") for n in range(1, 6)]
+    live: dict[tuple[str, int, str], int] = {}
+    for step in range(60):
+        key = rng.choice(pool)
+        if key in live and rng.random() < 0.4:
+            assert b.dp.del_vip(*key)
+            del live[key]
+        else:
+            live[key] = rng.randrange(16)
+            b.dp.put_vip(*key, vip_num=live[key], encap=_abi.Encap.IPIP)
+        assert np.array_equal(b.dp.vip_index(), index_from_vips(b)), f"step {step}"
+    for num in range(16):
+        b.ring(num, [P.REALS4[num % 3] if num % 2 else P.REALS6[num % 3]])
+    for (addr, port, proto), num in live.items():
+        out = b.run(to(addr, port, proto))
+        if ":" in addr and num % 2:  # an IPv6 VIP with an IPv4 real
+            assert out.reason == "DROP_FAMILY_MISMATCH", addr
+        else:
+            real = P.REALS4[num % 3] if num % 2 else P.REALS6[num % 3]
+            assert out.reason == "TX_ENCAP" and real_of(out.out) == real, f"{addr}:{port} is VIP #{num}"
+    for key in set(pool) - set(live):
+        assert b.run(to(*key)).reason == "PASS_NOT_VIP", key
+
+
+def test_a_reader_never_misreads_the_index_while_the_controller_rewrites_it(
+        balancer_factory: BalancerFactory) -> None:
+    """A forked process runs VIP K's packets through the program back to back on another CPU, while this
+    one rewrites K's slot: K's meta flips between VIP #0 and #1, and a key that shares the slot comes
+    and goes (single -> SHARED -> K published afresh into a zeroed slot). Every packet is encapsulated
+    for K by one of its two metas, none is missed, and both metas served packets (the reads overlapped
+    the writes)."""
+    mine = os.sched_getaffinity(0)
+    other = sorted(set(range(os.cpu_count() or 1)) - mine)
+    if not other:
+        pytest.skip("needs a second CPU for the reading process")
+    b = balancer_factory(world=False)
+    k, k2 = colliding(80, "tcp", skip=2)
+    b.vip(k, 80, "tcp", 0, [P.REALS4[0]], flags=_abi.VipFlag.NO_LRU)
+    b.ring(1, [P.REALS4[1]])
+    prog = b.dp.programs["balancer_xdp"]
+    frame = frame_bytes(P.tcp_to(k, dport=80, flags="S"))
+    before = b.dp.reasons()
+    stop_r, stop_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the reader: one packet per run (a repeated run would see its own output)
+        try:
+            os.sched_setaffinity(0, {other[0]})
+            while not select.select([stop_r], [], [], 0)[0]:
+                for _ in range(32):
+                    prog.test_run(frame)
+        finally:
+            os._exit(0)
+    try:
+        for i in range(1, 61):
+            b.dp.put_vip(k, 80, "tcp", vip_num=i % 2, flags=_abi.VipFlag.NO_LRU)
+            b.dp.put_vip(k2, 80, "tcp", vip_num=2)
+            b.dp.del_vip(k2, 80, "tcp")
+    finally:
+        os.write(stop_w, b"x")
+        os.waitpid(pid, 0)
+        os.close(stop_r)
+        os.close(stop_w)
+    moved = {r: n - before[r] for r, n in b.dp.reasons().items() if n != before[r]}
+    runs = sum(moved.values())
+    assert moved == {"TX_ENCAP": runs}, f"{runs} packets, read while the index changed: {moved}"
+    served = (b.dp.vip_stats(0)[0], b.dp.vip_stats(1)[0])
+    assert min(served) > 0 and sum(served) == runs, f"packets per meta: {served}"
 
 
 def test_protocol_is_part_of_the_vip(balancer_factory: BalancerFactory) -> None:

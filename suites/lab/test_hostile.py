@@ -56,8 +56,8 @@ def curl_vip(lab: str) -> str:
 
 def datapath(lab: str) -> dict[str, object]:
     """What a second load or a wrong unload would change: every pin's map or link id, the link's
-    program, the VIP, real and settings entries, a digest of every ring slot, and the state file.
-    (Counters and sessions move with the test's own traffic.)"""
+    program, the VIP, real and settings entries, digests of every ring slot and of the VIP index, and
+    the state file. (Counters and sessions move with the test's own traffic.)"""
     pins = Path(controller.Instance.pin_dir(f"{lab}-lb"))
     cmds = [f"{'link' if p.name.startswith('link_') else 'map'} show pinned {p}" for p in sorted(pins.iterdir())]
     cmds += [f"map dump pinned {pins / n}" for n in ("lb_vips", "lb_vip_filter", "lb_reals", "lb_settings")]
@@ -69,6 +69,11 @@ def datapath(lab: str) -> dict[str, object]:
         out["ring"] = hashlib.sha256(bytes(ring.mmap_u32())).hexdigest()
     finally:
         ring.close()
+    index = map_from_pin(str(pins / "lb_vip_index"))
+    try:
+        out["vip index"] = hashlib.sha256(index.mmap_words().tobytes()).hexdigest()
+    finally:
+        index.close()
     out["state"] = controller.Instance.state_path(f"{lab}-lb").read_text()
     return out
 
