@@ -151,18 +151,23 @@ static __always_inline int encap_ip4(void *data, void *data_end, const __u8 *old
 	return 0;
 }
 
-/* The ones' complement sum of the inner IP packet (already in place behind the outer headers) from
- * its headers alone: its IP header's words, plus the complement of its L4 pseudo-header, which is
- * what an intact TCP / UDP segment with its checksum sums to. -1 where that does not hold: other
- * protocols (ICMP answers and steered errors), UDP without a checksum, IPv6 extension headers. */
-static __always_inline __s64 inner_sum_from_headers(void *data, void *data_end, const struct encap_args *a)
+/* The ones' complement sum of the inner IP packet (already in place at inner_off, behind the outer
+ * headers) from its headers alone: its IP header's words, plus the complement of its L4 pseudo-header,
+ * which is what an intact TCP / UDP segment with its checksum sums to. -1 where that does not hold:
+ * other protocols (ICMP answers and steered errors), UDP without a checksum, IPv6 extension headers.
+ * A global function: the verifier checks it once, not on every path of forward() that reaches it. */
+__noinline __s64 inner_sum_from_headers(struct xdp_md *ctx, const struct packet *pkt, __u32 inner_off)
 {
-	const struct packet *pkt = a->pkt;
-	__u32 hdr_len = pkt->l4_off - pkt->l2_len;
-	__u8 proto = pkt->flow.proto;
+	void *data_end = (void *)(long)ctx->data_end;
+	void *ip = (void *)(long)ctx->data + (inner_off & 0x7f);
+	__u32 hdr_len, l4_off;
 	__u64 sum, pseudo;
-	void *ip = data + ((a->l2_len + a->overhead) & 0x7f);
+	__u8 proto;
 
+	if (!pkt)
+		return -1;
+	proto = pkt->flow.proto;
+	hdr_len = pkt->l4_off - pkt->l2_len;
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return -1;
 	if (pkt->flow.family == LB_AF_INET) {
@@ -170,17 +175,19 @@ static __always_inline __s64 inner_sum_from_headers(void *data, void *data_end, 
 			return -1;
 		sum = csum_words(ip, sizeof(struct iphdr) / 2);
 		pseudo = csum_words(pkt->flow.src, 2) + csum_words(pkt->flow.dst, 2);
+		l4_off = sizeof(struct iphdr);
 	} else {
 		if (hdr_len != sizeof(struct ipv6hdr) || ip + sizeof(struct ipv6hdr) > data_end)
 			return -1;
 		sum = csum_words(ip, sizeof(struct ipv6hdr) / 2);
 		pseudo = csum_words(pkt->flow.src, 8) + csum_words(pkt->flow.dst, 8);
+		l4_off = sizeof(struct ipv6hdr);
 	}
 	/* IPv4: zero, protocol, 16-bit length; IPv6: 32-bit length, three zero bytes, next header. The
 	 * same two non-zero words either way. */
 	pseudo += bpf_htons(proto) + bpf_htons(pkt->ip_len - hdr_len);
 	if (proto == IPPROTO_UDP) {
-		struct udphdr *uh = ip + (hdr_len & 0x3f);
+		struct udphdr *uh = ip + l4_off;
 
 		if ((void *)(uh + 1) > data_end || !uh->check)
 			return -1;
@@ -207,7 +214,7 @@ static __always_inline int encap_gue(struct xdp_md *ctx, struct udphdr *udp, voi
 	if (a->vip_flags & LB_VIP_GUE_CSUM_ZERO)
 		return LB_TX_ENCAP;
 
-	inner_sum = inner_sum_from_headers((void *)(long)ctx->data, data_end, a);
+	inner_sum = inner_sum_from_headers(ctx, a->pkt, a->l2_len + a->overhead);
 	if (inner_sum < 0)
 		inner_sum = csum_region(ctx, a->l2_len + a->overhead, a->pkt->ip_len);
 	if (inner_sum < 0)
