@@ -60,6 +60,8 @@ test: deps-all bpf abi-check lint
 	$(PY) -m pytest suites/ $(PYTEST_ARGS)
 	# The core conformance checks against Linux IPVS in a VM (l4lab's column ran above).
 	$(VENV)/bin/l4lab conform --dut ipvs --no-report
+	# The Vagrant smoke: router, LB and one real booted from the local box, one DSR request, destroy.
+	L4LAB_VAGRANT_SMOKE=1 $(PY) -m pytest suites/lab/test_vagrant.py -k smoke -rs -s
 
 # The package as a user gets it (root, PyPI): `pip install .` into a fresh venv, then that venv's lbctl
 # loads the packaged BPF object on a veth from outside the source tree. Minutes, so not in `make test`.
@@ -86,7 +88,7 @@ test-vagrant: deps-all bpf
 
 # One LB and one real from the local box, one DSR request, destroy (the smoke of the above).
 test-vagrant-smoke: deps-all bpf
-	L4LAB_VAGRANT_SMOKE=1 $(PY) -m pytest suites/lab/test_vagrant.py -k smoke $(PYTEST_ARGS)
+	L4LAB_VAGRANT_SMOKE=1 $(PY) -m pytest suites/lab/test_vagrant.py -k smoke -rs -s $(PYTEST_ARGS)
 
 # Benchmarks (root): NDR/PDR per encap and size beside the floors, micro and controller figures.
 bench: deps bpf

@@ -144,11 +144,18 @@ _PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes
 _log: collections.deque[str] = collections.deque(maxlen=400)
 
 
+_PRINT_BUF_BYTES = 16 << 20  # libbpf hands the whole verifier log (up to 16 MiB) to one print call
+_print_buf: ctypes.Array[ctypes.c_char] | None = None
+
+
 def _on_print(level: int, fmt: bytes, args: int) -> int:
-    """libbpf's messages (the verifier log among them) go to a buffer, not to stderr."""
-    buf = ctypes.create_string_buffer(4096)
-    _libc.vsnprintf(buf, len(buf), fmt, ctypes.c_void_p(args))
-    text = buf.value.decode(errors="replace")
+    """libbpf's messages (the verifier log among them) go to a buffer, not to stderr. The log comes
+    in one message, its reason last: a smaller buffer kept its start and lost the reason."""
+    global _print_buf
+    if _print_buf is None:
+        _print_buf = ctypes.create_string_buffer(_PRINT_BUF_BYTES)
+    n = _libc.vsnprintf(_print_buf, _PRINT_BUF_BYTES, fmt, ctypes.c_void_p(args))
+    text = _print_buf.raw[:max(0, min(n, _PRINT_BUF_BYTES - 1))].decode(errors="replace")
     _log.extend(text.rstrip("\n").splitlines())
     if os.environ.get("L4LAB_LIBBPF_DEBUG"):
         sys.stderr.write(text)

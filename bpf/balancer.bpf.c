@@ -80,14 +80,17 @@ static __always_inline int is_vip_addr(const __u32 *addr, __u8 family)
 	return maybe_vip_addr(addr) && lookup_vip(addr, LB_MATCH_ANY_PORT, LB_MATCH_ADDR_ONLY, family) != NULL;
 }
 
-/* The flow key that hashing and sessions use, after the VIP's hashing flags: the flow itself (its
- * pad is zero: struct packet starts zeroed, quoted flows too) unless a flag normalises a copy. */
+/* The flow key that hashing and sessions use, after the VIP's hashing flags: a copy on this stack
+ * frame (its pad is zero: struct packet starts zeroed, quoted flows too), normalised if a flag says
+ * so. Always a copy: `flow` is a global function's argument (PTR_TO_MEM to the verifier), which
+ * kernel 6.1 refuses as a map helper's key ("R2 type=mem expected=fp, pkt, pkt_meta, map_key,
+ * map_value": Debian 12's kernel on the Vagrant LB); 6.18 takes it. */
 static __always_inline const struct lb_flow *flow_key(struct lb_flow *copy, const struct lb_flow *flow,
 						      __u32 vip_flags)
 {
-	if (!(vip_flags & (LB_VIP_HASH_DPORT_ONLY | LB_VIP_HASH_NO_SPORT)))
-		return flow;
 	*copy = *flow;
+	if (!(vip_flags & (LB_VIP_HASH_DPORT_ONLY | LB_VIP_HASH_NO_SPORT)))
+		return copy;
 	copy->pad = 0;
 	copy->sport = 0;
 	if (vip_flags & LB_VIP_HASH_DPORT_ONLY)

@@ -343,7 +343,9 @@ def for_vagrant(topology: str, directory: Path, ssh_config: str | None = None,
     if ssh_config is None:
         if shutil.which("vagrant") is None:
             raise LabError("vagrant not found: install it (scripts/setup.sh --vagrant) and `vagrant up` first")
-        done = subprocess.run(["vagrant", "ssh-config"], capture_output=True, text=True, cwd=REPO, check=False,
+        # only the machines that are up: one never created fails the whole command
+        done = subprocess.run(["vagrant", "ssh-config", *(machines or ())], capture_output=True, text=True,
+                              cwd=REPO, check=False,
                               env={**(env if env is not None else os.environ), "L4LAB_TOPOLOGY": topology})
         if done.returncode != 0:
             raise LabError(f"`vagrant ssh-config` failed (is the lab up? `L4LAB_TOPOLOGY={topology} vagrant up`): "

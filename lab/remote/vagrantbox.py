@@ -5,9 +5,11 @@ reach Vagrant Cloud. The steps, cached under build/vagrant-box/ (debootstrap-K1 
 hashes every input of what it caches):
 
 1. debootstrap (minbase) of Debian 12 with Debian's cloud kernel, sshd, sudo, rsync (the synced
-   folder), and what provisioning needs so that no machine runs apt: clang, libbpf-dev, bpftool,
-   make, gcc for the LB's `make bpf`; iproute2, ethtool, tcpdump; python3 with Debian's numpy and
-   pyroute2 (lab/remote/provision/box.sh makes /opt/l4lab/venv from them);
+   folder), and what provisioning needs so that no machine runs apt: iproute2, ethtool, tcpdump;
+   python3 with Debian's numpy and pyroute2 (lab/remote/provision/box.sh makes /opt/l4lab/venv from
+   them), libbpf1 for the controller, make. No compiler: the host's build/bpf and build/lib reach
+   the machines through the synced folder, and the LB's `make bpf` finds them up to date (the
+   compiler and its libraries were two thirds of the box);
 2. lab/remote/provision/box.sh inside that root: the `vagrant` user with Vagrant's insecure public key and
    passwordless sudo, DHCP on the management NIC only, no documentation;
 3. the root becomes an ext4 file system image (`mkfs.ext4 -d`, no loop device, no mount) and then
@@ -42,12 +44,11 @@ BOX_NAME = "l4lab/debian12"
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 DISK_GIB = 6
-BUILDER_VERSION = 1  # bump when the steps below change what they produce
+BUILDER_VERSION = 2  # bump when the steps below change what they produce
 PACKAGES = (
     "linux-image-cloud-amd64", "initramfs-tools", "systemd-sysv", "dbus", "udev", "kmod",
     "openssh-server", "sudo", "rsync", "netbase", "iproute2", "ethtool", "tcpdump", "iputils-ping",
-    "procps", "curl", "python3", "python3-numpy", "python3-pyroute2",
-    "clang", "libbpf-dev", "bpftool", "make", "gcc", "libc6-dev",
+    "procps", "curl", "python3", "python3-numpy", "python3-pyroute2", "libbpf1", "make",
 )
 CMDLINE = "root=/dev/vda rw console=ttyS0 net.ifnames=0 biosdevname=0 quiet"
 BOOT_ROOT = Path("/var/lib/libvirt/boot")

@@ -147,14 +147,17 @@ def run_suites(topology: str, pytest_args: Sequence[str], keep: bool = False) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.remote.vagrantlab", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m lab.remote.vagrantlab", description=__doc__.splitlines()[0],
+                                epilog="more pytest arguments follow --, e.g. -- -k ip4-ipip")
     p.add_argument("action", choices=("test",))
     p.add_argument("--topology", default="default")
     p.add_argument("--keep", action="store_true", help="leave the machines and libvirtd running afterwards")
-    p.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
-    args = p.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # pytest's arguments follow `--` (argparse would take its options for ours or refuse them)
+    pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     try:
-        return run_suites(args.topology, args.pytest_args, args.keep)
+        return run_suites(args.topology, pytest_args, args.keep)
     except LabError as exc:
         print(f"vagrant-lab: {exc}", file=sys.stderr)
         return 1

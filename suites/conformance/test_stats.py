@@ -329,3 +329,30 @@ def test_counters_equal_the_wire(lab: Lab, balancer: LabBalancer, encap: str, qu
                          f"reals {real_moves}, events {events}, retransmissions {len(wire.retransmissions())}, "
                          f"uncontrolled frames {len(wire.unexpected)}; reals seen "
                          f"{sorted(counts_by(a.get('node') for a in answers).items(), key=str)}\n")
+
+
+def test_wire_model_counts_every_frame_the_lb_takes_in() -> None:
+    """The model itself, on frames a Vagrant run met: the router's broadcast ARP request reaches
+    the LB (PASS_NOT_IP, with its bytes) like its unicast reply; what the LB sent, and unicast to
+    another station, is not the LB's to count."""
+    from scapy.layers.inet import ICMP, IP, UDP
+    from scapy.layers.l2 import ARP, Ether
+
+    lb, router, other = "02:00:00:00:00:0b", "02:00:00:00:00:01", "02:00:00:00:00:0c"
+    vip, client, real = "198.51.100.100", "192.0.2.10", "203.0.113.18"
+    sent = [
+        Ether(dst="ff:ff:ff:ff:ff:ff", src=router) / ARP(op=1, psrc="10.0.0.1", pdst="10.0.0.2"),
+        Ether(dst=lb, src=router) / ARP(op=2, psrc="10.0.0.1", pdst="10.0.0.2"),
+        Ether(dst=lb, src=router) / IP(src=client, dst=vip) / UDP(sport=40000, dport=9000) / b"x",
+        Ether(dst=lb, src=router) / IP(src=client, dst=vip) / ICMP(type=8),
+        Ether(dst="ff:ff:ff:ff:ff:ff", src=lb) / ARP(op=1, psrc="10.0.0.2", pdst="10.0.0.1"),
+        Ether(dst=other, src=router) / ARP(op=2),
+    ]
+    frames = [Frame.of(bytes(p), i) for i, p in enumerate(sent)]
+    wire = Wire([f for f in frames if f is not None], lb, {(vip, PROTO_UDP, 9000): "udp-vip"},
+                {"real1": real}, [client])
+    assert wire.to_lb == 4
+    assert {k: v[0] for k, v in wire.reasons.items()} == {"PASS_NOT_IP": 2, "TX_ENCAP": 1, "TX_ICMP_ECHO": 1}
+    assert wire.reasons["PASS_NOT_IP"][1] == len(bytes(sent[0])) + len(bytes(sent[1]))
+    assert (wire.udp_datagrams, wire.echo_to_vip) == (1, 1)
+    assert len(wire.unexpected) == 2, wire.unexpected

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import errno
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,37 @@ def test_abi_mismatch_is_caught_as_datapath_error() -> None:
         str(info.value)
         == "cannot load 'balancer.o'; its BTF digest differs from balancer/_abi.py; run make abi"
     )
+
+
+REFUSED_PROGRAM = r"""
+#include <linux/bpf.h>
+#define SEC(n) __attribute__((section(n), used))
+SEC("xdp") int refused(struct xdp_md *ctx)
+{
+	volatile __u64 acc = 0;
+#pragma clang loop unroll(full)
+	for (int i = 0; i < 200; i++)  /* a verifier log of tens of KiB before the reason */
+		acc += i * ctx->ingress_ifindex;
+	unsigned char *data = (unsigned char *)(long)ctx->data;
+	return data[acc & 7] ? 2 : 1;  /* no bounds check against data_end */
+}
+char _license[] SEC("license") = "GPL";
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="loading a BPF program needs root (CAP_BPF)")
+def test_a_refused_program_names_the_verifiers_reason_at_the_end_of_a_long_log(tmp_path: Path) -> None:
+    """The reason is the log's last lines; a print buffer of 4 KiB kept the log's start and the
+    message said only 'failed to load: -13' (the Vagrant LB on Debian's 6.1 kernel)."""
+    from balancer.libbpf import BpfObject
+
+    if shutil.which("clang") is None:
+        pytest.fail("clang is missing: run scripts/setup.sh")
+    src, obj = tmp_path / "refused.bpf.c", tmp_path / "refused.o"
+    src.write_text(REFUSED_PROGRAM)
+    subprocess.run(["clang", "-O2", "-target", "bpf", f"-I/usr/include/{os.uname().machine}-linux-gnu",
+                    "-c", str(src), "-o", str(obj)], check=True)
+    with pytest.raises(DatapathError) as refused, BpfObject(str(obj)) as bpf:
+        bpf.load()
+    assert refused.value.errno == errno.EACCES
+    assert "the verifier says: invalid access to packet" in str(refused.value), str(refused.value)

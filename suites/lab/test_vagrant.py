@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -407,29 +408,36 @@ def smoke_lab() -> Iterator[Any]:
     from lab.remote import libvirtd, target, vagrantbox, vagrantlab
 
     if os.environ.get("L4LAB_VAGRANT_SMOKE") != "1":
-        pytest.skip("the Vagrant smoke boots three TCG machines (minutes, more than the default run affords): "
-                    "make test-vagrant-smoke, or L4LAB_VAGRANT_SMOKE=1")
+        pytest.skip("the Vagrant smoke boots three TCG machines: it runs after the suites in make test, "
+                    "or alone with make test-vagrant-smoke (L4LAB_VAGRANT_SMOKE=1)")
     why = _vagrant_libvirt_missing()
     if why:
         pytest.skip(why)
     lab = unique_name("smoke")
     environ = vagrantlab.env("default", lab)
     log = vagrantlab.state_dir(lab) / "vagrant.log"
+    t = vagrantlab.Timings()  # each phase's seconds on stderr (make test shows them: -s)
+    start = now = time.monotonic()
     started = libvirtd.start()
     try:
         vagrantbox.ensure()
+        now = t.mark("smoke: libvirtd and box", now)
         try:
             vagrantlab.vagrant(["up", "--no-tty", *SMOKE_MACHINES], environ, log, timeout=2400)
+            now = t.mark("smoke: vagrant up of " + " ".join(SMOKE_MACHINES), now)
             path = target.for_vagrant("default", vagrantlab.state_dir(lab) / "target", env=environ,
                                       machines=SMOKE_MACHINES)
             yield target.load(path)
+            now = t.mark("smoke: the DSR request", now)
         finally:
             vagrantlab.vagrant(["destroy", "-f"], environ, log, timeout=900)
+            now = t.mark("smoke: vagrant destroy", now)
         left = vagrantlab.leftovers(lab)
         assert not left, f"`vagrant destroy -f` left {', '.join(left)} (see {log})"
     finally:
         if started.ours:
             libvirtd.stop()
+        t.mark("smoke: total", start)
 
 
 def _tunl0_rx(tgt: Any, node: str) -> int:

@@ -3,7 +3,8 @@
 #
 #   lb.sh --repo DIR --topology TOPOLOGY --node NODE
 #
-# Runs DIR/scripts/setup.sh (packages, venv, bpffs), `make bpf`, writes the balancer config that
+# Runs DIR/scripts/setup.sh (packages, venv, bpffs), `make bpf` (nothing to do when the host's
+# build/bpf came with the synced folder), writes the balancer config that
 # `l4lab vagrant-plan TOPOLOGY --lb-config NODE` prints to /etc/l4lab/NODE.toml, then
 # `lbctl load` (once) and `lbctl apply` (every run: it reconciles). On the local box (`l4lab
 # vagrant-box`) the packages and Python modules are already there: DIR/.venv becomes its
@@ -35,7 +36,13 @@ else
 	bash scripts/setup.sh || die "scripts/setup.sh failed (see above)"
 fi
 py=.venv/bin/python
-make bpf >/dev/null || die "make bpf failed: run it in $repo to see why"
+# The host's build/bpf and build/lib come with the synced folder: up to date, make compiles nothing
+# (the local box has no compiler); otherwise it builds them with setup.sh's clang.
+if ! make bpf >/dev/null; then
+	command -v clang >/dev/null || die "make bpf needs to compile and this machine has no clang (the local box" \
+		"has none): run 'make bpf' on the host before 'vagrant up', its build/bpf is synced"
+	die "make bpf failed: run it in $repo to see why"
+fi
 
 mkdir -p /etc/l4lab
 config=/etc/l4lab/$node.toml
