@@ -548,6 +548,9 @@ class BpfObject:
         _check(lib().bpf_program__set_autoload(ptr, autoload), f"set autoload of '{program}'")
 
     def load(self) -> None:
+        # Ours again: another libbpf user in this process (BCC's libbcc links the same libbpf.so.1)
+        # may have put its own print function in since, and the verifier's reason would go there.
+        lib().libbpf_set_print(_print_cb)
         _log.clear()
         ret = lib().bpf_object__load(self._handle())
         if ret < 0:
