@@ -68,9 +68,8 @@ class Limits(IntEnum):
     DEFAULT_GUE_PORT = 6080
     DEFAULT_UDP_TIMEOUT_S = 30
     DEFAULT_MTU = 1500
-    VIP_FILTER_BITS = 32768
-    VIP_FILTER_HASH = -1640531535
     VIP_INDEX_SLOTS = 4096
+    VIP_INDEX_HASH = -1640531535
 
 
 class Outer(IntEnum):
@@ -203,13 +202,6 @@ class Tally(ctypes.Structure):
     _fields_ = [("events", ctypes.c_uint16), ("steering", ctypes.c_uint8), ("pad", ctypes.c_uint8)]
 
 
-class VipFilter(ctypes.Structure):
-    """struct lb_vip_filter (4096 bytes)"""
-
-    _pack_ = 1
-    _fields_ = [("words", ctypes.c_uint64 * 512)]
-
-
 class VipKey(ctypes.Structure):
     """struct lb_vip_key (20 bytes)"""
 
@@ -243,7 +235,6 @@ SIZES = {
     "Session": 16,
     "Settings": 56,
     "Tally": 4,
-    "VipFilter": 4096,
     "VipKey": 20,
     "VipMeta": 12,
     "VipSlot": 32,
@@ -285,7 +276,6 @@ MAPS = {
         "lb_scratch",
         "lb_sessions",
         "lb_settings",
-        "lb_vip_filter",
         "lb_vip_index",
         "lb_vip_stats",
         "lb_vips",
@@ -313,10 +303,10 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "8de19f77fdf62118ba55df1fcf981e2a",
-    "decap": "ccec2d34add15dced6388ee787443bb5",
+    "balancer": "4dd762601f42b39b7752baf26ca2875c",
+    "decap": "5ff21603b6b9d29eb776b2e1ff02a80f",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
-    "healthcheck": "e73c8f32304d6ea165417df5fb1db0c2",
+    "healthcheck": "8b5e44658a47be8dbb63f696ae9fa9fc",
     "pass": "8f39d9f24e7339db28876547ef6a9879",
     "trafficgen": "37e8064bdb28e3f638edcbfe03b2332f",
     "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",

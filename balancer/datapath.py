@@ -84,27 +84,8 @@ def proto_number(proto: str | int) -> int:
     return PROTOS[proto]
 
 
-FILTER_BITS = int(_abi.Limits.VIP_FILTER_BITS)
-FILTER_HASH = int(_abi.Limits.VIP_FILTER_HASH) & 0xFFFFFFFF  # BTF hands the enum member back signed
-FILTER_SHIFT = 32 - (FILTER_BITS - 1).bit_length()  # the product's top bits are the bit number
-
-
-def vip_filter_bit(key: bytes) -> int:
-    """The lb_vip_filter bit of an lb_vips key's address (struct lb_vip_filter in bpf/include/abi.h)."""
-    w0, w1, w2, w3 = (int(w) for w in struct.unpack_from("<4I", key))
-    return (((w0 ^ w1 ^ w2 ^ w3) * FILTER_HASH) & 0xFFFFFFFF) >> FILTER_SHIFT
-
-
-def vip_filter(keys: Sequence[bytes], start: bytes | None = None) -> bytes:
-    """lb_vip_filter's element with the bit of every key's address set (on top of `start`, if given)."""
-    words = np.frombuffer(start, dtype="<u8").copy() if start else np.zeros(FILTER_BITS // 64, dtype="<u8")
-    for key in keys:
-        bit = vip_filter_bit(key)
-        words[bit // 64] |= np.uint64(1 << (bit % 64))
-    return words.tobytes()
-
-
 INDEX_SLOTS = int(_abi.Limits.VIP_INDEX_SLOTS)
+INDEX_HASH = int(_abi.Limits.VIP_INDEX_HASH) & 0xFFFFFFFF  # BTF hands the enum member back signed
 INDEX_SHIFT = 32 - (INDEX_SLOTS - 1).bit_length()  # the product's top bits are the slot
 SLOT_WORDS = ctypes.sizeof(_abi.VipSlot) // 4  # meta (3 words), then the key (5): the last is port/proto/family
 META_WORDS = ctypes.sizeof(_abi.VipMeta) // 4
@@ -114,7 +95,7 @@ SLOT_SHARED = int(_abi.VipSlotState.SHARED) << 24  # a slot's last word when key
 def vip_slot(key: bytes) -> int:
     """The lb_vip_index slot of an lb_vips key (struct lb_vip_slot in bpf/include/abi.h; find_vip)."""
     w0, w1, w2, w3, w4 = (int(w) for w in struct.unpack_from("<5I", key))
-    return (((w0 ^ w1 ^ w2 ^ w3 ^ w4) * FILTER_HASH) & 0xFFFFFFFF) >> INDEX_SHIFT
+    return (((w0 ^ w1 ^ w2 ^ w3 ^ w4) * INDEX_HASH) & 0xFFFFFFFF) >> INDEX_SHIFT
 
 
 def _family(tail: int) -> int:
@@ -422,7 +403,6 @@ class Datapath:
     def put_vip(self, address: str, port: int, proto: str | int, *, vip_num: int, flags: int = 0,
                 encap: int = Encap.IPIP) -> None:
         key, meta = _vip_entry(address, port, proto, vip_num, flags, encap)
-        self.maps["lb_vip_filter"].update(b"\0" * 4, self.vip_filter_with(key))  # the filter first: a superset
         self.maps["lb_vips"].update(key, meta)
         self.sync_vip_index()  # after lb_vips: a reader sent there by a SHARED slot finds the entry
 
@@ -430,7 +410,6 @@ class Datapath:
         key = vip_key(address, port, proto)
         self.unpublish_vips([key])  # first: no reader may find the key in the index once it leaves lb_vips
         gone = self.maps["lb_vips"].delete(key)
-        self.maps["lb_vip_filter"].update(b"\0" * 4, self.vip_filter_with())
         self.sync_vip_index()
         return gone
 
@@ -478,12 +457,6 @@ class Datapath:
             view[i, META_WORDS:-1] = want[i, META_WORDS:-1]
             view[i, -1] = want[i, -1]
         return int(changed.size)
-
-    def vip_filter_with(self, key: bytes | None = None) -> bytes:
-        """lb_vip_filter as it must be: today's bits plus `key`'s, or (no key) afresh from lb_vips."""
-        if key is not None:
-            return vip_filter([key], self.maps["lb_vip_filter"].lookup(b"\0" * 4))
-        return vip_filter([k for k, _ in self.maps["lb_vips"].items()])
 
     def vips(self) -> dict[tuple[str, int, int], _abi.VipMeta]:
         out = {}
@@ -671,7 +644,6 @@ class Transaction:
         key, meta = _vip_entry(address, port, proto, vip_num, flags, encap)
         if self._dp.maps["lb_vips"].lookup(key) == meta:
             return False
-        self._put_filter(self._dp.vip_filter_with(key))  # first, so that it never misses a VIP address
         self._index_undo()
         self._put(self._dp.maps["lb_vips"], key, meta)
         self._undo.append(lambda: self._dp.unpublish_vips([key]))
@@ -689,7 +661,6 @@ class Transaction:
             m.delete(key)
             self._undo.append(lambda: self._dp.unpublish_vips([key]))
             self._dp.sync_vip_index()
-            self._put_filter(self._dp.vip_filter_with())
 
     def _index_undo(self) -> None:
         """Before an lb_vips write: its undo re-syncs lb_vip_index after lb_vips is restored. The write
@@ -698,11 +669,6 @@ class Transaction:
             self._dp.sync_vip_index()
 
         self._undo.append(resync)
-
-    def _put_filter(self, value: bytes) -> None:
-        m = self._dp.maps["lb_vip_filter"]
-        if m.lookup(b"\0" * 4) != value:
-            self._put(m, b"\0" * 4, value)
 
     def write_ring_slots(self, vip_num: int, slots: npt.NDArray[Any], new_ring: npt.NDArray[Any]) -> None:
         """Set ``slots`` of a VIP's ring to their values in ``new_ring`` (a whole ring)."""

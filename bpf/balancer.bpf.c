@@ -12,17 +12,7 @@ _Static_assert(LB_VIP_INDEX_SLOTS == 1 << 12, "find_vip takes the top 12 bits of
 _Static_assert(sizeof(struct lb_vip_slot) == 32 && __builtin_offsetof(struct lb_vip_slot, key) == 12,
 	       "the controller writes lb_vip_index as 8 words: meta (3), then the key (5)");
 
-/* Whether some VIP may use this address: its bit in lb_vip_filter (abi.h). One array word, where a
- * lookup in lb_vips costs a hash of the key and a walk of its bucket. */
-static __always_inline int maybe_vip_addr(const __u32 *addr)
-{
-	__u32 zero = 0, bit = ((addr[0] ^ addr[1] ^ addr[2] ^ addr[3]) * (__u32)LB_VIP_FILTER_HASH) >> 17;
-	struct lb_vip_filter *f = bpf_map_lookup_elem(&lb_vip_filter, &zero);
-
-	return !f || (f->words[(bit / 64) & (LB_VIP_FILTER_BITS / 64 - 1)] >> (bit % 64)) & 1;
-}
-
-/* The last word of a VIP key (port, proto, family), as one 32-bit load or compare. */
+/* The last word of a VIP key (port, proto, family), as one 32-bit value. */
 union vip_key_tail {
 	__u32 word;
 	struct {
@@ -32,14 +22,22 @@ union vip_key_tail {
 	};
 };
 
+/* A VIP key as the datapath builds it: the last word (port, proto, family) stored as one 32-bit word,
+ * so that find_vip's 32-bit loads of it are forwarded from that store (built from three stores of
+ * other widths, the load would wait for them to reach the cache: a stall on every packet). */
+union vip_key_words {
+	struct lb_vip_key key;
+	__u32 w[5];
+};
+
 /* lb_vips' entry for a key, through lb_vip_index (struct lb_vip_slot in abi.h). The slot's last key
  * word is read once, first, and behind a compiler barrier: x86 keeps loads in program order, and the
  * controller stores that word after the rest of the slot (and sets it SHARED before changing the rest),
  * so when it equals the key's, the address words and the meta read after it are the key's own. */
-static __always_inline struct lb_vip_meta *find_vip(const struct lb_vip_key *key)
+static __always_inline struct lb_vip_meta *find_vip(const union vip_key_words *want)
 {
-	const __u32 *want = (const __u32 *)key;
-	__u32 i = ((want[0] ^ want[1] ^ want[2] ^ want[3] ^ want[4]) * (__u32)LB_VIP_FILTER_HASH) >>
+	__u32 i = ((want->w[0] ^ want->w[1] ^ want->w[2] ^ want->w[3] ^ want->w[4]) *
+		   (__u32)LB_VIP_INDEX_HASH) >>
 		  (32 - 12);
 	struct lb_vip_slot *slot = bpf_map_lookup_elem(&lb_vip_index, &i);
 	union vip_key_tail tail;
@@ -48,36 +46,41 @@ static __always_inline struct lb_vip_meta *find_vip(const struct lb_vip_key *key
 		return NULL; /* never: i < LB_VIP_INDEX_SLOTS */
 	tail.word = *(volatile __u32 *)&((__u32 *)&slot->key)[4];
 	asm volatile("" ::: "memory");
-	if (tail.word == want[4])
-		return slot->key.addr[0] == want[0] && slot->key.addr[1] == want[1] &&
-		       slot->key.addr[2] == want[2] && slot->key.addr[3] == want[3] ? &slot->meta : NULL;
+	if (tail.word == want->w[4])
+		return slot->key.addr[0] == want->w[0] && slot->key.addr[1] == want->w[1] &&
+		       slot->key.addr[2] == want->w[2] && slot->key.addr[3] == want->w[3] ? &slot->meta : NULL;
 	if (tail.family == LB_VIP_SLOT_SHARED)
-		return bpf_map_lookup_elem(&lb_vips, key);
-	return NULL; /* empty, or another key's */
+		return bpf_map_lookup_elem(&lb_vips, &want->key);
+	return NULL; /* empty (no VIP has this key), or another key's */
 }
 
-/* The VIP serving (addr, port, proto): the exact entry, else the port-0 wildcard (looked up only
- * when the filter says some VIP may use the address). */
+/* The VIP serving (addr, port, proto): the exact entry, else the port-0 wildcard. */
 static __always_inline struct lb_vip_meta *lookup_vip(const __u32 *addr, __u16 port, __u8 proto, __u8 family)
 {
-	struct lb_vip_key key = {};
+	union vip_key_tail tail = { .port = port, .proto = proto, .family = family };
+	union vip_key_words want;
 	struct lb_vip_meta *vip;
 
-	__builtin_memcpy(key.addr, addr, sizeof(key.addr));
-	key.port = port;
-	key.proto = proto;
-	key.family = family;
-	vip = find_vip(&key);
-	if (vip || port == LB_MATCH_ANY_PORT || !maybe_vip_addr(addr))
+	__builtin_memcpy(want.w, addr, sizeof(want.key.addr));
+	want.w[4] = tail.word;
+	vip = find_vip(&want);
+	if (vip || port == LB_MATCH_ANY_PORT)
 		return vip;
-	key.port = LB_MATCH_ANY_PORT;
-	return find_vip(&key);
+	tail.port = LB_MATCH_ANY_PORT;
+	want.w[4] = tail.word;
+	return find_vip(&want);
 }
 
-/* Whether some VIP uses this address (the controller's address-only entry). */
-static __always_inline int is_vip_addr(const __u32 *addr, __u8 family)
+/* An address as the VIP lookups read it: four 32-bit words, network order (an IPv4 address in w[0]). */
+struct vip_addr {
+	__u32 w[4];
+};
+
+/* Whether some VIP uses this address (the controller's address-only entry). A global function: the
+ * verifier checks it once for its three callers, which reach it on paths it would otherwise walk apart. */
+__noinline int is_vip_addr(const struct vip_addr *addr, __u8 family)
 {
-	return maybe_vip_addr(addr) && lookup_vip(addr, LB_MATCH_ANY_PORT, LB_MATCH_ADDR_ONLY, family) != NULL;
+	return addr && lookup_vip(addr->w, LB_MATCH_ANY_PORT, LB_MATCH_ADDR_ONLY, family) != NULL;
 }
 
 /* The flow key that hashing and sessions use, after the VIP's hashing flags: a copy on this stack
@@ -193,7 +196,7 @@ static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	int v4 = pkt->flow.family == LB_AF_INET;
-	int to_vip = is_vip_addr(pkt->flow.dst, pkt->flow.family);
+	int to_vip = is_vip_addr((const struct vip_addr *)pkt->flow.dst, pkt->flow.family);
 	__u8 *icmp = l4_header(data, data_end, pkt, sizeof(struct icmp4_hdr));
 	struct lb_flow quoted = {};
 	struct lb_vip_meta *vip;
@@ -244,7 +247,7 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struc
 	if (r != PARSE_OK)
 		return r;
 	if (pkt->fragment || pkt->options) {
-		if (!is_vip_addr(pkt->flow.dst, pkt->flow.family))
+		if (!is_vip_addr((const struct vip_addr *)pkt->flow.dst, pkt->flow.family))
 			return LB_PASS_FRAG_NOT_VIP;
 		return pkt->fragment ? LB_DROP_FRAGMENT : LB_DROP_IP_OPTIONS;
 	}
@@ -276,7 +279,8 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struc
 	return forward(ctx, pkt, &pkt->flow, vip, t);
 
 truncated:
-	return is_vip_addr(pkt->flow.dst, pkt->flow.family) ? LB_DROP_MALFORMED_L4 : LB_PASS_NOT_VIP;
+	return is_vip_addr((const struct vip_addr *)pkt->flow.dst, pkt->flow.family) ? LB_DROP_MALFORMED_L4
+										      : LB_PASS_NOT_VIP;
 }
 
 static __always_inline int action_of(int reason)

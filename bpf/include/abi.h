@@ -20,9 +20,8 @@ enum lb_limits {
 	LB_DEFAULT_GUE_PORT = 6080,
 	LB_DEFAULT_UDP_TIMEOUT_S = 30,
 	LB_DEFAULT_MTU = 1500,
-	LB_VIP_FILTER_BITS = 32768,       /* bits of lb_vip_filter: VIP addresses, hashed */
-	LB_VIP_FILTER_HASH = 0x9e3779b1,  /* its multiplier (Fibonacci hashing of the folded address) */
 	LB_VIP_INDEX_SLOTS = 4096,        /* slots of lb_vip_index: lb_vips keys, hashed (a power of 2) */
+	LB_VIP_INDEX_HASH = 0x9e3779b1,   /* its multiplier (Fibonacci hashing of the folded key) */
 };
 
 enum lb_family {
@@ -171,17 +170,9 @@ struct lb_settings {
 	__u32 configured;    /* non-zero once the controller has written this element */
 };
 
-/* A bit per hashed address (LB_VIP_FILTER_BITS), set for the address of every lb_vips entry: a clear
- * bit proves that no VIP uses the address, so the wildcard and address-only lookups are skipped. Bit
- * of an address: (addr[0] ^ addr[1] ^ addr[2] ^ addr[3]) * LB_VIP_FILTER_HASH, top 15 bits, with
- * the words loaded in host order from the network-order address. */
-struct lb_vip_filter {
-	__u64 words[LB_VIP_FILTER_BITS / 64];
-};
-
 /* One slot of lb_vip_index, a direct-mapped copy of lb_vips that the controller derives from it.
  * Slot of a key: its five 32-bit words (addr[0..3], then port/proto/family), loaded in host order,
- * XORed together, times LB_VIP_FILTER_HASH, top 12 bits (log2 LB_VIP_INDEX_SLOTS). key.family says
+ * XORed together, times LB_VIP_INDEX_HASH, top 12 bits (log2 LB_VIP_INDEX_SLOTS). key.family says
  * what the slot holds: LB_VIP_SLOT_EMPTY, no lb_vips key has this slot (a definite miss);
  * LB_VIP_SLOT_SHARED, two or more keys have it (look in lb_vips); else the one key that has it, with
  * its meta. The meta comes first: the controller writes the key's last word last, so a reader that

@@ -25,11 +25,9 @@ const volatile __u64 cfg_udp_timeout_ns = LB_DEFAULT_UDP_TIMEOUT_S * 1000000000U
  * and port 0 is the address-only entry (LB_VIP_ADDR_ONLY) that marks an address as a VIP. */
 LB_MAP(BPF_MAP_TYPE_HASH, LB_DEFAULT_MAX_VIPS, struct lb_vip_key, struct lb_vip_meta) lb_vips SEC(".maps");
 
-/* One element: the VIP address filter (struct lb_vip_filter), written by the controller with lb_vips. */
-LB_MAP(BPF_MAP_TYPE_ARRAY, 1, __u32, struct lb_vip_filter) lb_vip_filter SEC(".maps");
-
 /* lb_vips, direct-mapped (struct lb_vip_slot): one array element per packet where lb_vips costs a hash
- * of the key and a walk of its bucket; lb_vips is looked up only for a slot that keys share. The
+ * of the key and a walk of its bucket; lb_vips is looked up only for a slot that keys share, and an
+ * empty slot proves that no VIP has the key (so a non-VIP packet costs two slots at most). The
  * controller writes it as plain memory (BPF_F_MMAPABLE), in an order no reader can misread. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -29,7 +29,7 @@ from lab.emitted import ETH, XDP_TX, _frame, _template
 from lab.lbconf import real_addresses
 
 # what the ring choice reads
-SHARED = ("lb_vips", "lb_vip_filter", "lb_vip_index", "lb_reals", "lb_ring", "lb_settings")
+SHARED = ("lb_vips", "lb_vip_index", "lb_reals", "lb_ring", "lb_settings")
 
 
 def owners(instance: str, vip: str, port: int, client: str, sports: list[int]) -> dict[int, str]:

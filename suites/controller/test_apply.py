@@ -86,7 +86,6 @@ def _dump(m: Map) -> dict[bytes, bytes]:
 def _snapshot(inst: Instance) -> dict[str, object]:
     return {
         "vips": _dump(inst.dp.maps["lb_vips"]),
-        "vip filter": inst.dp.maps["lb_vip_filter"].lookup(b"\0" * 4),
         "vip index": inst.dp.vip_index().tobytes(),
         "reals": _dump(inst.dp.maps["lb_reals"]),
         "settings": inst.dp.maps["lb_settings"].lookup(b"\0" * 4),

@@ -168,11 +168,11 @@ class Loaded:
 
 
 def dump(lb: Loaded) -> tuple[object, ...]:
-    """The maps apply writes (VIPs, their address filter and index, reals, settings, every ring slot) and the
+    """The maps apply writes (VIPs and their index, reals, settings, every ring slot) and the
     state file."""
     pins = Path(Instance.pin_dir(lb.instance))
     tables = []
-    for name in ("lb_vips", "lb_vip_filter", "lb_reals", "lb_settings"):
+    for name in ("lb_vips", "lb_reals", "lb_settings"):
         m = map_from_pin(str(pins / name))
         try:
             tables.append(sorted(m.items()))

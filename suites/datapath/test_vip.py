@@ -1,4 +1,4 @@
-"""test_vip.py: VIP matching (exact, port-0 wildcard, protocol, the VIP address filter, the VIP index)
+"""test_vip.py: VIP matching (exact, port-0 wildcard, protocol, the VIP index)
 and the per-VIP hashing and LRU flags."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from scapy.layers.inet import ICMP, IP
 from scapy.packet import Packet
 
 from balancer import _abi
-from balancer.datapath import SLOT_SHARED, vip_filter_bit, vip_index_from, vip_key, vip_slot
+from balancer.datapath import SLOT_SHARED, vip_index_from, vip_key, vip_slot
 
 from . import packets as P
 from .frames import decode_encap
@@ -42,29 +43,28 @@ def test_exact_port_wins_over_the_wildcard(balancer_factory: BalancerFactory) ->
     assert b.dp.vip_stats(0)[0] == 1 and b.dp.vip_stats(1)[0] == 2
 
 
-def test_the_address_filter_gates_the_wildcard_and_follows_the_vips(balancer_factory: BalancerFactory) -> None:
-    """lb_vip_filter has exactly the bits of the VIP addresses (computed alike in C and Python); the
-    datapath looks for a wildcard VIP only where the address's bit is set."""
+def test_the_wildcard_and_the_address_entry_are_found_through_their_own_slots(
+        balancer_factory: BalancerFactory) -> None:
+    """A port that has no VIP of its own costs a second slot, the port-0 wildcard's: emptying that slot
+    (lb_vips keeps the key) turns the wildcard's traffic into non-VIP traffic, and an ICMP echo to the
+    address is answered only while the address-only entry's slot holds it."""
     b = balancer_factory(world=False)
     b.vip(VIP, 0, "tcp", 0, [P.REALS4[0]])
-    b.vip("2001:db8:f::50", 443, "tcp", 1, [P.REALS6[0]])
-    flt = b.dp.maps["lb_vip_filter"]
-
-    def bits() -> set[int]:
-        words = flt.lookup(b"\0" * 4) or b""
-        return {i for i in range(len(words) * 8) if words[i // 8] >> (i % 8) & 1}
-
-    wanted = {vip_filter_bit(vip_key(a, 0, 0)) for a in (VIP, "2001:db8:f::50")}
-    assert bits() == wanted
+    index = b.dp.vip_index()
     wildcard = P.tcp_to(VIP, dport=8443, flags="S")
-    assert b.run(wildcard).reason == "TX_ENCAP"
-    saved = flt.lookup(b"\0" * 4)
-    flt.update(b"\0" * 4, bytes(len(saved or b"")))  # a filter without the bit: the wildcard is not looked up
-    assert b.run(wildcard).reason == "PASS_NOT_VIP"
-    flt.update(b"\0" * 4, b.dp.vip_filter_with())  # rebuilt from lb_vips
-    assert bits() == wanted and b.run(wildcard).reason == "TX_ENCAP"
+    echo = P.eth() / IP(src=P.CLIENT4, dst=VIP) / ICMP(type=8, id=7, seq=1) / P.PAYLOAD
+    cases = [(vip_slot(vip_key(VIP, 0, "tcp")), wildcard, "TX_ENCAP", "PASS_NOT_VIP"),
+             (vip_slot(vip_key(VIP, 0, _abi.VipMatch.ADDR_ONLY)), echo, "TX_ICMP_ECHO", "PASS_ICMP_NOT_VIP")]
+    for slot, frame, served, missed in cases:
+        assert b.run(frame).reason == served
+        saved = index[slot].copy()
+        index[slot] = 0  # empty: a definite miss, lb_vips is not asked
+        assert b.run(frame).reason == missed, f"the program read slot {slot}"
+        index[slot] = saved
+        assert b.run(frame).reason == served
     assert b.dp.del_vip(VIP, 0, "tcp") and b.dp.del_vip(VIP, 0, _abi.VipMatch.ADDR_ONLY)
-    assert bits() == {vip_filter_bit(vip_key("2001:db8:f::50", 0, 0))}, "a removed VIP's address leaves"
+    assert not index.any(), "the last VIP's slots are empty again"
+    assert b.run(wildcard).reason == "PASS_NOT_VIP"
 
 
 def index_from_vips(b: RunBalancer) -> np.ndarray:

@@ -60,7 +60,7 @@ def datapath(lab: str) -> dict[str, object]:
     the state file. (Counters and sessions move with the test's own traffic.)"""
     pins = Path(controller.Instance.pin_dir(f"{lab}-lb"))
     cmds = [f"{'link' if p.name.startswith('link_') else 'map'} show pinned {p}" for p in sorted(pins.iterdir())]
-    cmds += [f"map dump pinned {pins / n}" for n in ("lb_vips", "lb_vip_filter", "lb_reals", "lb_settings")]
+    cmds += [f"map dump pinned {pins / n}" for n in ("lb_vips", "lb_reals", "lb_settings")]
     done = subprocess.run(["bpftool", "-j", "batch", "file", "-"], input="\n".join(cmds) + "\n",
                           capture_output=True, text=True, check=True)
     out: dict[str, object] = {" ".join(r["command"]): r["output"] for r in json.loads(done.stdout)}
