@@ -257,16 +257,15 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struc
 
 		if (!th)
 			goto truncated;
-		pkt->flow.sport = th->source;
-		pkt->flow.dport = th->dest;
+		/* Both ports in one 32-bit store: the flow key's later word loads are forwarded from it. */
+		*(__u32 *)&pkt->flow.sport = *(const __u32 *)th;
 		pkt->tcp_flags = ((__u8 *)th)[13];
 	} else if (pkt->flow.proto == IPPROTO_UDP) {
 		struct udphdr *uh = l4_header(data, data_end, pkt, sizeof(*uh));
 
 		if (!uh)
 			goto truncated;
-		pkt->flow.sport = uh->source;
-		pkt->flow.dport = uh->dest;
+		*(__u32 *)&pkt->flow.sport = *(const __u32 *)uh;
 	} else if (pkt->flow.proto == (pkt->flow.family == LB_AF_INET ? IPPROTO_ICMP : IPPROTO_ICMPV6)) {
 		return handle_icmp(ctx, pkt, t);
 	} else {
