@@ -72,6 +72,22 @@ def decapsulate(outer: Any, gue_port: int) -> Any:
     return enc.inner.layer if enc is not None else outer.payload
 
 
+# ICMPv6 types a host sends about its own link, never a client's reply: multicast listener query,
+# report, done (130-132) and MLDv2 report (143), router/neighbour solicitation and advertisement,
+# redirect (133-137).
+ICMP6_LINK_CONTROL = frozenset({130, 131, 132, 133, 134, 135, 136, 137, 143})
+IP6_EXT_HEADERS = frozenset({0, 43, 60})  # hop-by-hop (MLD's router alert), routing, destination options
+
+
+def _icmp6_link_control(ip6: Any) -> bool:
+    """Whether an IPv6 packet is ND or MLD (after any hop-by-hop/routing/destination options headers)."""
+    raw = bytes(ip6.payload)
+    nh, off = int(ip6.nh), 0
+    while nh in IP6_EXT_HEADERS and off + 2 <= len(raw):
+        nh, off = raw[off], off + (raw[off + 1] + 1) * 8
+    return nh == 58 and off < len(raw) and raw[off] in ICMP6_LINK_CONTROL
+
+
 def classify_lb_link(pcap: Path, lb_mac: str, vips: set[str], clients: set[str],
                      gue_port: int) -> LbLinkCounts:
     from scapy.layers.inet import IP
@@ -84,9 +100,8 @@ def classify_lb_link(pcap: Path, lb_mac: str, vips: set[str], clients: set[str],
         if Ether not in pkt or (IP not in pkt and IPv6 not in pkt):
             continue
         outer = pkt[IP] if IP in pkt else pkt[IPv6]
-        if isinstance(outer, IPv6) and outer.nh == 58 and bytes(outer.payload)[:1] and \
-                133 <= bytes(outer.payload)[0] <= 137:
-            continue  # neighbour discovery between router and LB
+        if isinstance(outer, IPv6) and _icmp6_link_control(outer):
+            continue  # neighbour discovery or multicast listener reports of the router or the LB
         if pkt[Ether].dst.lower() == lb_mac:
             if outer.src in clients and outer.dst in vips:
                 out.to_lb += 1
