@@ -118,7 +118,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`l4lab bench` as a function: 0 on success, 2 for usage errors, 1 for runtime errors."""
-    parser = _Parser(prog="l4lab bench", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="l4lab bench", description=__doc__.split("\n\n")[0].replace("\n", " "))
     add_arguments(parser)
     try:
         args = parser.parse_args(argv)
