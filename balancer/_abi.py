@@ -164,6 +164,14 @@ class Flow(ctypes.Structure):
                 ("pad", ctypes.c_uint16)]
 
 
+class Flow4(ctypes.Structure):
+    """struct lb_flow4 (16 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [("src", ctypes.c_uint32), ("dst", ctypes.c_uint32), ("sport", ctypes.c_uint16),
+                ("dport", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("pad", ctypes.c_uint8 * 3)]
+
+
 class Real(ctypes.Structure):
     """struct lb_real (20 bytes)"""
 
@@ -230,6 +238,7 @@ SIZES = {
     "Counter": 16,
     "Counts": 368,
     "Flow": 40,
+    "Flow4": 16,
     "HcTarget": 24,
     "Real": 20,
     "Session": 16,
@@ -275,6 +284,7 @@ MAPS = {
         "lb_ring",
         "lb_scratch",
         "lb_sessions",
+        "lb_sessions4",
         "lb_settings",
         "lb_vip_index",
         "lb_vip_stats",
@@ -303,7 +313,7 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "4dd762601f42b39b7752baf26ca2875c",
+    "balancer": "b7bdc8d685df866584d1180a78da0437",
     "decap": "5ff21603b6b9d29eb776b2e1ff02a80f",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
     "healthcheck": "8b5e44658a47be8dbb63f696ae9fa9fc",

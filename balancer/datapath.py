@@ -66,6 +66,26 @@ def addr_words(address: str) -> tuple[bytes, int]:
     return ip.packed.ljust(16, b"\0"), int(fam)
 
 
+# The session tables: IPv4 flows keyed by struct lb_flow4 (16 bytes), IPv6 flows by struct lb_flow.
+SESSION_TABLES = ("lb_sessions4", "lb_sessions")
+
+
+def session_key(flow: _abi.Flow) -> tuple[str, bytes]:
+    """The session table of a flow (struct lb_flow) and the flow's key in it."""
+    raw = bytes(flow)
+    if flow.family == _abi.Family.INET:  # struct lb_flow4: src, dst, both ports, proto, pad
+        return "lb_sessions4", raw[0:4] + raw[16:20] + raw[32:37] + bytes(3)
+    return "lb_sessions", raw
+
+
+def session_flow(table: str, key: bytes) -> _abi.Flow:
+    """A session table's key as the flow (struct lb_flow) it stands for."""
+    if table == "lb_sessions":
+        return _abi.Flow.from_buffer_copy(key)
+    return _abi.Flow.from_buffer_copy(key[0:4].ljust(16, b"\0") + key[4:8].ljust(16, b"\0") + key[8:13] +
+                                      bytes([int(_abi.Family.INET), 0, 0]))
+
+
 def words_addr(raw: bytes, family: int) -> str:
     if family == _abi.Family.INET:
         return str(ipaddress.IPv4Address(raw[:4]))
@@ -208,7 +228,8 @@ class Datapath:
              max_reals: int = _abi.Limits.DEFAULT_MAX_REALS, ring_size: int = _abi.Limits.DEFAULT_RING_SIZE,
              lru_size: int = _abi.Limits.DEFAULT_LRU_SIZE, fallback_size: int | None = None,
              udp_timeout_s: float = _abi.Limits.DEFAULT_UDP_TIMEOUT_S) -> Datapath:
-        """Load the balancer: `lru_size` session entries per possible CPU in one table.
+        """Load the balancer: `lru_size` session entries per possible CPU in each session table (IPv4
+        flows, IPv6 flows), each one table for every CPU.
 
         `fallback_size` is accepted and ignored: the session table has no per-CPU slots left empty,
         so there is no shared fallback table any more (configs that set it still load).
@@ -224,7 +245,8 @@ class Datapath:
             obj.set_max_entries("lb_reals", max_reals)
             obj.set_max_entries("lb_real_stats", max_reals)
             obj.set_max_entries("lb_ring", max_vips * ring_size)
-            obj.set_max_entries("lb_sessions", lru_size * min(num_possible_cpus(), _abi.Limits.MAX_CPUS))
+            for table in SESSION_TABLES:
+                obj.set_max_entries(table, lru_size * min(num_possible_cpus(), _abi.Limits.MAX_CPUS))
             obj.load()
             maps = {n: obj.map(n) for n in BALANCER_MAPS}
             progs = {n: obj.program(n) for n in ("balancer_xdp", "balancer_xdp_frags")}
@@ -261,8 +283,14 @@ class Datapath:
 
     @property
     def session_tables(self) -> list[Map]:
-        """The session table (one LRU hash shared by every CPU), as a list."""
-        return [self.maps["lb_sessions"]]
+        """The session tables (IPv4 flows, then IPv6 flows; each one LRU hash shared by every CPU)."""
+        return [self.maps[n] for n in SESSION_TABLES]
+
+    def sessions(self) -> Iterator[tuple[str, bytes, _abi.Flow, _abi.Session]]:
+        """Every session: (its table, its key there, the flow, the session)."""
+        for table in SESSION_TABLES:
+            for key, value in self.maps[table].items():
+                yield table, key, session_flow(table, key), _abi.Session.from_buffer_copy(value)
 
     def flush_sessions(self, address: str, port: int, proto: str | int, real_id: int) -> int:
         """Delete the sessions of a VIP (port 0: every port) that point at real_id, in every table.
@@ -272,14 +300,11 @@ class Datapath:
         """
         raw, fam = addr_words(address)
         pnum, nport = proto_number(proto), socket.htons(port)
-        table = self.maps["lb_sessions"]
         removed = 0
-        for key, value in list(table.items()):
-            flow = _abi.Flow.from_buffer_copy(key)
-            sess = _abi.Session.from_buffer_copy(value)
+        for table, key, flow, sess in list(self.sessions()):
             if sess.real_id == real_id and bytes(flow.dst) == raw and flow.family == fam and \
                     flow.proto == pnum and (port == 0 or flow.dport == nport):
-                removed += table.delete(key)
+                removed += self.maps[table].delete(key)
         return removed
     @classmethod
     def open_pinned(cls, pin_dir: str) -> Datapath:

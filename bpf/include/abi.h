@@ -128,7 +128,7 @@ struct lb_hc_target {
 	__u16 gue_port;  /* GUE destination port, network order */
 };
 
-/* The 5-tuple of a client flow: key of the session tables. */
+/* The 5-tuple of a client flow: what the flow hash reads, and the key of IPv6 sessions (lb_sessions). */
 struct lb_flow {
 	__u32 src[4];
 	__u32 dst[4];
@@ -137,6 +137,17 @@ struct lb_flow {
 	__u8 proto;
 	__u8 family;
 	__u16 pad;
+};
+
+/* The key of an IPv4 flow's session (lb_sessions4): the 5-tuple in 16 bytes, where struct lb_flow
+ * takes 40 (24 of them zero for IPv4) that the table hashes and compares on every lookup. */
+struct lb_flow4 {
+	__u32 src;
+	__u32 dst;
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 pad[3];
 };
 
 struct lb_session {

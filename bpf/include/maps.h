@@ -53,13 +53,17 @@ struct {
 
 LB_MAP(BPF_MAP_TYPE_ARRAY, 1, __u32, struct lb_settings) lb_settings SEC(".maps");
 
-/* The session table (struct lb_flow -> struct lb_session): one LRU hash for every CPU, sized by the
+/* The IPv6 session table (struct lb_flow -> struct lb_session): one LRU hash for every CPU, sized by the
  * controller to lru_size entries per possible CPU. A direct map, so the verifier inlines its lookup;
  * Katran's array of per-CPU LRU hashes calls through the map's operations because the inner map is
  * unknown at load: measured here (test run, session hit) 271-281 ns against 330-360 ns. The common
  * LRU (no BPF_F_NO_COMMON_LRU): its per-CPU local free lists refill 128 entries at a time, where the
  * per-CPU LRU rotates its lists on every insert, measured 150-170 ns more per new flow here. */
 LB_MAP(BPF_MAP_TYPE_LRU_HASH, LB_DEFAULT_LRU_SIZE, struct lb_flow, struct lb_session) lb_sessions SEC(".maps");
+
+/* The IPv4 flows' session table, alike but keyed by struct lb_flow4 (16 bytes): a shorter key to hash,
+ * compare and copy, and a smaller element to bring into the cache for every new flow. */
+LB_MAP(BPF_MAP_TYPE_LRU_HASH, LB_DEFAULT_LRU_SIZE, struct lb_flow4, struct lb_session) lb_sessions4 SEC(".maps");
 
 LB_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, LB_DEFAULT_MAX_VIPS, __u32, struct lb_counter) lb_vip_stats SEC(".maps");
 

@@ -1,4 +1,4 @@
-/* session.h: the session table (lb_sessions, one LRU hash with per-CPU LRU lists) and its rules. */
+/* session.h: the session tables (lb_sessions4 for IPv4 flows, lb_sessions for IPv6; LRU hashes) and their rules. */
 #ifndef L4LAB_SESSION_H
 #define L4LAB_SESSION_H
 
@@ -12,6 +12,27 @@ enum tcp_flag_byte {
 	TCPF_BYTE_RST = 0x04,
 	TCPF_BYTE_ACK = 0x10,
 };
+
+/* The lb_sessions4 key of an IPv4 flow, stored in whole words (the table hashes the key in 32-bit words:
+ * words assembled from narrower stores would stall each load). */
+static __always_inline void flow4_key(struct lb_flow4 *k4, const struct lb_flow *key)
+{
+	k4->src = key->src[0];
+	k4->dst = key->dst[0];
+	*(__u32 *)&k4->sport = *(const __u32 *)&key->sport;
+	*(__u32 *)&k4->proto = key->proto;
+}
+
+/* The flow's session in its family's table, or NULL. */
+static __always_inline struct lb_session *session_find(const struct lb_flow *key)
+{
+	struct lb_flow4 k4;
+
+	if (key->family != LB_AF_INET)
+		return bpf_map_lookup_elem(&lb_sessions, key);
+	flow4_key(&k4, key);
+	return bpf_map_lookup_elem(&lb_sessions4, &k4);
+}
 
 /* What the packet may do with its flow's session. */
 struct session_ctx {
@@ -38,7 +59,7 @@ static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct
 		tally_event(t, LB_EV_SYN_REHASH);
 		return 0;
 	}
-	sess = bpf_map_lookup_elem(&lb_sessions, key);
+	sess = session_find(key);
 	if (!sess) {
 		tally_event(t, LB_EV_LRU_MISS);
 		if (rst)
@@ -67,8 +88,14 @@ static __always_inline void session_insert(const struct lb_flow *key, __u32 real
 		.real_id = real_id,
 		.atime_ns = key->proto == IPPROTO_UDP ? bpf_ktime_get_coarse_ns() : 0,
 	};
+	struct lb_flow4 k4;
 
-	bpf_map_update_elem(&lb_sessions, key, &sess, BPF_ANY);
+	if (key->family != LB_AF_INET) {
+		bpf_map_update_elem(&lb_sessions, key, &sess, BPF_ANY);
+		return;
+	}
+	flow4_key(&k4, key);
+	bpf_map_update_elem(&lb_sessions4, &k4, &sess, BPF_ANY);
 }
 
 #endif

@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from balancer.controller import Instance
-from balancer.datapath import BALANCER_MAPS, XDP_ACTIONS, Datapath, _patch_rodata, verify_abi
+from balancer.datapath import BALANCER_MAPS, SESSION_TABLES, XDP_ACTIONS, Datapath, _patch_rodata, verify_abi
 from balancer.libbpf import BpfObject
 from lab.emitted import ETH, XDP_TX, _frame, _template
 from lab.lbconf import real_addresses
@@ -41,7 +41,8 @@ def owners(instance: str, vip: str, port: int, client: str, sports: list[int]) -
         obj = BpfObject(obj_path)
         try:
             _patch_rodata(obj, "balancer", {"cfg_ring_size": inst.dp.ring_size})
-            obj.set_max_entries("lb_sessions", 64)  # its own table: the running sessions are not consulted
+            for table in SESSION_TABLES:  # its own tables: the running sessions are not consulted
+                obj.set_max_entries(table, 64)
             for name in SHARED:
                 obj.reuse_map(name, inst.dp.maps[name].fd)
             obj.load()

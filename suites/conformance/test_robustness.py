@@ -290,12 +290,10 @@ def _echo_sessions(balancer: LabBalancer) -> dict[int, list[_Entry]]:
     out: dict[int, list[_Entry]] = {}
     try:
         dp = inst.dp
-        for key, value in dp.maps["lb_sessions"].items():
-            flow = _abi.Flow.from_buffer_copy(key)
+        for _, _, flow, sess in dp.sessions():
             if bytes(flow.dst) != vip_raw or flow.family != fam or flow.proto != socket.IPPROTO_TCP \
                     or flow.dport != socket.htons(ECHO_PORT):
                 continue
-            sess = _abi.Session.from_buffer_copy(value)
             real = dp.real(sess.real_id)
             out.setdefault(socket.ntohs(flow.sport), []).append(
                 _Entry(0, real[0] if real else f"real id {sess.real_id}", int(sess.atime_ns)))
@@ -305,10 +303,10 @@ def _echo_sessions(balancer: LabBalancer) -> dict[int, list[_Entry]]:
 
 
 def _session_fill(balancer: LabBalancer) -> tuple[int, int]:
-    """(entries, capacity) of the session table."""
+    """(entries, capacity) of the session table of the lab's family."""
     inst = Instance.open(balancer.instance)
     try:
-        table = inst.dp.maps["lb_sessions"]
+        table = inst.dp.maps["lb_sessions4" if balancer.family == 4 else "lb_sessions"]
         return sum(1 for _ in table.items()), table.max_entries
     finally:
         inst.close()

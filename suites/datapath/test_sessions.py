@@ -1,11 +1,14 @@
-"""test_sessions.py: the session table: stickiness, SYN re-hash, RST without entry, UDP expiry, every CPU."""
+"""test_sessions.py: the session tables (IPv4, IPv6): stickiness, SYN re-hash, RST without entry, UDP
+expiry, every CPU."""
 
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 
+from balancer.datapath import session_key, words_addr
 from lab.harness import poll
 
 from . import packets as P
@@ -105,3 +108,27 @@ def test_a_flow_hits_its_session_on_every_cpu(balancer_factory: BalancerFactory)
     finally:
         os.sched_setaffinity(0, before)
     assert real_of(hit.out) == P.REALS4[0] and hit.events == {"LRU_HIT": 1}
+
+
+def test_each_family_has_its_own_table_under_the_key_python_computes(balancer_factory: BalancerFactory) -> None:
+    """IPv4 sessions live in lb_sessions4 (a 16-byte key), IPv6 ones in lb_sessions; the program writes
+    the key that session_key computes, session_flow reads it back as the flow, and each table alone
+    decides its family's hits."""
+    b = balancer_factory(world=False)
+    vip6 = "2001:db8:f::60"
+    b.vip(VIP, 80, "tcp", 0, [P.REALS4[0]])
+    b.vip(vip6, 80, "tcp", 1, [P.REALS6[0]])
+    for dst in (VIP, vip6):
+        assert b.run(P.tcp_to(dst, sport=40123, flags="S")).reason == "TX_ENCAP"
+    found = {table: (key, flow, sess) for table, key, flow, sess in b.dp.sessions()}
+    assert sorted(found) == ["lb_sessions", "lb_sessions4"], found
+    for table, dst, src, real in (("lb_sessions4", VIP, P.CLIENT4, P.REALS4[0]),
+                                  ("lb_sessions", vip6, P.CLIENT6, P.REALS6[0])):
+        key, flow, sess = found[table]
+        assert session_key(flow) == (table, key)
+        assert words_addr(bytes(flow.src), flow.family) == src and words_addr(bytes(flow.dst), flow.family) == dst
+        assert (socket.ntohs(flow.sport), socket.ntohs(flow.dport), flow.proto) == (40123, 80, socket.IPPROTO_TCP)
+        assert sess.real_id == b.real_id(real)
+    assert b.dp.maps["lb_sessions4"].delete(found["lb_sessions4"][0])
+    assert b.run(P.tcp_to(VIP, sport=40123)).events == {"LRU_MISS": 1}, "the IPv4 session was in lb_sessions4"
+    assert b.run(P.tcp_to(vip6, sport=40123)).events == {"LRU_HIT": 1}, "the IPv6 one in lb_sessions"
