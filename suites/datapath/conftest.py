@@ -14,7 +14,16 @@ from balancer.datapath import Datapath, Decap
 from lab.harness import pinned_cpu
 
 from . import packets as P
-from .rig import BALANCER_OBJ, DECAP_OBJ, RING_SIZE, BalancerFactory, RunBalancer, require_datapath, standard_world
+from .rig import (
+    BALANCER_OBJ,
+    DECAP_OBJ,
+    RING_SIZE,
+    BalancerFactory,
+    BalancerPool,
+    RunBalancer,
+    require_datapath,
+    standard_world,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -24,24 +33,37 @@ def _pinned() -> Iterator[int]:
         yield cpu
 
 
+@pytest.fixture(scope="session")
+def _balancer_pool() -> Iterator[BalancerPool]:
+    """Loaded balancers kept for the session, one list per set of load arguments (rig.BalancerPool)."""
+    pool = BalancerPool()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture
-def balancer_factory() -> Iterator[BalancerFactory]:
+def balancer_factory(_balancer_pool: BalancerPool) -> Iterator[BalancerFactory]:
     """Name: balancer_factory. Scope: function. Depends: root, build/bpf/balancer.o.
 
-    Loads fresh balancers (closed at teardown), configured unless told otherwise:
+    Balancers in the state of a fresh load, configured unless told otherwise:
         b = balancer_factory(udp_timeout_s=0.000001)
         b.vip(P.VIP4, 80, "tcp", 0, P.REALS4)
         assert b.run(P.TCP4_SYN).verdict == "XDP_TX"
+    A program loaded earlier in the session with the same load arguments is taken back with every
+    map emptied (rig.BalancerPool): the kernel's verifier takes seconds per load and has nothing
+    new to say the second time. `fresh=True` loads one from nothing, as before.
     """
     require_datapath()
-    made: list[Datapath] = []
+    taken: list[Datapath] = []
 
-    def make(configure: bool = True, world: bool = True, **load_args: object) -> RunBalancer:
+    def make(configure: bool = True, world: bool = True, fresh: bool = False, **load_args: object) -> RunBalancer:
         args: dict[str, object] = {"max_vips": 16, "max_reals": 64, "ring_size": RING_SIZE,
                                    "lru_size": 1024, "fallback_size": 1024}
         args.update(load_args)
-        dp = Datapath.load(str(BALANCER_OBJ), **args)  # type: ignore[arg-type]
-        made.append(dp)
+        dp = _balancer_pool.take(str(BALANCER_OBJ), args, fresh=fresh)
+        taken.append(dp)
         b = RunBalancer(dp)
         if configure:
             b.settings()
@@ -50,8 +72,8 @@ def balancer_factory() -> Iterator[BalancerFactory]:
         return b
 
     yield make
-    for dp in made:
-        dp.close()
+    for dp in taken:
+        _balancer_pool.give_back(dp)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from scapy.packet import Packet
 
 from balancer import _abi
 from balancer.datapath import Datapath
+from balancer.libbpf import MapType
 
 from . import packets as P
 
@@ -105,3 +106,91 @@ def standard_world(b: RunBalancer) -> None:
 
 
 BalancerFactory = Callable[..., RunBalancer]
+
+# What a fresh load holds in each kind of map: hashes are empty, arrays (per-CPU too) are zeros.
+_EMPTY_AT_LOAD = {MapType.HASH, MapType.PERCPU_HASH, MapType.LRU_HASH, MapType.LRU_PERCPU_HASH}
+_ZERO_AT_LOAD = {MapType.ARRAY, MapType.PERCPU_ARRAY}
+
+
+def as_loaded(dp: Datapath) -> bool:
+    """Put every map of dp back as the load left it (hashes emptied, arrays zeroed) and check that it
+    is so; False, touching nothing, if a map is of a kind this does not know how to put back."""
+    if any(m.type not in _EMPTY_AT_LOAD | _ZERO_AT_LOAD for m in dp.maps.values()):
+        return False
+    for m in dp.maps.values():
+        if m.type in _EMPTY_AT_LOAD:
+            for key in list(m.keys()):
+                m.delete(key)
+            assert next(m.keys(), None) is None, f"map '{m.name}' still holds entries after emptying"
+        else:
+            zero = bytes(m.value_size)
+            for i in range(m.max_entries):
+                key = i.to_bytes(4, "little")
+                m.update(key, zero)
+                got = m.lookup_percpu(key) if m.percpu else [m.lookup(key)]
+                assert got is not None and all(v == zero for v in got), f"map '{m.name}'[{i}] not zeroed"
+    return True
+
+
+def _has_global_data(obj: Path) -> bool:
+    """Whether the object has writable globals (.bss/.data sections): state outside the maps that
+    as_loaded() cannot see, so its programs are never taken back."""
+    elf = obj.read_bytes()
+    shoff = int.from_bytes(elf[0x28:0x30], "little")
+    shentsize, shnum, shstrndx = (int.from_bytes(elf[o:o + 2], "little") for o in (0x3A, 0x3C, 0x3E))
+    strtab_hdr = shoff + shstrndx * shentsize
+    strtab = int.from_bytes(elf[strtab_hdr + 0x18:strtab_hdr + 0x20], "little")
+    for i in range(shnum):
+        at = strtab + int.from_bytes(elf[shoff + i * shentsize:shoff + i * shentsize + 4], "little")
+        name = elf[at:elf.index(b"\0", at)]
+        if name.startswith((b".bss", b".data")):
+            return True
+    return False
+
+
+class BalancerPool:
+    """Loaded balancers kept for reuse, one list per set of load arguments.
+
+    The verifier takes seconds for each load of the balancer (both programs) and proves nothing new
+    when the same object is loaded again with the same .rodata and map sizes; a test run's outcome
+    depends on the programs and their maps only. A balancer given back has its maps put back as the
+    load left them (as_loaded) and waits for the next test that asks for the same arguments; one
+    that cannot be put back so is closed. Lists, not one per key: a test may hold several at once.
+
+        dp = pool.take("build/bpf/balancer.o", {"ring_size": 13})
+        pool.give_back(dp)          # the next take() with the same arguments gets dp, emptied
+    """
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[str, tuple[tuple[str, object], ...]], list[Datapath]] = {}
+        self._key: dict[int, tuple[str, tuple[tuple[str, object], ...]]] = {}
+        self._globals: dict[str, bool] = {}
+
+    def take(self, obj: str, args: dict[str, object], fresh: bool = False) -> Datapath:
+        """A balancer loaded from obj with args: one given back earlier if there is one (unless
+        fresh), else a new load."""
+        key = (obj, tuple(sorted(args.items())))
+        free = self._free.get(key, [])
+        if free and not fresh:
+            return free.pop()
+        dp = Datapath.load(obj, **args)  # type: ignore[arg-type]
+        if obj not in self._globals:
+            self._globals[obj] = _has_global_data(Path(obj))
+        if not self._globals[obj]:
+            self._key[id(dp)] = key
+        return dp
+
+    def give_back(self, dp: Datapath) -> None:
+        key = self._key.get(id(dp))
+        if key is not None and not dp.links and as_loaded(dp):
+            self._free.setdefault(key, []).append(dp)
+            return
+        self._key.pop(id(dp), None)
+        dp.close()
+
+    def close(self) -> None:
+        for free in self._free.values():
+            for dp in free:
+                self._key.pop(id(dp), None)
+                dp.close()
+        self._free.clear()

@@ -215,7 +215,7 @@ def fuzz_world(b: RunBalancer, decap: Decap) -> list[bytes]:
 def test_fuzz_volume(balancer_factory: BalancerFactory) -> None:
     seed = int(os.environ.get("L4LAB_FUZZ_SEED") or new_seed())
     print(f"\nfuzz: seed {seed} (replay: L4LAB_FUZZ_SEED={seed}), {VOLUME_FRAMES} frames")
-    b = balancer_factory()
+    b = balancer_factory(fresh=True)  # its flood fills the session table: LRU lists as a load leaves them
     decap = Decap.load(str(DECAP_OBJ), gue_port=P.GUE_PORT)
     try:
         templates = Templates.of(fuzz_world(b, decap))
