@@ -26,6 +26,7 @@ rather than turning into nothing.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import socket
@@ -349,6 +350,29 @@ class TraceReport:
         return "\n".join(lines)
 
 
+@functools.cache
+def kernel_layout() -> tuple[dict[int, str], dict[str, int]]:
+    """The running kernel's drop-reason names and the program's defines (member offsets from its BTF,
+    the kinds), read once per process: the kernel cannot change under it, and reading its BTF
+    (bpftool's dump of every kernel type, as JSON) is most of a tracer's start-up."""
+    btf = KernelBtf()
+    reasons = btf.enum("skb_drop_reason")
+    defines = {
+        "OFF_SKB_DEV": btf.offset("sk_buff", "dev"),
+        "OFF_SKB_SK": btf.offset("sk_buff", "sk"),
+        "OFF_SKB_IIF": btf.offset("sk_buff", "skb_iif"),
+        "OFF_DEV_NET": btf.offset("net_device", "nd_net.net"),
+        "OFF_DEV_IFINDEX": btf.offset("net_device", "ifindex"),
+        "OFF_NET_INUM": btf.offset("net", "ns.inum"),
+        "OFF_SK_NET": btf.offset("sock", "__sk_common.skc_net.net"),
+        "KIND_EXCEPTION": _KIND_EXCEPTION,
+        "KIND_BULK_TX": _KIND_BULK_TX,
+        "KIND_KFREE_SKB": _KIND_KFREE_SKB,
+        "FIRST_DROP_REASON": _FIRST_DROP_REASON,
+    }
+    return reasons, defines
+
+
 class Tracer:
     """Counts XDP exceptions, bulk-TX errors and drop reasons in a lab's nodes while it is open."""
 
@@ -387,21 +411,7 @@ class Tracer:
             except FileNotFoundError as exc:
                 raise LabNotFoundError(f"node '{node}' of lab '{self.lab}' has no namespace {NETNS_DIR / ns}") from exc
             self._ifnames[node] = _interfaces(ns)
-        btf = KernelBtf()
-        self._reasons = btf.enum("skb_drop_reason")
-        defines = {
-            "OFF_SKB_DEV": btf.offset("sk_buff", "dev"),
-            "OFF_SKB_SK": btf.offset("sk_buff", "sk"),
-            "OFF_SKB_IIF": btf.offset("sk_buff", "skb_iif"),
-            "OFF_DEV_NET": btf.offset("net_device", "nd_net.net"),
-            "OFF_DEV_IFINDEX": btf.offset("net_device", "ifindex"),
-            "OFF_NET_INUM": btf.offset("net", "ns.inum"),
-            "OFF_SK_NET": btf.offset("sock", "__sk_common.skc_net.net"),
-            "KIND_EXCEPTION": _KIND_EXCEPTION,
-            "KIND_BULK_TX": _KIND_BULK_TX,
-            "KIND_KFREE_SKB": _KIND_KFREE_SKB,
-            "FIRST_DROP_REASON": _FIRST_DROP_REASON,
-        }
+        self._reasons, defines = kernel_layout()
         cflags = [f"-D{k}={v}" for k, v in defines.items()]
         try:
             self._bpf = compile_bcc(_PROGRAM.encode(), cflags)
