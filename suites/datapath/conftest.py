@@ -25,6 +25,10 @@ from .rig import (
     standard_world,
 )
 
+# How the tables' balancers are loaded unless a test says otherwise (small maps: writes are instant).
+LOAD_ARGS: dict[str, object] = {"max_vips": 16, "max_reals": 64, "ring_size": RING_SIZE, "lru_size": 1024,
+                                "fallback_size": 1024}
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _pinned() -> Iterator[int]:
@@ -59,9 +63,7 @@ def balancer_factory(_balancer_pool: BalancerPool) -> Iterator[BalancerFactory]:
     taken: list[Datapath] = []
 
     def make(configure: bool = True, world: bool = True, fresh: bool = False, **load_args: object) -> RunBalancer:
-        args: dict[str, object] = {"max_vips": 16, "max_reals": 64, "ring_size": RING_SIZE,
-                                   "lru_size": 1024, "fallback_size": 1024}
-        args.update(load_args)
+        args = {**LOAD_ARGS, **load_args}
         dp = _balancer_pool.take(str(BALANCER_OBJ), args, fresh=fresh)
         taken.append(dp)
         b = RunBalancer(dp)
@@ -77,24 +79,24 @@ def balancer_factory(_balancer_pool: BalancerPool) -> Iterator[BalancerFactory]:
 
 
 @pytest.fixture(scope="module")
-def run_balancer() -> Iterator[RunBalancer]:
+def run_balancer(_balancer_pool: BalancerPool) -> Iterator[RunBalancer]:
     """Name: run_balancer. Scope: module. Depends: root, build/bpf/balancer.o.
 
     One configured balancer program driven by test runs, with the standard VIPs, shared by a module's
-    table rows (not the plugin's `balancer`, which is lbctl loaded in a lab):
+    table rows (not the plugin's `balancer`, which is lbctl loaded in a lab); from the session's pool,
+    in the state of a fresh load, like balancer_factory's:
         out = run_balancer.run(P.TCP4_SYN)
         assert out.reason == "TX_ENCAP"
     """
     require_datapath()
-    dp = Datapath.load(str(BALANCER_OBJ), max_vips=16, max_reals=64, ring_size=RING_SIZE,
-                       lru_size=1024, fallback_size=1024)
+    dp = _balancer_pool.take(str(BALANCER_OBJ), LOAD_ARGS)
     try:
         b = RunBalancer(dp)
         b.settings()
         standard_world(b)
         yield b
     finally:
-        dp.close()
+        _balancer_pool.give_back(dp)
 
 
 @pytest.fixture
