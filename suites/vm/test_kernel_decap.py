@@ -33,6 +33,7 @@ from balancer.encaps import EncapCase
 from lab.harness.vmlab import VmLab
 from lab.nsexec import entered
 from lab.packets.gue import GUE
+from lab.remote.vm import VmReal
 
 GUE_PORT = 6080
 FOU_PORT = 6081
@@ -225,3 +226,19 @@ def test_vm_reported_ready_and_boot_time(vm_lab: VmLab) -> None:
     # The guest's clock starts after qemu does, so its uptime is below the host's wall time.
     assert 0 < vm.guest_uptime < vm.boot_seconds
     print(f"vm boot: {vm.boot_seconds:.2f} s wall, guest uptime {vm.guest_uptime:.2f} s")
+
+
+def test_vm_real_fixture_serves_http_on_its_own_address(vm_real: VmReal, vm_lab: VmLab) -> None:
+    """The plugin's vm_real is the booted VM: its HTTP server answers with a page naming it. (Here, not
+    in test_vm_lifecycle.py: vm_lab boots one VM per module, and this module has it booted already.)"""
+    import http.client
+
+    conn = http.client.HTTPConnection(vm_real.addr, 80, timeout=5)
+    with entered(vm_lab.netns):
+        conn.connect()  # the socket is made in the lab's namespace
+    try:
+        conn.request("GET", "/")
+        body = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    assert vm_real.name in body and vm_real.boot_seconds is not None

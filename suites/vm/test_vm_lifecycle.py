@@ -12,7 +12,7 @@ import pytest
 from pyroute2 import IPRoute, netns
 
 from lab.harness import unique_name
-from lab.harness.vmlab import VmLab, vm_skip_reason
+from lab.harness.vmlab import vm_skip_reason
 from lab.nsexec import entered
 from lab.remote.vm import VmError, VmReal
 
@@ -90,17 +90,3 @@ def test_missing_namespace_is_named() -> None:
     with pytest.raises(VmError, match=f"network namespace '{missing}' does not exist"):
         vm.start()
 
-
-def test_vm_real_fixture_serves_http_on_its_own_address(vm_real: VmReal, vm_lab: VmLab) -> None:
-    """The plugin's vm_real is the booted VM: its HTTP server answers with a page naming it."""
-    import http.client
-
-    conn = http.client.HTTPConnection(vm_real.addr, 80, timeout=5)
-    with entered(vm_lab.netns):
-        conn.connect()  # the socket is made in the lab's namespace
-    try:
-        conn.request("GET", "/")
-        body = conn.getresponse().read().decode()
-    finally:
-        conn.close()
-    assert vm_real.name in body and vm_real.boot_seconds is not None
