@@ -19,7 +19,7 @@ from .rig import (
     DECAP_OBJ,
     RING_SIZE,
     BalancerFactory,
-    BalancerPool,
+    ProgramPool,
     RunBalancer,
     require_datapath,
     standard_world,
@@ -38,9 +38,9 @@ def _pinned() -> Iterator[int]:
 
 
 @pytest.fixture(scope="session")
-def _balancer_pool() -> Iterator[BalancerPool]:
-    """Loaded balancers kept for the session, one list per set of load arguments (rig.BalancerPool)."""
-    pool = BalancerPool()
+def _program_pool() -> Iterator[ProgramPool]:
+    """Loaded balancers and decaps kept for the session, one list per set of load arguments (rig.ProgramPool)."""
+    pool = ProgramPool()
     try:
         yield pool
     finally:
@@ -48,7 +48,7 @@ def _balancer_pool() -> Iterator[BalancerPool]:
 
 
 @pytest.fixture
-def balancer_factory(_balancer_pool: BalancerPool) -> Iterator[BalancerFactory]:
+def balancer_factory(_program_pool: ProgramPool) -> Iterator[BalancerFactory]:
     """Name: balancer_factory. Scope: function. Depends: root, build/bpf/balancer.o.
 
     Balancers in the state of a fresh load, configured unless told otherwise:
@@ -56,7 +56,7 @@ def balancer_factory(_balancer_pool: BalancerPool) -> Iterator[BalancerFactory]:
         b.vip(P.VIP4, 80, "tcp", 0, P.REALS4)
         assert b.run(P.TCP4_SYN).verdict == "XDP_TX"
     A program loaded earlier in the session with the same load arguments is taken back with every
-    map emptied (rig.BalancerPool): the kernel's verifier takes seconds per load and has nothing
+    map emptied (rig.ProgramPool): the kernel's verifier takes seconds per load and has nothing
     new to say the second time. `fresh=True` loads one from nothing, as before.
     """
     require_datapath()
@@ -64,7 +64,7 @@ def balancer_factory(_balancer_pool: BalancerPool) -> Iterator[BalancerFactory]:
 
     def make(configure: bool = True, world: bool = True, fresh: bool = False, **load_args: object) -> RunBalancer:
         args = {**LOAD_ARGS, **load_args}
-        dp = _balancer_pool.take(str(BALANCER_OBJ), args, fresh=fresh)
+        dp = _program_pool.take(Datapath.load, str(BALANCER_OBJ), args, fresh=fresh)
         taken.append(dp)
         b = RunBalancer(dp)
         if configure:
@@ -75,11 +75,11 @@ def balancer_factory(_balancer_pool: BalancerPool) -> Iterator[BalancerFactory]:
 
     yield make
     for dp in taken:
-        _balancer_pool.give_back(dp)
+        _program_pool.give_back(dp)
 
 
 @pytest.fixture(scope="module")
-def run_balancer(_balancer_pool: BalancerPool) -> Iterator[RunBalancer]:
+def run_balancer(_program_pool: ProgramPool) -> Iterator[RunBalancer]:
     """Name: run_balancer. Scope: module. Depends: root, build/bpf/balancer.o.
 
     One configured balancer program driven by test runs, with the standard VIPs, shared by a module's
@@ -89,28 +89,29 @@ def run_balancer(_balancer_pool: BalancerPool) -> Iterator[RunBalancer]:
         assert out.reason == "TX_ENCAP"
     """
     require_datapath()
-    dp = _balancer_pool.take(str(BALANCER_OBJ), LOAD_ARGS)
+    dp = _program_pool.take(Datapath.load, str(BALANCER_OBJ), LOAD_ARGS)
     try:
         b = RunBalancer(dp)
         b.settings()
         standard_world(b)
         yield b
     finally:
-        _balancer_pool.give_back(dp)
+        _program_pool.give_back(dp)
 
 
 @pytest.fixture
-def decap() -> Iterator[Decap]:
+def decap(_program_pool: ProgramPool) -> Iterator[Decap]:
     """Name: decap. Scope: function. Depends: root, build/bpf/decap.o.
 
-    The real-server decap program, owning every real address of packets.py:
+    The real-server decap program, owning every real address of packets.py, in the state of a fresh
+    load (from the session's pool, as balancer_factory's):
         verdict, out = decap.run_xdp(bytes(frame))
     """
     require_datapath()
-    d = Decap.load(str(DECAP_OBJ), gue_port=P.GUE_PORT)
+    d = _program_pool.take(Decap.load, str(DECAP_OBJ), {"gue_port": P.GUE_PORT})
     try:
         for addr in P.REALS4 + P.REALS6:
             d.add_local(addr)
         yield d
     finally:
-        d.close()
+        _program_pool.give_back(d)

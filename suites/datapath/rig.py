@@ -12,12 +12,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from scapy.packet import Packet
 
 from balancer import _abi
-from balancer.datapath import Datapath
+from balancer.datapath import Datapath, Decap
 from balancer.libbpf import MapType
 
 from . import packets as P
@@ -106,13 +107,16 @@ def standard_world(b: RunBalancer) -> None:
 
 
 BalancerFactory = Callable[..., RunBalancer]
+Loaded = Datapath | Decap
+L = TypeVar("L", Datapath, Decap)
+_PoolKey = tuple[str, str, tuple[tuple[str, object], ...]]
 
 # What a fresh load holds in each kind of map: hashes are empty, arrays (per-CPU too) are zeros.
 _EMPTY_AT_LOAD = {MapType.HASH, MapType.PERCPU_HASH, MapType.LRU_HASH, MapType.LRU_PERCPU_HASH}
 _ZERO_AT_LOAD = {MapType.ARRAY, MapType.PERCPU_ARRAY}
 
 
-def as_loaded(dp: Datapath) -> bool:
+def as_loaded(dp: Loaded) -> bool:
     """Put every map of dp back as the load left it (hashes emptied, arrays zeroed) and check that it
     is so; False, touching nothing, if a map is of a kind this does not know how to put back."""
     if any(m.type not in _EMPTY_AT_LOAD | _ZERO_AT_LOAD for m in dp.maps.values()):
@@ -148,49 +152,49 @@ def _has_global_data(obj: Path) -> bool:
     return False
 
 
-class BalancerPool:
-    """Loaded balancers kept for reuse, one list per set of load arguments.
+class ProgramPool:
+    """Loaded programs (balancers, decaps) kept for reuse, one list per loader and set of load arguments.
 
     The verifier takes seconds for each load of the balancer (both programs) and proves nothing new
     when the same object is loaded again with the same .rodata and map sizes; a test run's outcome
-    depends on the programs and their maps only. A balancer given back has its maps put back as the
-    load left them (as_loaded) and waits for the next test that asks for the same arguments; one
-    that cannot be put back so is closed. Lists, not one per key: a test may hold several at once.
+    depends on the programs and their maps only. A program given back has its maps put back as the
+    load left them (as_loaded) and waits for the next test that asks for the same loader and
+    arguments; one that cannot be put back so (attached, or a map of another kind) is closed. Lists,
+    not one per key: a test may hold several at once.
 
-        dp = pool.take("build/bpf/balancer.o", {"ring_size": 13})
+        dp = pool.take(Datapath.load, "build/bpf/balancer.o", {"ring_size": 13})
         pool.give_back(dp)          # the next take() with the same arguments gets dp, emptied
     """
 
     def __init__(self) -> None:
-        self._free: dict[tuple[str, tuple[tuple[str, object], ...]], list[Datapath]] = {}
-        self._key: dict[int, tuple[str, tuple[tuple[str, object], ...]]] = {}
+        self._free: dict[_PoolKey, list[Loaded]] = {}
+        self._key: dict[int, _PoolKey] = {}
         self._globals: dict[str, bool] = {}
 
-    def take(self, obj: str, args: dict[str, object], fresh: bool = False) -> Datapath:
-        """A balancer loaded from obj with args: one given back earlier if there is one (unless
-        fresh), else a new load."""
-        key = (obj, tuple(sorted(args.items())))
+    def take(self, load: Callable[..., L], obj: str, args: dict[str, object], fresh: bool = False) -> L:
+        """load(obj, **args): one given back earlier if there is one (unless fresh), else a new load."""
+        key = (load.__qualname__, obj, tuple(sorted(args.items())))
         free = self._free.get(key, [])
         if free and not fresh:
-            return free.pop()
-        dp = Datapath.load(obj, **args)  # type: ignore[arg-type]
+            return free.pop()  # type: ignore[return-value]  # the key names the loader, so the type
+        loaded = load(obj, **args)
         if obj not in self._globals:
             self._globals[obj] = _has_global_data(Path(obj))
         if not self._globals[obj]:
-            self._key[id(dp)] = key
-        return dp
+            self._key[id(loaded)] = key
+        return loaded
 
-    def give_back(self, dp: Datapath) -> None:
-        key = self._key.get(id(dp))
-        if key is not None and not dp.links and as_loaded(dp):
-            self._free.setdefault(key, []).append(dp)
+    def give_back(self, loaded: Loaded) -> None:
+        key = self._key.get(id(loaded))
+        if key is not None and not loaded.links and as_loaded(loaded):
+            self._free.setdefault(key, []).append(loaded)
             return
-        self._key.pop(id(dp), None)
-        dp.close()
+        self._key.pop(id(loaded), None)
+        loaded.close()
 
     def close(self) -> None:
         for free in self._free.values():
-            for dp in free:
-                self._key.pop(id(dp), None)
-                dp.close()
+            for loaded in free:
+                self._key.pop(id(loaded), None)
+                loaded.close()
         self._free.clear()
