@@ -43,6 +43,7 @@ def owners(instance: str, vip: str, port: int, client: str, sports: list[int]) -
             _patch_rodata(obj, "balancer", {"cfg_ring_size": inst.dp.ring_size})
             for table in SESSION_TABLES:  # its own tables: the running sessions are not consulted
                 obj.set_max_entries(table, 64)
+            obj.set_autoload("balancer_xdp_frags", False)  # only balancer_xdp runs: half the verifier's work
             for name in SHARED:
                 obj.reuse_map(name, inst.dp.maps[name].fd)
             obj.load()
