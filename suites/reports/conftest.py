@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,16 +28,22 @@ def sample_results(tmp_path: Path) -> Path:
     return directory
 
 
-@pytest.fixture
-def sample_report(sample_results: Path, tmp_path: Path) -> Path:
-    """The HTML report rendered from ``sample_results`` into the test's tmp directory.
+@pytest.fixture(scope="session")
+def sample_report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The HTML report rendered from the complete synthetic sample (what ``sample_results`` holds).
 
     Name: sample_report
-    Scope: function
-    Depends: sample_results, tmp_path
+    Scope: session (rendered once: the tests only read the page; one that changed it would fail the
+           session's teardown rather than show the others another page)
+    Depends: tmp_path_factory
 
         def test_x(sample_report):
             html = sample_report.read_text()
             assert "<section" in html
     """
-    return render(sample_results, tmp_path / "out" / "index.html")
+    base = tmp_path_factory.mktemp("sample-report")
+    write_sample(base / "results")
+    page = render(base / "results", base / "out" / "index.html")
+    rendered = page.read_bytes()
+    yield page
+    assert page.read_bytes() == rendered, f"a test changed the shared sample report {page}"
