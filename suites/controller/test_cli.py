@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -64,6 +65,30 @@ class Ctl:
         return Path(controller.STATE_ROOT, f"{self.instance}.json").read_text()
 
 
+@contextlib.contextmanager
+def _ctl_world(tmp: Path) -> Iterator[Ctl]:
+    """The netns, veth pair and lbctl wrapper of `ctl`, removed afterwards (see ctl)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: run as root")
+    ns = unique_name("lct")
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "add", "lbc0", "type", "veth", "peer", "name", "lbc1"], check=True)
+        for dev in ("lbc0", "lbc1"):
+            subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
+        (tmp / "lb.toml").write_text(CONFIG)
+        c = Ctl(ns, unique_name("t", 4, sep=""), tmp)
+        yield c
+        c("unload")
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+        name = locals().get("c")
+        if isinstance(name, Ctl):
+            shutil.rmtree(controller.Instance.pin_dir(name.instance), ignore_errors=True)
+            Path(controller.STATE_ROOT, f"{name.instance}.json").unlink(missing_ok=True)
+            Path(controller.STATE_ROOT, f"{name.instance}.lock").unlink(missing_ok=True)
+
+
 @pytest.fixture
 def ctl(tmp_path: Path) -> Iterator[Ctl]:
     """Name: ctl. Scope: function. Depends: root, built balancer object.
@@ -74,25 +99,24 @@ def ctl(tmp_path: Path) -> Iterator[Ctl]:
         def test_x(ctl):
             assert ctl("load", "-c", str(conf)).returncode == 0
     """
-    if os.geteuid() != 0:
-        pytest.skip("needs root: run as root")
-    ns = unique_name("lct")
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        subprocess.run(["ip", "-n", ns, "link", "add", "lbc0", "type", "veth", "peer", "name", "lbc1"], check=True)
-        for dev in ("lbc0", "lbc1"):
-            subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
-        (tmp_path / "lb.toml").write_text(CONFIG)
-        c = Ctl(ns, unique_name("t", 4, sep=""), tmp_path)
+    with _ctl_world(tmp_path) as c:
         yield c
-        c("unload")
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
-        name = locals().get("c")
-        if isinstance(name, Ctl):
-            shutil.rmtree(controller.Instance.pin_dir(name.instance), ignore_errors=True)
-            Path(controller.STATE_ROOT, f"{name.instance}.json").unlink(missing_ok=True)
-            Path(controller.STATE_ROOT, f"{name.instance}.lock").unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def loaded_ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ctl]:
+    """Name: loaded_ctl. Scope: module. Depends: root, built balancer object.
+
+    ctl's world with lb.toml loaded once (asserted), for tests that each assert they changed nothing
+    (the state file before and after): one load serves them all::
+
+        def test_x(loaded_ctl):
+            before = loaded_ctl.state(); ...; assert loaded_ctl.state() == before
+    """
+    with _ctl_world(tmp_path_factory.mktemp("lct")) as c:
+        done = c("load", "--config", str(c.tmp / "lb.toml"))
+        assert done.returncode == 0, done.stderr
+        yield c
 
 
 def test_load_status_stats_unload(ctl: Ctl) -> None:
@@ -141,9 +165,10 @@ BAD = [
 
 @pytest.mark.parametrize(("args", "code", "message"), BAD,
                          ids=[" ".join(b[0][:2]) + f"-{i}" for i, b in enumerate(BAD)])
-def test_bad_input_is_one_line_and_changes_nothing(ctl: Ctl, args: tuple[str, ...], code: int,
+def test_bad_input_is_one_line_and_changes_nothing(loaded_ctl: Ctl, args: tuple[str, ...], code: int,
                                                    message: str) -> None:
-    assert ctl("load", "--config", str(ctl.tmp / "lb.toml")).returncode == 0
+    """Each case on the module's loaded instance (loaded_ctl), which each leaves as it found it."""
+    ctl = loaded_ctl
     before = ctl.state()
     done = ctl(*args)
     assert done.returncode == code, done.stderr
