@@ -191,7 +191,7 @@ class Session(ctypes.Structure):
     """struct lb_session (16 bytes)"""
 
     _pack_ = 1
-    _fields_ = [("real_id", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("atime_ns", ctypes.c_uint64)]
+    _fields_ = [("real_id", ctypes.c_uint32), ("hash", ctypes.c_uint32), ("atime_ns", ctypes.c_uint64)]
 
 
 class Settings(ctypes.Structure):
@@ -313,7 +313,7 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "b7bdc8d685df866584d1180a78da0437",
+    "balancer": "75053ac4f89700503a1dd81237c9b414",
     "decap": "5ff21603b6b9d29eb776b2e1ff02a80f",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
     "healthcheck": "8b5e44658a47be8dbb63f696ae9fa9fc",

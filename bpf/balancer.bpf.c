@@ -178,9 +178,9 @@ __noinline int forward(struct xdp_md *ctx, const struct packet *pkt, const struc
 		return icmp_send_too_big(ctx, pkt, s->mtu - overhead);
 	}
 	if (sc.insert)
-		session_insert(key, real_id);
+		session_insert(key, real_id, hash);
 	if (!hashed && encap_needs_hash(mode, real->family, vip_flags))
-		hash = hash_flow(key);
+		hash = sc.hash ? sc.hash : hash_flow(key); /* a session hit: the hash it was made with */
 
 	reason = encap_packet(ctx, pkt, real, mode, hash, s, vip_flags);
 	if (reason == LB_TX_ENCAP) {

@@ -36,6 +36,7 @@ static __always_inline struct lb_session *session_find(const struct lb_flow *key
 
 /* What the packet may do with its flow's session. */
 struct session_ctx {
+	__u32 hash;      /* the flow hash the session holds (0: not known) */
 	__u8 insert;     /* the ring's choice must be remembered */
 	__u8 may_insert; /* not an RST, not an ICMP error about the flow */
 	__u8 pad[2];
@@ -77,15 +78,17 @@ static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct
 			sess->atime_ns = now;
 	}
 	sc->insert = 0;
+	sc->hash = sess->hash;
 	tally_event(t, LB_EV_LRU_HIT);
 	return sess->real_id;
 }
 
 /* Only UDP sessions expire by idle time: a TCP session's atime_ns stays 0 (one clock read less). */
-static __always_inline void session_insert(const struct lb_flow *key, __u32 real_id)
+static __always_inline void session_insert(const struct lb_flow *key, __u32 real_id, __u32 hash)
 {
 	struct lb_session sess = {
 		.real_id = real_id,
+		.hash = hash,
 		.atime_ns = key->proto == IPPROTO_UDP ? bpf_ktime_get_coarse_ns() : 0,
 	};
 	struct lb_flow4 k4;

@@ -8,6 +8,7 @@ import socket
 
 import pytest
 
+from balancer import _abi
 from balancer.datapath import session_key, words_addr
 from lab.harness import poll
 
@@ -132,3 +133,25 @@ def test_each_family_has_its_own_table_under_the_key_python_computes(balancer_fa
     assert b.dp.maps["lb_sessions4"].delete(found["lb_sessions4"][0])
     assert b.run(P.tcp_to(VIP, sport=40123)).events == {"LRU_MISS": 1}, "the IPv4 session was in lb_sessions4"
     assert b.run(P.tcp_to(vip6, sport=40123)).events == {"LRU_HIT": 1}, "the IPv6 one in lb_sessions"
+
+
+def test_a_hit_encapsulates_with_the_hash_its_session_was_made_with(balancer_factory: BalancerFactory) -> None:
+    """The session keeps the flow hash (GUE source port, flow label, outer source need it), so a hit does
+    not hash the flow again: a session rewritten with another hash moves the hit's GUE source port to
+    that hash; a session without one (hash 0, e.g. written by an older program) is hashed afresh."""
+    b = balancer_factory(world=False)
+    b.vip(VIP, 80, "tcp", 0, [P.REALS4[0]], mode="GUE1")
+
+    def sport(out: bytes) -> int:
+        return int.from_bytes(decode_encap(out, P.GUE_PORT).udp[0:2], "big")
+
+    syn = sport(b.run(P.tcp_to(VIP, flags="S")).out)
+    [(table, key, _, sess)] = list(b.dp.sessions())
+    assert sess.hash and syn == 0xC000 | (sess.hash & 0x3FFF), "the session holds the hash the SYN used"
+    assert sport(b.run(P.tcp_to(VIP)).out) == syn
+    other = sess.hash ^ 0x1555
+    b.dp.maps[table].update(key, bytes(_abi.Session(real_id=sess.real_id, hash=other)))
+    hit = b.run(P.tcp_to(VIP))
+    assert hit.events == {"LRU_HIT": 1} and sport(hit.out) == 0xC000 | (other & 0x3FFF)
+    b.dp.maps[table].update(key, bytes(_abi.Session(real_id=sess.real_id)))
+    assert sport(b.run(P.tcp_to(VIP)).out) == syn, "hash 0: the flow is hashed again, to the same port"
