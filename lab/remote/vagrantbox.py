@@ -264,6 +264,10 @@ def ensure(mirror: str = MIRROR, rebuild: bool = False) -> str:
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(REPO / "build" / "vagrant-box" / key)
     start = time.monotonic()
+    if not rebuild and added_key() == key and (boot_dir(key) / "vmlinuz").exists():
+        # Vagrant holds the build of these very inputs (a second clone, or build/ cleaned): nothing to do.
+        _say(f"{BOX_NAME} is box {key}, already added to Vagrant; use it with L4LAB_BOX=local vagrant up")
+        return key
     box = build(key, mirror)
     if added_key() != key or not (boot_dir(key) / "vmlinuz").exists():
         _say(f"adding {box} to Vagrant as {BOX_NAME}")

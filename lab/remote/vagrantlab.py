@@ -10,9 +10,12 @@ named `l4lab-vg-<topology>-` remains. Vagrant's state and logs go to build/vagra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,19 +48,41 @@ def env(topology: str, lab: str | None = None, box: str = "local") -> dict[str, 
 
 
 def vagrant(args: Sequence[str], environ: Mapping[str, str], log: Path, timeout: float) -> None:
-    """Run `vagrant ARGS` from the repository, appending its output to `log`; raise LabError with its tail."""
+    """Run `vagrant ARGS` from the repository, appending its output to `log` with each line's second since
+    the start (where a slow `vagrant up` spends its time); raise LabError with its tail."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
     with open(log, "ab") as out:
-        out.write(f"\n$ vagrant {' '.join(args)}\n".encode())
+        out.write(f"\n$ vagrant {' '.join(args)}   (started {time.strftime('%H:%M:%S')})\n".encode())
         out.flush()
+        proc = subprocess.Popen(["vagrant", *args], cwd=REPO, env=dict(environ), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        assert proc.stdout is not None
+        expired = threading.Event()
+
+        def expire() -> None:  # the whole group: vagrant's ssh and rsync children hold the pipe too
+            expired.set()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, expire)
+        timer.start()
         try:
-            done = subprocess.run(["vagrant", *args], cwd=REPO, env=dict(environ), stdout=out,
-                                  stderr=subprocess.STDOUT, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            raise LabError(f"`vagrant {' '.join(args)}` did not finish within {timeout:g} s; see {log}") from None
-    if done.returncode != 0:
+            for line in proc.stdout:
+                out.write(f"[{time.monotonic() - start:6.1f}] ".encode() + line)
+                out.flush()
+            returncode = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                expire()
+                proc.wait()
+        out.write(f"[{time.monotonic() - start:6.1f}] exit {returncode}\n".encode())
+    if expired.is_set():
+        raise LabError(f"`vagrant {' '.join(args)}` did not finish within {timeout:g} s; see {log}")
+    if returncode != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
-        raise LabError(f"`vagrant {' '.join(args)}` exited {done.returncode}; see {log}:\n" + "\n".join(tail),
+        raise LabError(f"`vagrant {' '.join(args)}` exited {returncode}; see {log}:\n" + "\n".join(tail),
                        command=f"vagrant {' '.join(args)}")
 
 
