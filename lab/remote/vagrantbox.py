@@ -50,7 +50,10 @@ PACKAGES = (
     "openssh-server", "sudo", "rsync", "netbase", "iproute2", "ethtool", "tcpdump", "iputils-ping",
     "procps", "curl", "python3", "python3-numpy", "python3-pyroute2", "libbpf1", "make",
 )
-CMDLINE = "root=/dev/vda rw console=ttyS0 net.ifnames=0 biosdevname=0 quiet"
+# no_timer_check: under TCG on loaded CPUs the kernel's early check that the timer interrupt reaches the
+# IO-APIC fails now and then ("IO-APIC + timer doesn't work!", a panic 0.1 s into the boot: one of six
+# machines of `make test-vagrant` died so); the check proves nothing about a virtual machine's timer.
+CMDLINE = "root=/dev/vda rw console=ttyS0 net.ifnames=0 biosdevname=0 no_timer_check quiet"
 BOOT_ROOT = Path("/var/lib/libvirt/boot")
 BOX_SCRIPT = REPO / "lab" / "remote" / "provision" / "box.sh"
 TOOLS = {"debootstrap": "debootstrap", "mkfs.ext4": "e2fsprogs", "qemu-img": "qemu-utils", "vagrant": "vagrant",

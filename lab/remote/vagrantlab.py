@@ -150,7 +150,11 @@ def run_suites(topology: str, pytest_args: Sequence[str], keep: bool = False) ->
         now = t.mark("box", now)
         status = 1
         try:
-            vagrant(["up", "--no-tty"], environ, log, timeout=3600)
+            try:
+                vagrant(["up", "--no-tty"], environ, log, timeout=3600)
+            except LabError:
+                now = t.mark("vagrant up (failed)", now)
+                raise
             now = t.mark("vagrant up", now)
             path = target.for_vagrant(topology, state_dir(topology) / "target", env=environ)
             unload_provisioned(path)
