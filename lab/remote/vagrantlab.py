@@ -31,8 +31,9 @@ def state_dir(lab: str) -> Path:
     return REPO / "build" / "vagrant" / lab
 
 
-def env(topology: str, lab: str | None = None, box: str = "local") -> dict[str, str]:
-    """The environment of every vagrant command for lab `lab` (default: the topology's name)."""
+def env(topology: str, lab: str | None = None, box: str = "local", init: str = "systemd") -> dict[str, str]:
+    """The environment of every vagrant command for lab `lab` (default: the topology's name); `init` the
+    local box's init (systemd, or light: see lab/remote/vagrantbox.py)."""
     l4lab = Path(sys.executable).with_name("l4lab")
     lab = lab or topology
     return {
@@ -40,6 +41,7 @@ def env(topology: str, lab: str | None = None, box: str = "local") -> dict[str, 
         "L4LAB_TOPOLOGY": topology,
         "L4LAB_VAGRANT_NAME": lab,
         "L4LAB_BOX": box,
+        "L4LAB_BOX_INIT": init,
         "VAGRANT_DEFAULT_PROVIDER": "libvirt",
         "VAGRANT_DOTFILE_PATH": str(state_dir(lab) / "dot"),
         "VAGRANT_NO_COLOR": "1",
