@@ -179,6 +179,7 @@ def test_plan_light_init_is_the_local_boxs_kernel_command_line() -> None:
     assert "cmd_line" not in vagrant.plan(topo, "local", driver="qemu")["libvirt"]  # the box's own: systemd
     light = vagrant.plan(topo, "local", driver="qemu", init="light")["libvirt"]["cmd_line"]
     assert light == f"{vagrantbox.CMDLINE} init={vagrantbox.LIGHT_INIT}"
+    assert vagrant.plan(topo, "local", driver="qemu", init="light")["libvirt"]["ssh_insert_key"] is False
     assert f"cat >{vagrantbox.LIGHT_INIT} <<" in (PROVISION / "box.sh").read_text(), "box.sh does not write it"
     with pytest.raises(UsageError, match="the box init 'light' is the local box's"):
         vagrant.plan(topo, "public", driver="qemu", init="light")

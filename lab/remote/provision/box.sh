@@ -5,7 +5,8 @@
 #
 # Called by `l4lab vagrant-box` (lab/remote/vagrantbox.py), never on a running machine. It adds the
 # `vagrant` user with the public key in FILE (Vagrant's well-known insecure key) and passwordless
-# sudo, a DHCP client on the management NIC (eth0) only, sshd with host keys made at first boot, a
+# sudo, a DHCP client on the management NIC (eth0) only, sshd with host keys made at first boot, the
+# light init /usr/local/sbin/l4lab-init (booted instead of systemd by init= on the kernel command line), a
 # Python environment for l4lab at /opt/l4lab/venv (Debian's python3-numpy and python3-pyroute2:
 # the machines need no network to provision), and removes documentation and package caches.
 set -euo pipefail
