@@ -424,8 +424,8 @@ def smoke_lab() -> Iterator[Any]:
     from lab.remote import libvirtd, target, vagrantbox, vagrantlab
 
     if os.environ.get("L4LAB_VAGRANT_SMOKE") != "1":
-        pytest.skip("the Vagrant smoke boots three TCG machines: about 11 minutes from nothing, so not in make test: "
-                    "or alone with make test-vagrant-smoke (L4LAB_VAGRANT_SMOKE=1)")
+        pytest.skip("the Vagrant smoke is not part of make test because its three TCG machines take about 7 minutes "
+                    "from nothing; run it with make test-vagrant-smoke (L4LAB_VAGRANT_SMOKE=1)")
     why = _vagrant_libvirt_missing()
     if why:
         pytest.skip(why)
