@@ -81,8 +81,10 @@ vagrant-box: deps-all
 # The Vagrant lab booted for real (libvirt, TCG where KVM runs no guest): vagrant up of the default
 # topology from the local box, the hardware-marked conformance suites over SSH, vagrant destroy.
 # Starts and stops libvirtd itself where no init system runs it. Long: see the README.
+# The machines boot the box's light init (BOX_INIT=systemd boots systemd).
 test-vagrant: deps-all bpf
-	$(PY) -m lab.remote.vagrantlab test --topology $(or $(TOPOLOGY),default) -- $(PYTEST_ARGS)
+	$(PY) -m lab.remote.vagrantlab test --topology $(or $(TOPOLOGY),default) --box-init $(or $(BOX_INIT),light) \
+		-- $(PYTEST_ARGS)
 
 # One LB and one real from the local box, one DSR request, destroy (the smoke of the above).
 test-vagrant-smoke: deps-all bpf

@@ -181,6 +181,10 @@ def _add_vagrant_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--box", default=os.environ.get("L4LAB_BOX") or "public",
                         help="public (debian/bookworm64, the default), local (built by `l4lab vagrant-box`) "
                              "or a box name; default $L4LAB_BOX")
+    parser.add_argument("--box-init", default=os.environ.get("L4LAB_BOX_INIT") or "systemd",
+                        choices=("systemd", "light"),
+                        help="the local box's init: systemd (the default) or light (file systems, DHCP and sshd "
+                             "only: quicker under TCG, what the smoke boots); default $L4LAB_BOX_INIT")
     parser.add_argument("--name", default=os.environ.get("L4LAB_VAGRANT_NAME") or None,
                         help="the lab's name in libvirt (domains l4lab-vg-NAME-NODE); default $L4LAB_VAGRANT_NAME "
                              "or the topology's name")
@@ -195,7 +199,7 @@ def _run_vagrant_plan(args: argparse.Namespace) -> int:
             raise UsageError(f"l4lab vagrant-plan: node '{args.lb_config}' of topology '{topo.name}' is no LB")
         print(vagrant.lb_config(topo, args.lb_config), end="")
     else:
-        print(json.dumps(vagrant.plan(topo, args.box, lab=args.name), indent=1))
+        print(json.dumps(vagrant.plan(topo, args.box, lab=args.name, init=args.box_init), indent=1))
     return 0
 
 

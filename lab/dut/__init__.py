@@ -214,8 +214,10 @@ class L4labDut(Dut):
         assert self.encap_id is not None
         case = encaps.by_id(self.encap_id)
         fam, mode = case.vip_family, case.config_name
+        # A --target lab names the LB's interface and its next hop's MAC (its peer is no local netns).
+        overrides = self.lab.link_overrides(self.node) if hasattr(self.lab, "link_overrides") else {}
         config = balancer_config(self.lab.topology, self.lab.name, encaps={fam: mode}, lb=self.node,
-                                 weights=self.weights, reals=set(self.weights))
+                                 weights=self.weights, reals=set(self.weights), **overrides)
         first = {v.address: v for v in reversed(config.vips)}
         extra = tuple(dataclasses.replace(v, port=port, proto=proto)  # type: ignore[arg-type]
                       for v in first.values() for port, proto in self.extra_ports)
@@ -275,7 +277,8 @@ class L4labDut(Dut):
     def evidence(self) -> str:
         try:
             return json.dumps(self.stats().get("reasons", {}), indent=1)[:4000]
-        except (LabError, subprocess.CalledProcessError, json.JSONDecodeError) as exc:
+        # AssertionError: a lab's command that exited non-zero (lab.harness); the report must not die on it
+        except (LabError, AssertionError, subprocess.CalledProcessError, json.JSONDecodeError) as exc:
             return f"lbctl stats failed: {exc}"
 
 

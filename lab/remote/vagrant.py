@@ -262,13 +262,22 @@ def node_plan(topo: Topology, node: Node, box: str = BOX, lab: str | None = None
     return entry
 
 
-def libvirt(box: str, lab: str, driver: str | None = None) -> dict[str, Any]:
-    """The libvirt settings of lab `lab`: driver, domain name prefix and the management network."""
+def libvirt(box: str, lab: str, driver: str | None = None, init: str = "systemd") -> dict[str, Any]:
+    """The libvirt settings of lab `lab`: driver, domain name prefix, the management network, and with
+    the local box's light init (`init` "light") the kernel command line that boots it."""
+    from lab.remote import vagrantbox
+
     if driver is None:
         from lab.remote.libvirtd import driver as probe
 
         driver = probe()
+    if init != "systemd" and box != LOCAL_BOX:
+        raise UsageError(f"the box init '{init}' is the local box's ({LOCAL_BOX}, --box local); {box} boots its own")
+    cmd_line = vagrantbox.cmdline(init)  # UsageError when unknown
     return {
+        # The light init's machines live minutes on the isolated management network, which only this
+        # host reaches: they keep Vagrant's insecure key (replacing it cost 30-70 s a machine under TCG).
+        **({"cmd_line": cmd_line, "ssh_insert_key": False} if init != "systemd" else {}),
         "driver": driver,
         "prefix": f"{LIBVIRT_PREFIX}{lab}-",
         "management_network": {
@@ -280,12 +289,14 @@ def libvirt(box: str, lab: str, driver: str | None = None) -> dict[str, Any]:
     }
 
 
-def plan(topo: Topology, box: str = "public", driver: str | None = None, lab: str | None = None) -> dict[str, Any]:
+def plan(topo: Topology, box: str = "public", driver: str | None = None, lab: str | None = None,
+         init: str = "systemd") -> dict[str, Any]:
     """The whole plan: one entry per node, in the topology's order.
 
     `box` is "public", "local" or a box name (resolve_box); `driver` the libvirt driver (probed when
     None); `lab` names this lab's libvirt domains and tunnel ports (default: the topology's name),
-    so two labs of one topology can run side by side."""
+    so two labs of one topology can run side by side; `init` "light" boots the local box's light init
+    (lab/remote/vagrantbox.py: no systemd, quicker under TCG) instead of systemd."""
     name = resolve_box(box)
     lab = lab or topo.name
     return {
@@ -295,6 +306,6 @@ def plan(topo: Topology, box: str = "public", driver: str | None = None, lab: st
         "synced_folder": SYNCED_FOLDER,
         "lab": lab,
         "box": name,
-        "libvirt": libvirt(name, lab, driver),
+        "libvirt": libvirt(name, lab, driver, init),
         "nodes": [node_plan(topo, node, name, lab) for node in topo.nodes],
     }

@@ -10,9 +10,12 @@ named `l4lab-vg-<topology>-` remains. Vagrant's state and logs go to build/vagra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,8 +31,9 @@ def state_dir(lab: str) -> Path:
     return REPO / "build" / "vagrant" / lab
 
 
-def env(topology: str, lab: str | None = None, box: str = "local") -> dict[str, str]:
-    """The environment of every vagrant command for lab `lab` (default: the topology's name)."""
+def env(topology: str, lab: str | None = None, box: str = "local", init: str = "systemd") -> dict[str, str]:
+    """The environment of every vagrant command for lab `lab` (default: the topology's name); `init` the
+    local box's init (systemd, or light: see lab/remote/vagrantbox.py)."""
     l4lab = Path(sys.executable).with_name("l4lab")
     lab = lab or topology
     return {
@@ -37,6 +41,7 @@ def env(topology: str, lab: str | None = None, box: str = "local") -> dict[str, 
         "L4LAB_TOPOLOGY": topology,
         "L4LAB_VAGRANT_NAME": lab,
         "L4LAB_BOX": box,
+        "L4LAB_BOX_INIT": init,
         "VAGRANT_DEFAULT_PROVIDER": "libvirt",
         "VAGRANT_DOTFILE_PATH": str(state_dir(lab) / "dot"),
         "VAGRANT_NO_COLOR": "1",
@@ -45,19 +50,41 @@ def env(topology: str, lab: str | None = None, box: str = "local") -> dict[str, 
 
 
 def vagrant(args: Sequence[str], environ: Mapping[str, str], log: Path, timeout: float) -> None:
-    """Run `vagrant ARGS` from the repository, appending its output to `log`; raise LabError with its tail."""
+    """Run `vagrant ARGS` from the repository, appending its output to `log` with each line's second since
+    the start (where a slow `vagrant up` spends its time); raise LabError with its tail."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
     with open(log, "ab") as out:
-        out.write(f"\n$ vagrant {' '.join(args)}\n".encode())
+        out.write(f"\n$ vagrant {' '.join(args)}   (started {time.strftime('%H:%M:%S')})\n".encode())
         out.flush()
+        proc = subprocess.Popen(["vagrant", *args], cwd=REPO, env=dict(environ), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        assert proc.stdout is not None
+        expired = threading.Event()
+
+        def expire() -> None:  # the whole group: vagrant's ssh and rsync children hold the pipe too
+            expired.set()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, expire)
+        timer.start()
         try:
-            done = subprocess.run(["vagrant", *args], cwd=REPO, env=dict(environ), stdout=out,
-                                  stderr=subprocess.STDOUT, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            raise LabError(f"`vagrant {' '.join(args)}` did not finish within {timeout:g} s; see {log}") from None
-    if done.returncode != 0:
+            for line in proc.stdout:
+                out.write(f"[{time.monotonic() - start:6.1f}] ".encode() + line)
+                out.flush()
+            returncode = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                expire()
+                proc.wait()
+        out.write(f"[{time.monotonic() - start:6.1f}] exit {returncode}\n".encode())
+    if expired.is_set():
+        raise LabError(f"`vagrant {' '.join(args)}` did not finish within {timeout:g} s; see {log}")
+    if returncode != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
-        raise LabError(f"`vagrant {' '.join(args)}` exited {done.returncode}; see {log}:\n" + "\n".join(tail),
+        raise LabError(f"`vagrant {' '.join(args)}` exited {returncode}; see {log}:\n" + "\n".join(tail),
                        command=f"vagrant {' '.join(args)}")
 
 
@@ -110,12 +137,12 @@ def unload_provisioned(target_file: Path) -> None:
         tgt.run(node.name, tgt.python_argv(node.name, "balancer.cli", "unload"), check=False, timeout=120)
 
 
-def run_suites(topology: str, pytest_args: Sequence[str], keep: bool = False) -> int:
+def run_suites(topology: str, pytest_args: Sequence[str], keep: bool = False, init: str = "light") -> int:
     """The whole round trip; returns pytest's exit status (LabError when a lab step fails)."""
     from lab.remote import libvirtd, target, vagrantbox
 
     log = state_dir(topology) / "vagrant.log"
-    environ = env(topology)
+    environ = env(topology, init=init)
     t = Timings()
     start = time.monotonic()
     started = libvirtd.start()
@@ -125,7 +152,11 @@ def run_suites(topology: str, pytest_args: Sequence[str], keep: bool = False) ->
         now = t.mark("box", now)
         status = 1
         try:
-            vagrant(["up", "--no-tty"], environ, log, timeout=3600)
+            try:
+                vagrant(["up", "--no-tty"], environ, log, timeout=3600)
+            except LabError:
+                now = t.mark("vagrant up (failed)", now)
+                raise
             now = t.mark("vagrant up", now)
             path = target.for_vagrant(topology, state_dir(topology) / "target", env=environ)
             unload_provisioned(path)
@@ -152,12 +183,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("action", choices=("test",))
     p.add_argument("--topology", default="default")
     p.add_argument("--keep", action="store_true", help="leave the machines and libvirtd running afterwards")
+    # systemd's services time out under TCG on two loaded CPUs (six machines: journald and networkd
+    # failed on one, which never answered ssh); the light init has nothing that times out.
+    p.add_argument("--box-init", choices=("light", "systemd"), default="light",
+                   help="the local box's init (default light: file systems, DHCP, sshd; systemd boots the box's own)")
     argv = list(sys.argv[1:] if argv is None else argv)
     # pytest's arguments follow `--` (argparse would take its options for ours or refuse them)
     pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     try:
-        return run_suites(args.topology, pytest_args, args.keep)
+        return run_suites(args.topology, pytest_args, args.keep, args.box_init)
     except LabError as exc:
         print(f"vagrant-lab: {exc}", file=sys.stderr)
         return 1

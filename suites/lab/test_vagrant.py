@@ -171,6 +171,22 @@ def test_plan_local_box_is_isolated_and_named_for_the_lab() -> None:
     assert all(256 <= n["memory"] <= 384 for n in local["nodes"])
 
 
+def test_plan_light_init_is_the_local_boxs_kernel_command_line() -> None:
+    from lab.errors import UsageError
+    from lab.remote import vagrantbox
+
+    topo = topology.load("default")
+    assert "cmd_line" not in vagrant.plan(topo, "local", driver="qemu")["libvirt"]  # the box's own: systemd
+    light = vagrant.plan(topo, "local", driver="qemu", init="light")["libvirt"]["cmd_line"]
+    assert light == f"{vagrantbox.CMDLINE} init={vagrantbox.LIGHT_INIT}"
+    assert vagrant.plan(topo, "local", driver="qemu", init="light")["libvirt"]["ssh_insert_key"] is False
+    assert f"cat >{vagrantbox.LIGHT_INIT} <<" in (PROVISION / "box.sh").read_text(), "box.sh does not write it"
+    with pytest.raises(UsageError, match="the box init 'light' is the local box's"):
+        vagrant.plan(topo, "public", driver="qemu", init="light")
+    with pytest.raises(UsageError, match="unknown box init 'openrc'"):
+        vagrant.plan(topo, "local", driver="qemu", init="openrc")
+
+
 def test_cli_prints_the_plan_and_the_lb_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["vagrant-plan", "default"]) == 0
     assert json.loads(capsys.readouterr().out) == vagrant.plan(topology.load("default"))
@@ -408,13 +424,13 @@ def smoke_lab() -> Iterator[Any]:
     from lab.remote import libvirtd, target, vagrantbox, vagrantlab
 
     if os.environ.get("L4LAB_VAGRANT_SMOKE") != "1":
-        pytest.skip("the Vagrant smoke boots three TCG machines: about 11 minutes from nothing, so not in make test: "
-                    "or alone with make test-vagrant-smoke (L4LAB_VAGRANT_SMOKE=1)")
+        pytest.skip("the Vagrant smoke is not part of make test because its three TCG machines take about 7 minutes "
+                    "from nothing; run it with make test-vagrant-smoke (L4LAB_VAGRANT_SMOKE=1)")
     why = _vagrant_libvirt_missing()
     if why:
         pytest.skip(why)
     lab = unique_name("smoke")
-    environ = vagrantlab.env("default", lab)
+    environ = vagrantlab.env("default", lab, init="light")  # the box's light init: half systemd's boot under TCG
     log = vagrantlab.state_dir(lab) / "vagrant.log"
     t = vagrantlab.Timings()  # each phase's seconds on stderr (make test shows them: -s)
     start = now = time.monotonic()
@@ -446,10 +462,12 @@ def _tunl0_rx(tgt: Any, node: str) -> int:
 
 
 @pytest.mark.timeout(3600)
-def test_vagrant_smoke_one_dsr_request_through_the_local_box(smoke_lab: Any) -> None:
+def test_vagrant_smoke_one_dsr_request_through_the_local_box(smoke_lab: Any, tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from lab.lbconf import real_addresses
+    from lab.capture import classify_lb_link
+    from lab.lbconf import lb_link, real_addresses
+    from lab.remote.target import RemoteCapture
 
     tgt = smoke_lab
     topo = tgt.topology
@@ -467,10 +485,22 @@ def test_vagrant_smoke_one_dsr_request_through_the_local_box(smoke_lab: Any) -> 
         stats = json.loads(tgt.run("lb", tgt.python_argv("lb", "balancer.cli", "stats", "--json"), timeout=300).stdout)
         return int(stats["reasons"]["TX_ENCAP"]["packets"])
 
+    # The router is the client (it is the LB's next hop): it sends from its address on the LB's link,
+    # the LB sends the request back to it encapsulated, and real1's reply comes to it over real1's link.
+    lb_if, router, router_if = lb_link(topo, "lb")
+    client = {str(a.ip) for ep in topo.endpoints_of(router) if ep.ifname == router_if for a in ep.addresses
+              if a.version == 4}
     encap0, decap0 = encapsulated(), _tunl0_rx(tgt, "real1")
-    done = tgt.run("router", ["curl", "-sS", "--max-time", "60", f"http://{vip.address}:{port}/"], timeout=120)
+    pcap = tmp_path / "router-lb.pcap"
+    with RemoteCapture(tgt, router, router_if, pcap):
+        done = tgt.run(router, ["curl", "-sS", "--max-time", "60", f"http://{vip.address}:{port}/"], timeout=120)
     assert done.stdout.strip() == "real1", f"the VIP answered {done.stdout!r}, not real1's HTTP service"
     assert encapsulated() > encap0, "the LB's XDP program encapsulated nothing"
     assert _tunl0_rx(tgt, "real1") > decap0, "real1's kernel (tunl0) decapsulated nothing"
-    xdp = tgt.run("lb", ["ip", "-d", "link", "show", "dev", "lb-rt"]).stdout
+    # DSR: the LB's link carried the request both ways (plain to the LB, encapsulated back) and no reply.
+    counts = classify_lb_link(pcap, vagrant.mac_for(topo.name, "lb", lb_if), {str(vip.address)}, client,
+                              vagrant.GUE_PORT)
+    assert not counts.stray, f"the LB's link carried other traffic (replies?): {counts.stray[:5]}"
+    assert counts.to_lb > 0 and counts.from_lb == counts.to_lb, counts
+    xdp = tgt.run("lb", ["ip", "-d", "link", "show", "dev", lb_if]).stdout
     assert " xdp " in xdp, f"no native XDP program on the LB's virtio NIC:\n{xdp}"

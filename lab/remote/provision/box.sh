@@ -5,7 +5,8 @@
 #
 # Called by `l4lab vagrant-box` (lab/remote/vagrantbox.py), never on a running machine. It adds the
 # `vagrant` user with the public key in FILE (Vagrant's well-known insecure key) and passwordless
-# sudo, a DHCP client on the management NIC (eth0) only, sshd with host keys made at first boot, a
+# sudo, a DHCP client on the management NIC (eth0) only, sshd with host keys made at first boot, the
+# light init /usr/local/sbin/l4lab-init (booted instead of systemd by init= on the kernel command line), a
 # Python environment for l4lab at /opt/l4lab/venv (Debian's python3-numpy and python3-pyroute2:
 # the machines need no network to provision), and removes documentation and package caches.
 set -euo pipefail
@@ -58,6 +59,38 @@ for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.tim
 	systemctl mask "$unit" >/dev/null 2>&1 || true
 done
 systemctl set-default multi-user.target >/dev/null 2>&1
+
+# The light init (init=/usr/local/sbin/l4lab-init on the kernel command line, `l4lab vagrant-plan
+# --box-init light`): what a lab machine needs of a boot and no more, for the smoke that must be quick
+# under TCG. The same root, kernel and provisioning as under systemd: file systems, the sysctl.d
+# defaults, the NIC driver, DHCP on the management NIC (klibc's ipconfig, as the initramfs uses it;
+# libvirt's dnsmasq tells Vagrant the address), a host key and sshd; then it reaps orphans forever.
+cat >/usr/local/sbin/l4lab-init <<'INIT'
+#!/bin/bash
+# l4lab-init: PID 1 of the local box's light boot (written by lab/remote/provision/box.sh).
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+say() { echo "l4lab-init: $*" >/dev/console; }
+mountpoint -q /proc || mount -t proc proc /proc
+mountpoint -q /sys || mount -t sysfs sysfs /sys
+mountpoint -q /dev || mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts /dev/shm
+mountpoint -q /dev/pts || mount -t devpts -o gid=5,mode=620 devpts /dev/pts
+mountpoint -q /run || mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run
+mount -t tmpfs -o nosuid,nodev tmpfs /dev/shm
+mount -o remount,rw /
+hostname "$(cat /etc/hostname)"
+[ -s /etc/machine-id ] || tr -d - </proc/sys/kernel/random/uuid >/etc/machine-id
+sysctl -q --system >/dev/null 2>&1 || say "sysctl --system failed"
+ip link set dev lo up
+modprobe virtio_net || say "modprobe virtio_net failed"
+/usr/lib/klibc/bin/ipconfig -t 60 -c dhcp -d eth0 >/run/ipconfig.log 2>&1 || say "no DHCP answer on eth0"
+[ -e /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key
+mkdir -p /run/sshd && chmod 755 /run/sshd
+/usr/sbin/sshd || say "sshd did not start"
+say "ready: $(ip -4 -o addr show dev eth0 | awk '{print $4}')"
+while :; do sleep 3600 & wait $!; done
+INIT
+chmod 755 /usr/local/sbin/l4lab-init
 
 # l4lab's Python environment: the system interpreter and Debian's numpy and pyroute2.
 [ -x /opt/l4lab/venv/bin/python ] || python3 -m venv --without-pip --system-site-packages /opt/l4lab/venv
