@@ -72,18 +72,19 @@ SESSION_TABLES = ("lb_sessions4", "lb_sessions")
 
 def session_key(flow: _abi.Flow) -> tuple[str, bytes]:
     """The session table of a flow (struct lb_flow) and the flow's key in it."""
-    raw = bytes(flow)
-    if flow.family == _abi.Family.INET:  # struct lb_flow4: src, dst, both ports, proto, pad
-        return "lb_sessions4", raw[0:4] + raw[16:20] + raw[32:37] + bytes(3)
-    return "lb_sessions", raw
+    if flow.family == _abi.Family.INET:
+        return "lb_sessions4", bytes(_abi.Flow4(src=flow.src[0], dst=flow.dst[0], sport=flow.sport,
+                                                dport=flow.dport, proto=flow.proto))
+    return "lb_sessions", bytes(flow)
 
 
 def session_flow(table: str, key: bytes) -> _abi.Flow:
     """A session table's key as the flow (struct lb_flow) it stands for."""
     if table == "lb_sessions":
         return _abi.Flow.from_buffer_copy(key)
-    return _abi.Flow.from_buffer_copy(key[0:4].ljust(16, b"\0") + key[4:8].ljust(16, b"\0") + key[8:13] +
-                                      bytes([int(_abi.Family.INET), 0, 0]))
+    k = _abi.Flow4.from_buffer_copy(key)
+    return _abi.Flow(src=(ctypes.c_uint32 * 4)(k.src), dst=(ctypes.c_uint32 * 4)(k.dst), sport=k.sport,
+                     dport=k.dport, proto=k.proto, family=int(_abi.Family.INET))
 
 
 def words_addr(raw: bytes, family: int) -> str:

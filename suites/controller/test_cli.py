@@ -93,7 +93,7 @@ def _ctl_world(tmp: Path) -> Iterator[Ctl]:
 def ctl(tmp_path: Path) -> Iterator[Ctl]:
     """Name: ctl. Scope: function. Depends: root, built balancer object.
 
-    A netns `lct-XXXXXX` with a veth pair (lbc0, lbc1, the peer with an XDP-free GRO-on end) and an
+    A netns `lct-<random suffix>` with a veth pair (lbc0, lbc1, the peer with an XDP-free GRO-on end) and an
     lbctl wrapper bound to a unique instance; everything removed afterwards::
 
         def test_x(ctl):
