@@ -233,6 +233,14 @@ __noinline int parse_ipv6_hdrs(struct xdp_md *ctx, struct packet *pkt)
 	return parse_ipv6((void *)(long)ctx->data, (void *)(long)ctx->data_end, pkt);
 }
 
+/* The flow's last 8 bytes (both ports, proto, family, pad) as one 64-bit value, for one store: the
+ * flow key's later word loads are forwarded from it (built from stores of other widths, they would
+ * wait for each to reach the cache). */
+static __always_inline __u64 l4_word(const struct packet *pkt, __u32 ports)
+{
+	return ports | (__u64)pkt->flow.proto << 32 | (__u64)pkt->flow.family << 40;
+}
+
 static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struct lb_tally *t)
 {
 	void *data = (void *)(long)ctx->data;
@@ -257,15 +265,14 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struc
 
 		if (!th)
 			goto truncated;
-		/* Both ports in one 32-bit store: the flow key's later word loads are forwarded from it. */
-		*(__u32 *)&pkt->flow.sport = *(const __u32 *)th;
+		*(__u64 *)&pkt->flow.sport = l4_word(pkt, *(const __u32 *)th);
 		pkt->tcp_flags = ((__u8 *)th)[13];
 	} else if (pkt->flow.proto == IPPROTO_UDP) {
 		struct udphdr *uh = l4_header(data, data_end, pkt, sizeof(*uh));
 
 		if (!uh)
 			goto truncated;
-		*(__u32 *)&pkt->flow.sport = *(const __u32 *)uh;
+		*(__u64 *)&pkt->flow.sport = l4_word(pkt, *(const __u32 *)uh);
 	} else if (pkt->flow.proto == (pkt->flow.family == LB_AF_INET ? IPPROTO_ICMP : IPPROTO_ICMPV6)) {
 		return handle_icmp(ctx, pkt, t);
 	} else {
