@@ -26,6 +26,11 @@ with `repo`, the checkout. `l4lab target` writes a target file for a Vagrant lab
 from `vagrant ssh-config`) or for a running netns lab (`--netns NAME`: each node reached through
 `sshd -i` started inside its namespace by ssh's ProxyCommand, so the hardware path of the suites
 can be exercised on one machine, with real ssh and sshd in between).
+
+`shared_connections(target)` gives a copy of the target whose commands share one ssh connection per
+node (OpenSSH's ControlMaster, the sockets in a private temporary folder), closed and removed when
+it ends: a new connection costs a key exchange, 3-8 s on a TCG guest, a command over a shared one
+does not (figures in the README's Vagrant section). The suites' `--target` runs use it.
 """
 
 from __future__ import annotations
@@ -37,20 +42,24 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from balancer.validate import Reader
 from lab.errors import LabError, TopologyError, UsageError
+from lab.poll import poll
 from lab.topology import Topology
 from lab.topology import load as load_topology
 
 REPO = Path(__file__).resolve().parents[2]
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")
+CONTROL_PERSIST_S = 600  # an idle shared connection closes itself after this, should nothing close it
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with its NUL
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,7 @@ class Target:
     nodes: Mapping[str, TargetNode]
     ssh_options: tuple[str, ...] = ()
     trex: TrexPorts | None = None
+    control_dir: str | None = None  # where the shared connections' sockets live (shared_connections)
 
     def node(self, name: str) -> TargetNode:
         try:
@@ -104,7 +114,18 @@ class Target:
         """The local command line that runs `argv` on `node` (argv is shell-quoted for the remote shell)."""
         n = self.node(node)
         remote = shlex.join(["sudo", "-n", *argv] if n.sudo else list(argv))
-        return ["ssh", *self.ssh_options, "-o", "BatchMode=yes", *(["-tt"] if tty else []), n.ssh, "--", remote]
+        return ["ssh", *self.ssh_options, *self._control_options(), "-o", "BatchMode=yes",
+                *(["-tt"] if tty else []), n.ssh, "--", remote]
+
+    def _control_options(self) -> list[str]:
+        """ssh options that share one connection per node through control_dir (none without it).
+
+        The first command to a node becomes the connection's master and leaves it running in the
+        background (ControlPersist); later ones open a session on it. %C hashes host, port and user."""
+        if self.control_dir is None:
+            return []
+        return ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C",
+                "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
 
     def run(self, node: str, argv: Sequence[str], *, check: bool = True, timeout: float = 60.0,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -143,6 +164,38 @@ class Target:
         host_if = self.node(node).ifname(ifname)
         out = self.run(node, ["ip", "-j", "link", "show", "dev", host_if]).stdout
         return str(json.loads(out)[0]["address"])
+
+
+@contextlib.contextmanager
+def shared_connections(target: Target, directory: str | Path | None = None) -> Iterator[Target]:
+    """The target with one ssh connection per node that every command reuses, all closed at the end.
+
+    The control sockets go to a new folder under `directory` (default: the temporary folder), which
+    is removed afterwards; a master still there then is an error naming its socket::
+
+        with shared_connections(load("target.toml")) as tgt:
+            tgt.run("lb", ["true"])  # the first command connects, later ones reuse it
+    """
+    made = Path(tempfile.mkdtemp(prefix="l4lab-ssh-", dir=directory))
+    if len(str(made)) + 1 + 40 > SOCKET_PATH_MAX:  # %C is 40 hex digits
+        made.rmdir()
+        raise LabError(f"the ssh control folder {made} is too long for a socket path ({SOCKET_PATH_MAX} bytes "
+                       "with the 40-character name); set TMPDIR to a shorter folder")
+    shared = replace(target, control_dir=str(made))
+    try:
+        yield shared
+    finally:
+        for node in shared.nodes.values():
+            # `-O exit` asks the master to end; a node never contacted has none (ssh says so, exit 255)
+            subprocess.run(["ssh", *shared.ssh_options, *shared._control_options(), "-O", "exit", node.ssh],
+                           capture_output=True, text=True, check=False, timeout=30)
+        # a master removes its socket as it exits, just after answering
+        left = poll(10.0, lambda: sorted(p.name for p in made.iterdir()), "", until=lambda names: not names,
+                    check=False)
+        shutil.rmtree(made, ignore_errors=True)
+        if left:
+            raise LabError(f"ssh connection masters of target {target.name} did not exit: sockets {', '.join(left)} "
+                           f"in {made}")
 
 
 def load(path: str | Path) -> Target:

@@ -443,7 +443,8 @@ def smoke_lab() -> Iterator[Any]:
             now = t.mark("smoke: vagrant up of " + " ".join(SMOKE_MACHINES), now)
             path = target.for_vagrant("default", vagrantlab.state_dir(lab) / "target", env=environ,
                                       machines=SMOKE_MACHINES)
-            yield target.load(path)
+            with target.shared_connections(target.load(path)) as hosts:  # one ssh connection per machine
+                yield hosts
             now = t.mark("smoke: the DSR request", now)
         finally:
             vagrantlab.vagrant(["destroy", "-f"], environ, log, timeout=900)
