@@ -505,3 +505,7 @@ def test_vagrant_smoke_one_dsr_request_through_the_local_box(smoke_lab: Any, tmp
     assert counts.to_lb > 0 and counts.from_lb == counts.to_lb, counts
     xdp = tgt.run("lb", ["ip", "-d", "link", "show", "dev", lb_if]).stdout
     assert " xdp " in xdp, f"no native XDP program on the LB's virtio NIC:\n{xdp}"
+    # real.sh once took the IPv4 GUE port for the IPv6 one (`ip fou show` lists both): ip6-gue1 died there
+    fou = json.loads(tgt.run("real1", ["ip", "-j", "fou", "show"]).stdout)
+    families = {f["family"] for f in fou if f["port"] == vagrant.GUE_PORT}
+    assert families == {"inet", "inet6"}, f"real1 decapsulates GUE on port {vagrant.GUE_PORT} for {families}: {fou}"
