@@ -5,6 +5,8 @@ The suites and `l4lab bench --trex` drive such a lab through a target file (TOML
     name = "rack1"                      # a label for results and messages
     topology = "default"                # the addresses, VIPs and roles the hosts were built with
     ssh_options = ["-F", "ssh_config"]  # given to every ssh call (relative paths: the file's folder)
+    time_scale = 8                      # the hosts run this many times slower than this machine's netns lab
+                                        # (TCG guests): suites stretch request intervals and timeouts by it (default 1)
 
     [nodes.lb]                          # one table per topology node the tests use
     ssh = "root@192.0.2.20"             # the ssh destination (user@host or a Host alias)
@@ -60,6 +62,10 @@ REPO = Path(__file__).resolve().parents[2]
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")
 CONTROL_PERSIST_S = 600  # an idle shared connection closes itself after this, should nothing close it
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with its NUL
+# Vagrant machines emulated by TCG, six on one or two CPUs: the churn suite's 200 connections at one
+# request each 0.25 s timed out by the dozen before any change (84 of 200, measured); at 8 times the
+# interval and timeout they carry the load (README, Vagrant section).
+TCG_TIME_SCALE = 8.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,7 @@ class Target:
     ssh_options: tuple[str, ...] = ()
     trex: TrexPorts | None = None
     control_dir: str | None = None  # where the shared connections' sockets live (shared_connections)
+    time_scale: float = 1.0  # how many times slower than the netns lab the hosts answer (TCG guests)
 
     def node(self, name: str) -> TargetNode:
         try:
@@ -210,7 +217,7 @@ def load(path: str | Path) -> Target:
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{where}: not valid TOML: {exc}") from None
     check = _reader(where)
-    check.known_keys(data, ("name", "topology", "ssh_options", "nodes", "trex"), "")
+    check.known_keys(data, ("name", "topology", "ssh_options", "time_scale", "nodes", "trex"), "")
     name = check.string(data.get("name", p.stem), "name", empty=False)
     topo_spec = check.string(data.get("topology"), "topology", empty=False)
     topo_path = Path(topo_spec)
@@ -232,7 +239,8 @@ def load(path: str | Path) -> Target:
             raise check.fail(key, node_name, f"a node of topology '{topo.name}' ({', '.join(sorted(names))})")
         nodes[node_name] = _node(check, key, node_name, check.table(raw, key))
     trex = _trex(check, data["trex"]) if "trex" in data else None
-    return Target(name, p, topo, nodes, tuple(opts), trex)
+    scale = check.number(data.get("time_scale", 1.0), "time_scale", 1.0, 1000.0, expected="a number 1..1000")
+    return Target(name, p, topo, nodes, tuple(opts), trex, time_scale=scale)
 
 
 def _reader(where: str) -> Reader:
@@ -382,13 +390,16 @@ def for_netns_lab(lab: str, topology: str, directory: Path) -> Path:
 
 
 def for_vagrant(topology: str, directory: Path, ssh_config: str | None = None,
-                env: Mapping[str, str] | None = None, machines: Sequence[str] | None = None) -> Path:
+                env: Mapping[str, str] | None = None, machines: Sequence[str] | None = None,
+                time_scale: float | None = None) -> Path:
     """Write a target file for the Vagrant lab of `topology` (run from the repository, after `vagrant up`).
 
     `ssh_config` is the output of `vagrant ssh-config` (read by running it when None). Vagrant logs
     in as the vagrant user, so every command runs through `sudo -n`; the checkout is the synced folder.
     `env` is the environment of `vagrant ssh-config` (default: this process's, with L4LAB_TOPOLOGY);
-    `machines` the nodes that are up (default: every node of the topology)."""
+    `machines` the nodes that are up (default: every node of the topology); `time_scale` the file's
+    (default TCG_TIME_SCALE when libvirt's driver is qemu, TCG, else 1)."""
+    from lab.remote.libvirtd import driver
     from lab.remote.vagrant import plan
 
     topo = load_topology(topology)
@@ -411,8 +422,10 @@ def for_vagrant(topology: str, directory: Path, ssh_config: str | None = None,
     missing = [n["name"] for n in nodes if n["name"] not in hosts]
     if missing:
         raise LabError(f"`vagrant ssh-config` lists no host for {', '.join(missing)}: is every machine up?")
+    if time_scale is None:
+        time_scale = TCG_TIME_SCALE if driver() == "qemu" else 1.0
     lines = [f'name = "vagrant-{topo.name}"', f'topology = "{topo.path}"', 'ssh_options = ["-F", "ssh_config"]',
-             ""]
+             f"time_scale = {time_scale:g}", ""]
     for n in nodes:
         lines += [f"[nodes.{n['name']}]", f'ssh = "{n["name"]}"', f'repo = "{p["synced_folder"]}"', "sudo = true",
                   ""]

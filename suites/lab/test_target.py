@@ -89,6 +89,7 @@ def test_target_file_is_read(tmp_path: Path) -> None:
      r"trex.rx_port must be an integer 0..63"),
     ('topology = "default"\n[nodes.lb]\nssh = "x"\n[trex]\nserver = "s"\ntx_mac = "zz"\n',
      r"trex.tx_mac must be a MAC"),
+    ('topology = "default"\ntime_scale = 0.5\n[nodes.lb]\nssh = "x"\n', r"time_scale must be a number 1..1000"),
     ('topology = "nosuch"\n[nodes.lb]\nssh = "x"\n', r"nosuch"),
     ("topology = [\n", r"not valid TOML"),
 ])
@@ -104,13 +105,18 @@ def test_missing_target_file_says_how_to_make_one(tmp_path: Path) -> None:
         target.load(tmp_path / "none.toml")
 
 
-def test_vagrant_target_from_ssh_config(tmp_path: Path) -> None:
+def test_vagrant_target_from_ssh_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("L4LAB_LIBVIRT_DRIVER", "kvm")
     path = target.for_vagrant("default", tmp_path, VAGRANT_SSH_CONFIG)
     t = target.load(path)
     assert set(t.nodes) == {"client", "router", "lb", "real1", "real2", "real3"}
     assert all(n.sudo and n.repo == "/vagrant" and n.ssh == name for name, n in t.nodes.items())
     assert t.ssh_options == ("-F", str(tmp_path / "ssh_config"))
     assert (tmp_path / "ssh_config").read_text() == VAGRANT_SSH_CONFIG
+    assert t.time_scale == 1.0, "KVM guests run the suites' own intervals and timeouts"
+    monkeypatch.setenv("L4LAB_LIBVIRT_DRIVER", "qemu")
+    slow = target.load(target.for_vagrant("default", tmp_path / "tcg", VAGRANT_SSH_CONFIG))
+    assert slow.time_scale == target.TCG_TIME_SCALE > 1, "TCG guests get the stretched timeouts"
     with pytest.raises(LabError, match="no host for real3"):
         target.for_vagrant("default", tmp_path / "partial", VAGRANT_SSH_CONFIG.split("Host real3")[0])
 
