@@ -424,7 +424,7 @@ def smoke_lab() -> Iterator[Any]:
     from lab.remote import libvirtd, target, vagrantbox, vagrantlab
 
     if os.environ.get("L4LAB_VAGRANT_SMOKE") != "1":
-        pytest.skip("the Vagrant smoke is not part of make test because its three TCG machines take about 7 minutes "
+        pytest.skip("the Vagrant smoke is not part of make test because its three TCG machines take about 4 minutes "
                     "from nothing; run it with make test-vagrant-smoke (L4LAB_VAGRANT_SMOKE=1)")
     why = _vagrant_libvirt_missing()
     if why:
