@@ -16,8 +16,9 @@ Skips say what is missing and how to get it.
 
 Hardware mode: `--target FILE` (or $L4LAB_TARGET) points the suites at a lab already built on
 Vagrant VMs or bare metal and reached over SSH (lab/remote/target.py). Then the `lab` fixture is a
-`TargetLab`, commands and captures run on its hosts over ssh, and only tests marked `hardware`
-run: the others need namespaces on this machine and are skipped saying so.
+`TargetLab`, commands and captures run on its hosts over ssh (one shared connection per host for
+the whole session: `target_hosts`), and only tests marked `hardware` run: the others need
+namespaces on this machine and are skipped saying so.
 
 The `balancer` fixture takes an `encap` fixture (the encap id) that the suite provides.
 """
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
 
     from lab.harness.vmlab import VmLab
+    from lab.remote.target import Target
     from lab.remote.vm import VmReal
     from lab.trace import Tracer
 
@@ -144,6 +146,25 @@ def _keep(request: pytest.FixtureRequest, failed_now: bool) -> str | None:
     return keep if keep == "always" or (keep == "failed" and failed_now) else None
 
 
+@pytest.fixture(scope="session")
+def target_hosts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    """Name: target_hosts. Scope: session. Depends: --target FILE.
+
+    The target file's hosts, every command to a node over one shared ssh connection (closed at the
+    end of the session; a new connection costs seconds on a TCG guest)::
+
+        def test_x(target_hosts):
+            target_hosts.run("lb", ["uname", "-r"])
+    """
+    from lab.remote import target as targets
+
+    path = request.config.getoption("--target")
+    if not path:
+        pytest.skip("needs --target FILE (a lab reached over ssh)")
+    with targets.shared_connections(targets.load(path), tmp_path_factory.getbasetemp()) as hosts:
+        yield hosts
+
+
 @pytest.fixture(scope="module")
 def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
     """Name: lab. Scope: module. Depends: root, built BPF objects.
@@ -154,11 +175,8 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
         def test_x(lab):
             lab.run("client", ["ping", "-c1", "203.0.113.18"])
     """
-    path = request.config.getoption("--target")
-    if path:
-        from lab.remote import target as targets
-
-        yield TargetLab(targets.load(path))
+    if request.config.getoption("--target"):
+        yield TargetLab(request.getfixturevalue("target_hosts"))
         return
     _needs_root_and_build()
     from lab import netns, topology

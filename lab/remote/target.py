@@ -5,6 +5,8 @@ The suites and `l4lab bench --trex` drive such a lab through a target file (TOML
     name = "rack1"                      # a label for results and messages
     topology = "default"                # the addresses, VIPs and roles the hosts were built with
     ssh_options = ["-F", "ssh_config"]  # given to every ssh call (relative paths: the file's folder)
+    time_scale = 8                      # the hosts run this many times slower than this machine's netns lab
+                                        # (TCG guests): suites stretch request intervals and timeouts by it (default 1)
 
     [nodes.lb]                          # one table per topology node the tests use
     ssh = "root@192.0.2.20"             # the ssh destination (user@host or a Host alias)
@@ -26,6 +28,11 @@ with `repo`, the checkout. `l4lab target` writes a target file for a Vagrant lab
 from `vagrant ssh-config`) or for a running netns lab (`--netns NAME`: each node reached through
 `sshd -i` started inside its namespace by ssh's ProxyCommand, so the hardware path of the suites
 can be exercised on one machine, with real ssh and sshd in between).
+
+`shared_connections(target)` gives a copy of the target whose commands share one ssh connection per
+node (OpenSSH's ControlMaster, the sockets in a private temporary folder), closed and removed when
+it ends: a new connection costs a key exchange, 3-8 s on a TCG guest, a command over a shared one
+does not (figures in the README's Vagrant section). The suites' `--target` runs use it.
 """
 
 from __future__ import annotations
@@ -37,20 +44,28 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from balancer.validate import Reader
 from lab.errors import LabError, TopologyError, UsageError
+from lab.poll import poll
 from lab.topology import Topology
 from lab.topology import load as load_topology
 
 REPO = Path(__file__).resolve().parents[2]
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/bin/sshd")
+CONTROL_PERSIST_S = 600  # an idle shared connection closes itself after this, should nothing close it
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with its NUL
+# Vagrant machines emulated by TCG, six on one or two CPUs: the churn suite's 200 connections at one
+# request each 0.25 s timed out by the dozen before any change (84 of 200, measured); at 8 times the
+# interval and timeout they carry the load (README, Vagrant section).
+TCG_TIME_SCALE = 8.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +107,8 @@ class Target:
     nodes: Mapping[str, TargetNode]
     ssh_options: tuple[str, ...] = ()
     trex: TrexPorts | None = None
+    control_dir: str | None = None  # where the shared connections' sockets live (shared_connections)
+    time_scale: float = 1.0  # how many times slower than the netns lab the hosts answer (TCG guests)
 
     def node(self, name: str) -> TargetNode:
         try:
@@ -104,7 +121,18 @@ class Target:
         """The local command line that runs `argv` on `node` (argv is shell-quoted for the remote shell)."""
         n = self.node(node)
         remote = shlex.join(["sudo", "-n", *argv] if n.sudo else list(argv))
-        return ["ssh", *self.ssh_options, "-o", "BatchMode=yes", *(["-tt"] if tty else []), n.ssh, "--", remote]
+        return ["ssh", *self.ssh_options, *self._control_options(), "-o", "BatchMode=yes",
+                *(["-tt"] if tty else []), n.ssh, "--", remote]
+
+    def _control_options(self) -> list[str]:
+        """ssh options that share one connection per node through control_dir (none without it).
+
+        The first command to a node becomes the connection's master and leaves it running in the
+        background (ControlPersist); later ones open a session on it. %C hashes host, port and user."""
+        if self.control_dir is None:
+            return []
+        return ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C",
+                "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
 
     def run(self, node: str, argv: Sequence[str], *, check: bool = True, timeout: float = 60.0,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -145,6 +173,38 @@ class Target:
         return str(json.loads(out)[0]["address"])
 
 
+@contextlib.contextmanager
+def shared_connections(target: Target, directory: str | Path | None = None) -> Iterator[Target]:
+    """The target with one ssh connection per node that every command reuses, all closed at the end.
+
+    The control sockets go to a new folder under `directory` (default: the temporary folder), which
+    is removed afterwards; a master still there then is an error naming its socket::
+
+        with shared_connections(load("target.toml")) as tgt:
+            tgt.run("lb", ["true"])  # the first command connects, later ones reuse it
+    """
+    made = Path(tempfile.mkdtemp(prefix="l4lab-ssh-", dir=directory))
+    if len(str(made)) + 1 + 40 > SOCKET_PATH_MAX:  # %C is 40 hex digits
+        made.rmdir()
+        raise LabError(f"the ssh control folder {made} is too long for a socket path ({SOCKET_PATH_MAX} bytes "
+                       "with the 40-character name); set TMPDIR to a shorter folder")
+    shared = replace(target, control_dir=str(made))
+    try:
+        yield shared
+    finally:
+        for node in shared.nodes.values():
+            # `-O exit` asks the master to end; a node never contacted has none (ssh says so, exit 255)
+            subprocess.run(["ssh", *shared.ssh_options, *shared._control_options(), "-O", "exit", node.ssh],
+                           capture_output=True, text=True, check=False, timeout=30)
+        # a master removes its socket as it exits, just after answering
+        left = poll(10.0, lambda: sorted(p.name for p in made.iterdir()), "", until=lambda names: not names,
+                    check=False)
+        shutil.rmtree(made, ignore_errors=True)
+        if left:
+            raise LabError(f"ssh connection masters of target {target.name} did not exit: sockets {', '.join(left)} "
+                           f"in {made}")
+
+
 def load(path: str | Path) -> Target:
     """Read and validate a target file; every error names the file, the key and what was expected."""
     p = Path(path)
@@ -157,7 +217,7 @@ def load(path: str | Path) -> Target:
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{where}: not valid TOML: {exc}") from None
     check = _reader(where)
-    check.known_keys(data, ("name", "topology", "ssh_options", "nodes", "trex"), "")
+    check.known_keys(data, ("name", "topology", "ssh_options", "time_scale", "nodes", "trex"), "")
     name = check.string(data.get("name", p.stem), "name", empty=False)
     topo_spec = check.string(data.get("topology"), "topology", empty=False)
     topo_path = Path(topo_spec)
@@ -179,7 +239,8 @@ def load(path: str | Path) -> Target:
             raise check.fail(key, node_name, f"a node of topology '{topo.name}' ({', '.join(sorted(names))})")
         nodes[node_name] = _node(check, key, node_name, check.table(raw, key))
     trex = _trex(check, data["trex"]) if "trex" in data else None
-    return Target(name, p, topo, nodes, tuple(opts), trex)
+    scale = check.number(data.get("time_scale", 1.0), "time_scale", 1.0, 1000.0, expected="a number 1..1000")
+    return Target(name, p, topo, nodes, tuple(opts), trex, time_scale=scale)
 
 
 def _reader(where: str) -> Reader:
@@ -329,13 +390,16 @@ def for_netns_lab(lab: str, topology: str, directory: Path) -> Path:
 
 
 def for_vagrant(topology: str, directory: Path, ssh_config: str | None = None,
-                env: Mapping[str, str] | None = None, machines: Sequence[str] | None = None) -> Path:
+                env: Mapping[str, str] | None = None, machines: Sequence[str] | None = None,
+                time_scale: float | None = None) -> Path:
     """Write a target file for the Vagrant lab of `topology` (run from the repository, after `vagrant up`).
 
     `ssh_config` is the output of `vagrant ssh-config` (read by running it when None). Vagrant logs
     in as the vagrant user, so every command runs through `sudo -n`; the checkout is the synced folder.
     `env` is the environment of `vagrant ssh-config` (default: this process's, with L4LAB_TOPOLOGY);
-    `machines` the nodes that are up (default: every node of the topology)."""
+    `machines` the nodes that are up (default: every node of the topology); `time_scale` the file's
+    (default TCG_TIME_SCALE when libvirt's driver is qemu, TCG, else 1)."""
+    from lab.remote.libvirtd import driver
     from lab.remote.vagrant import plan
 
     topo = load_topology(topology)
@@ -358,8 +422,10 @@ def for_vagrant(topology: str, directory: Path, ssh_config: str | None = None,
     missing = [n["name"] for n in nodes if n["name"] not in hosts]
     if missing:
         raise LabError(f"`vagrant ssh-config` lists no host for {', '.join(missing)}: is every machine up?")
+    if time_scale is None:
+        time_scale = TCG_TIME_SCALE if driver() == "qemu" else 1.0
     lines = [f'name = "vagrant-{topo.name}"', f'topology = "{topo.path}"', 'ssh_options = ["-F", "ssh_config"]',
-             ""]
+             f"time_scale = {time_scale:g}", ""]
     for n in nodes:
         lines += [f"[nodes.{n['name']}]", f'ssh = "{n["name"]}"', f'repo = "{p["synced_folder"]}"', "sudo = true",
                   ""]

@@ -41,6 +41,9 @@ session tables), and checked first against the real that really answered the con
 
 Marked hardware: with --target the client and the echo servers run on the target's hosts over
 ssh (they end when ssh's input closes) and the counters come from `lbctl stats --json` there.
+A target's `time_scale` (Vagrant on TCG: lab/remote/target.py) multiplies INTERVAL_S, TIMEOUT_S,
+NEW_EVERY_S and OBSERVE_S, and so FAIL_FAST_S: the same connections and the same assertions, at a
+request rate the emulated hosts carry.
 """
 
 from __future__ import annotations
@@ -196,21 +199,27 @@ def _run(balancer: LabBalancer, change: Callable[[], None]) -> dict[str, Any]:
     report["after"] map a connection's index to the real (node name) its ring slot names."""
     lab = balancer.lab
     vip = _vip(lab, balancer.family)
+    k = _scale(lab)
     with ChurnClient(lab, "client", vip, ECHO_PORT, "--conns", str(CONNS),
-                     "--interval", str(INTERVAL_S), "--timeout", str(TIMEOUT_S),
-                     "--new-every", str(NEW_EVERY_S), "--cpu", "0") as client:
+                     "--interval", str(INTERVAL_S * k), "--timeout", str(TIMEOUT_S * k),
+                     "--new-every", str(NEW_EVERY_S * k), "--cpu", "0") as client:
         before_owners = ring_owners(lab, balancer, vip, ECHO_PORT, client.ready["conns"])
         client.mark("change")
         before = counters(balancer)
         change()
         client.mark("applied")
-        report = client.stop(after=OBSERVE_S)
+        report = client.stop(after=OBSERVE_S * k)
     report["lb"] = changed(before, counters(balancer))
     report["before"] = before_owners
     report["after"] = ring_owners(lab, balancer, vip, ECHO_PORT, report["conns"])
     sys.stdout.write(f"\n{balancer.encap_id}: {_summary(report)}\n")
     _check_oracle(report)
     return report
+
+
+def _scale(lab: Lab) -> float:
+    """How many times slower than the netns lab the lab's hosts run (a target's time_scale, else 1)."""
+    return lab.target.time_scale if lab.target is not None else 1.0
 
 
 def _check_oracle(report: dict[str, Any]) -> None:
@@ -306,8 +315,9 @@ def _check_removal(balancer: LabBalancer, test: str) -> None:
     assert not broken, f"{len(broken)} flows of surviving reals broke: {broken[:5]}; {evidence}"
     alive = [c for c in victims if c["status"] not in ("reset", "timeout")]
     assert not alive, f"{len(alive)} flows of the removed {MOVED} still answer: {alive[:3]}; {evidence}"
-    slow = [c for c in victims if c["failed_at"] - change > FAIL_FAST_S + _apply_time(report)]
-    assert not slow, f"{len(slow)} flows of {MOVED} took longer than {FAIL_FAST_S} s to fail: {slow[:3]}"
+    fail_fast = FAIL_FAST_S * _scale(balancer.lab)
+    slow = [c for c in victims if c["failed_at"] - change > fail_fast + _apply_time(report)]
+    assert not slow, f"{len(slow)} flows of {MOVED} took longer than {fail_fast:g} s to fail: {slow[:3]}"
     kinds = {c["status"] for c in victims}
     assert kinds == {"reset"}, f"flows of the removed real should be reset by a surviving real, got {kinds}"
     # Exact: the reset flows are those the old ring gave MOVED, and the new ring gives each of them

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lab.errors import LabError, UsageError
-from lab.harness import REPO, Lab
+from lab.harness import REPO, Lab, poll
 from lab.remote import target
 
 pytestmark = pytest.mark.topology("default")
@@ -51,6 +51,16 @@ tx_mac = "0C:42:A1:00:00:01"
 """
 
 
+def test_shared_connections_refuse_a_folder_too_long_for_a_socket(tmp_path: Path) -> None:
+    t = target.load(_write(tmp_path, GOOD))
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    with pytest.raises(LabError, match="too long for a socket path"), target.shared_connections(t, deep):
+        pass
+    assert list(deep.iterdir()) == [], "the refused control folder was left behind"
+    assert "ControlMaster=auto" not in t.ssh_argv("lb", ["true"]), "an unshared target must connect per command"
+
+
 def test_target_file_is_read(tmp_path: Path) -> None:
     t = target.load(_write(tmp_path, GOOD))
     assert t.name == "rack1" and t.topology.name == "default"
@@ -79,6 +89,7 @@ def test_target_file_is_read(tmp_path: Path) -> None:
      r"trex.rx_port must be an integer 0..63"),
     ('topology = "default"\n[nodes.lb]\nssh = "x"\n[trex]\nserver = "s"\ntx_mac = "zz"\n',
      r"trex.tx_mac must be a MAC"),
+    ('topology = "default"\ntime_scale = 0.5\n[nodes.lb]\nssh = "x"\n', r"time_scale must be a number 1..1000"),
     ('topology = "nosuch"\n[nodes.lb]\nssh = "x"\n', r"nosuch"),
     ("topology = [\n", r"not valid TOML"),
 ])
@@ -94,13 +105,18 @@ def test_missing_target_file_says_how_to_make_one(tmp_path: Path) -> None:
         target.load(tmp_path / "none.toml")
 
 
-def test_vagrant_target_from_ssh_config(tmp_path: Path) -> None:
+def test_vagrant_target_from_ssh_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("L4LAB_LIBVIRT_DRIVER", "kvm")
     path = target.for_vagrant("default", tmp_path, VAGRANT_SSH_CONFIG)
     t = target.load(path)
     assert set(t.nodes) == {"client", "router", "lb", "real1", "real2", "real3"}
     assert all(n.sudo and n.repo == "/vagrant" and n.ssh == name for name, n in t.nodes.items())
     assert t.ssh_options == ("-F", str(tmp_path / "ssh_config"))
     assert (tmp_path / "ssh_config").read_text() == VAGRANT_SSH_CONFIG
+    assert t.time_scale == 1.0, "KVM guests run the suites' own intervals and timeouts"
+    monkeypatch.setenv("L4LAB_LIBVIRT_DRIVER", "qemu")
+    slow = target.load(target.for_vagrant("default", tmp_path / "tcg", VAGRANT_SSH_CONFIG))
+    assert slow.time_scale == target.TCG_TIME_SCALE > 1, "TCG guests get the stretched timeouts"
     with pytest.raises(LabError, match="no host for real3"):
         target.for_vagrant("default", tmp_path / "partial", VAGRANT_SSH_CONFIG.split("Host real3")[0])
 
@@ -142,6 +158,34 @@ def test_remote_capture_streams_the_frames(lab: Lab, netns_target: target.Target
     got = sorted(bytes(p[UDP].payload) for p in rdpcap(str(pcap))
                  if IP in p and UDP in p and p[IP].src == "192.0.2.2" and p[UDP].dport == 9)
     assert got == [b"capture %d" % i for i in range(5)], f"captured {got}, sent 5 datagrams"
+
+
+def test_shared_connections_run_every_command_over_one_connection(
+        netns_target: target.Target, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Two commands to a node under shared_connections are sessions of one ssh connection (the same sshd
+    is their parent), while without it each command connects anew; at the end no master and no socket
+    folder is left."""
+    def parent(tgt: target.Target) -> str:
+        return tgt.run("real1", ["sh", "-c", "echo $PPID"]).stdout.strip()
+
+    assert parent(netns_target) != parent(netns_target), "two unshared commands came through one connection"
+    base = tmp_path_factory.getbasetemp()  # short: a socket path holds 107 bytes
+    with target.shared_connections(netns_target, base) as shared:
+        assert shared.control_dir is not None and Path(shared.control_dir).parent == base
+        first, second = parent(shared), parent(shared)
+        assert first == second, f"the second command came through another connection (sshd {first}, then {second})"
+        master = subprocess.run(["ssh", *shared.ssh_argv("real1", ["true"])[1:-3], "-O", "check", "real1"],
+                                capture_output=True, text=True, check=False)
+        assert master.returncode == 0, f"no connection master answers for real1: {master.stderr}"
+        assert _alive(first), f"the shared connection's sshd {first} is gone between commands"
+        control = Path(shared.control_dir)
+    assert not control.exists(), f"the control folder {control} outlived shared_connections"
+    assert poll(10.0, lambda: not _alive(first), "the shared connection's sshd ended", check=False), \
+        f"sshd {first} of the shared connection still runs after shared_connections ended"
+
+
+def _alive(pid: str) -> bool:
+    return Path(f"/proc/{pid}").exists()
 
 
 def test_hardware_mode_runs_the_marked_suites(lab: Lab, netns_target: target.Target, tmp_path: Path) -> None:

@@ -424,7 +424,7 @@ def smoke_lab() -> Iterator[Any]:
     from lab.remote import libvirtd, target, vagrantbox, vagrantlab
 
     if os.environ.get("L4LAB_VAGRANT_SMOKE") != "1":
-        pytest.skip("the Vagrant smoke is not part of make test because its three TCG machines take about 7 minutes "
+        pytest.skip("the Vagrant smoke is not part of make test because its three TCG machines take about 4 minutes "
                     "from nothing; run it with make test-vagrant-smoke (L4LAB_VAGRANT_SMOKE=1)")
     why = _vagrant_libvirt_missing()
     if why:
@@ -443,7 +443,8 @@ def smoke_lab() -> Iterator[Any]:
             now = t.mark("smoke: vagrant up of " + " ".join(SMOKE_MACHINES), now)
             path = target.for_vagrant("default", vagrantlab.state_dir(lab) / "target", env=environ,
                                       machines=SMOKE_MACHINES)
-            yield target.load(path)
+            with target.shared_connections(target.load(path)) as hosts:  # one ssh connection per machine
+                yield hosts
             now = t.mark("smoke: the DSR request", now)
         finally:
             vagrantlab.vagrant(["destroy", "-f"], environ, log, timeout=900)
@@ -504,3 +505,7 @@ def test_vagrant_smoke_one_dsr_request_through_the_local_box(smoke_lab: Any, tmp
     assert counts.to_lb > 0 and counts.from_lb == counts.to_lb, counts
     xdp = tgt.run("lb", ["ip", "-d", "link", "show", "dev", lb_if]).stdout
     assert " xdp " in xdp, f"no native XDP program on the LB's virtio NIC:\n{xdp}"
+    # real.sh once took the IPv4 GUE port for the IPv6 one (`ip fou show` lists both): ip6-gue1 died there
+    fou = json.loads(tgt.run("real1", ["ip", "-j", "fou", "show"]).stdout)
+    families = {f["family"] for f in fou if f["port"] == vagrant.GUE_PORT}
+    assert families == {"inet", "inet6"}, f"real1 decapsulates GUE on port {vagrant.GUE_PORT} for {families}: {fou}"

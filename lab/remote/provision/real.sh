@@ -71,15 +71,18 @@ fi
 if [ ${#gue_ports[@]} -gt 0 ]; then
 	ip fou show >/dev/null 2>&1 || modprobe fou 2>/dev/null || true
 	ip fou show >/dev/null 2>&1 || no_module fou "'ip fou show' cannot reach the kernel's fou family"
+	# `ip -6 fou show` answers without fou6 (fou's netlink family is fou.ko's): load it outright
 	if [ "$ipv6" = 1 ]; then
-		ip -6 fou show >/dev/null 2>&1 || modprobe fou6 2>/dev/null || true
+		modprobe fou6 2>/dev/null || true
 	fi
 fi
-# GUE ports take variant 0 (4-byte header) and variant 1 (IP right after UDP) alike.
+# GUE ports take variant 0 (4-byte header) and variant 1 (IP right after UDP) alike. `ip fou show`
+# and `ip -6 fou show` both list every port of both families, an IPv6 one as "port P gue -6":
+# match whole lines, or the IPv4 port passes for the IPv6 one (which then was never added).
 for p in "${gue_ports[@]}"; do
-	ip fou show | grep -q "^port $p gue" || ip fou add port "$p" gue || die "cannot add GUE port $p"
+	ip fou show | grep -qx "port $p gue" || ip fou add port "$p" gue || die "cannot add GUE port $p"
 	if [ "$ipv6" = 1 ]; then
-		ip -6 fou show 2>/dev/null | grep -q "^port $p gue" || ip -6 fou add port "$p" gue \
+		ip fou show 2>/dev/null | grep -qx "port $p gue -6" || ip -6 fou add port "$p" gue \
 			|| no_module fou6 "'ip -6 fou add port $p gue' failed"
 	fi
 done
