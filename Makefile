@@ -60,6 +60,8 @@ test: deps-all bpf abi-check lint
 	$(PY) -m pytest suites/ $(PYTEST_ARGS)
 	# The core conformance checks against Linux IPVS in a VM (l4lab's column ran above).
 	$(VENV)/bin/l4lab conform --dut ipvs --no-report
+	# One Vagrant smoke (test-vagrant-smoke below): about 4 minutes from nothing, the box included.
+	L4LAB_VAGRANT_SMOKE=1 $(PY) -m pytest suites/lab/test_vagrant.py -k smoke -rs -s $(PYTEST_ARGS)
 
 # The package as a user gets it (root, PyPI): `pip install .` into a fresh venv, then that venv's lbctl
 # loads the packaged BPF object on a veth from outside the source tree. Minutes, so not in `make test`.
