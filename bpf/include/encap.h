@@ -69,9 +69,9 @@ static __always_inline void encap_src6(__u32 *out, const struct lb_settings *s, 
 
 /* The input frame's L2 words that the output keeps: its destination MAC (the output's source) and,
  * behind a VLAN tag, the TPID and TCI. Read and written as 32- and 16-bit words: through the packed
- * struct ethhdr (or a memcpy to a packet pointer) clang moves each byte on its own, about 60
- * instructions a frame. The verifier allows unaligned packet access where the architecture has
- * efficient unaligned access (x86-64, arm64), and the JIT makes each word one instruction. */
+ * struct ethhdr (or a memcpy to a packet pointer) clang moves each byte on its own, a load, shift and
+ * or per byte read. The verifier allows unaligned packet access where the architecture has efficient
+ * unaligned access (x86-64, arm64), and the JIT makes each word one instruction. */
 struct saved_l2 {
 	__u32 mac_head; /* bytes 0-3 of the input's destination MAC */
 	__u16 mac_tail; /* bytes 4-5 */

@@ -39,6 +39,9 @@ struct vlan_hdr {
 	__be16 proto;
 };
 
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+	       "parse_ipv4 and process() store a 32-bit field with the zero or bytes after it as one 64-bit word");
+
 /* What the balancer knows about one frame once it is parsed. Addresses and ports in network order. */
 struct __attribute__((aligned(8))) packet { /* 8: see parse_ipv4 and process() */
 	struct lb_flow flow; /* the packet's own 5-tuple, as received */
