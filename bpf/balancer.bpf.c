@@ -170,6 +170,8 @@ __noinline int forward(struct xdp_md *ctx, const struct packet *pkt, const struc
 	if (pkt->flow.family == LB_AF_INET6 && real->family != LB_AF_INET6)
 		return LB_DROP_FAMILY_MISMATCH;
 
+	counter_touch(&lb_vip_stats, vip_num);
+	counter_touch(&lb_real_stats, real_id);
 	overhead = encap_overhead(mode, real->family);
 	if (s->mtu && pkt->ip_len + overhead > s->mtu) {
 		/* Never an ICMP error about an ICMP error; never a fragment from us. */
