@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--katran", metavar="PATH", nargs="?", const="",
                         help="time l4lab and Katran side by side: Katran is built from the checkout at PATH "
                              "(default $L4LAB_KATRAN_SRC); see lab/bench/katran.py")
+    parser.add_argument("--baseline", metavar="OBJ", type=Path,
+                        help="with --katran: also time this balancer.o (an older build, a variant) in the "
+                             "same rounds and print l4lab against it")
     parser.add_argument("--results", metavar="DIR", type=Path,
                         help="results directory (default $L4LAB_RESULTS or results/)")
 
@@ -97,8 +100,10 @@ def run(args: argparse.Namespace) -> int:
         from lab.bench import katran as katranbench
 
         check_environment()
-        katranbench.run(katranbench.options(args.katran or None, args.quick, args.results))
+        katranbench.run(katranbench.options(args.katran or None, args.quick, args.results, args.baseline))
         return 0
+    if args.baseline is not None:
+        raise UsageError("--baseline times another balancer object beside l4lab and Katran: it needs --katran")
     opts = options(args)
     if opts.trex is not None:
         from lab.bench import trex as trexbench

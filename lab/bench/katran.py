@@ -34,6 +34,11 @@ machine runs; the loop cost (thread CPU time, which leaves out time given to oth
 same loop measured without the scheduler, and floor ÷ program is its ratio. Floor and balancer share
 the generator and the sink: the ratio charges each program only its own work and what it sends.
 
+`--baseline OBJ` (Options.baseline) loads another balancer object beside l4lab's, an older build or
+a variant of the datapath with the same BTF contract, and times its cases as "base" in the same
+rounds: changes of a few nanoseconds, which separate runs cannot tell from the machine's noise (the
+ratios move about ±0.05 from run to run), show as l4lab against base within one run.
+
 The result (reports/schema.py) holds the micro table, the program sizes and the loop costs in
 `side_by_side`, and the NDRs as 64-byte points of l4lab with Katran's in `versus`.
 """
@@ -111,11 +116,63 @@ class Result:
     results_file: Path | None = None
 
 
-def options(katran: str | None, quick: bool, results: Path | None) -> Options:
+def options(katran: str | None, quick: bool, results: Path | None, baseline: Path | None = None) -> Options:
     """The issue's 200,000 calls per case in 5 rounds with 1,000,000-entry tables, or a quick run."""
     if quick:
-        return Options(katran=katran, runs=20_000, rounds=4, lru_size=1 << 17, quick=True, results=results)
-    return Options(katran=katran, results=results)
+        return Options(katran=katran, runs=20_000, rounds=4, lru_size=1 << 17, quick=True, results=results,
+                       baseline=baseline)
+    return Options(katran=katran, results=results, baseline=baseline)
+
+
+def check_baseline(path: Path) -> None:
+    """Refuse a baseline object that this checkout's controller cannot program: not a file, or a BTF
+    contract (structs, enums, maps, load-time constants) other than balancer/_abi.py's."""
+    from balancer import _abi
+    from balancer.btf import read_contract
+    from balancer.errors import AbiMismatchError
+
+    if not path.is_file():
+        raise LabError(f"--baseline {path}: no such file (a balancer.o built by `make bpf`, e.g. in a "
+                       "worktree of an older commit)")
+    try:
+        got = read_contract(str(path)).digest()
+    except AbiMismatchError as exc:
+        raise LabError(f"--baseline {path}: not a BPF object with BTF ({exc})") from None
+    want = _abi.DIGESTS["balancer"]
+    if got != want:
+        raise LabError(f"--baseline {path}: its BTF contract ({got}) differs from this checkout's "
+                       f"balancer/_abi.py ({want}); the bench programs its maps with this checkout's "
+                       "layout, so a baseline must be built from a commit with the same contract")
+
+
+def baseline_object(stack: ExitStack, path: Path) -> Path:
+    """A copy of the baseline named balancer.o in a private folder, removed with the stack: the loader
+    finds an object's contract by its file name, so the object itself may be called anything."""
+    import shutil
+    import tempfile
+
+    check_baseline(path)
+    folder = Path(tempfile.mkdtemp(prefix="l4lab-baseline-"))
+    stack.callback(shutil.rmtree, folder, True)
+    copy = folder / "balancer.o"
+    shutil.copyfile(path, copy)
+    return copy
+
+
+def baseline_lines(result: Result) -> list[str]:
+    """l4lab against the baseline, both as ratios to Katran's cost above the floor, and the difference."""
+    m = result.medians
+    floor = m["floor:xdp_tx"]
+    lines = [f"{'l4lab against --baseline':<24} {'base':>8} {'l4lab':>8}   x Katran above the floor: base, "
+             "l4lab, l4lab - base"]
+    for name in sorted(k[5:] for k in m if k.startswith("base:")):
+        base, ours, theirs = m["base:" + name], m["l4lab:" + name], m.get("katran:" + name)
+        if theirs is None or theirs <= floor:
+            lines.append(f"{name:<24} {base:>8.0f} {ours:>8.0f}")
+            continue
+        rb, ro = (base - floor) / (theirs - floor), (ours - floor) / (theirs - floor)
+        lines.append(f"{name:<24} {base:>8.0f} {ours:>8.0f}   {rb:.2f} {ro:.2f} {ro - rb:+.2f}")
+    return lines
 
 
 # --- frames -----------------------------------------------------------------------------------------
@@ -288,6 +345,8 @@ def time_rounds(cases: list[Timed], sides: list[Side], per_round: int, rounds: i
 def run(opts: Options, say: Callable[[str], None] = print) -> Result:
     from balancer.libbpf import BpfObject
 
+    if opts.baseline:
+        check_baseline(Path(opts.baseline))  # before minutes of building Katran
     checkout = K.Checkout.find(opts.katran)
     objs = {flavour: K.build(checkout, flavour) for flavour in K.FLAVOURS}
     say(f"built Katran from {checkout.root}: {', '.join(str(p) for p in objs.values())}")
@@ -301,12 +360,13 @@ def run(opts: Options, say: Callable[[str], None] = print) -> Result:
         cases = [Timed("floor:xdp_drop", floor.program("xdp_drop"), lambda: frame, XDP_DROP),
                  Timed("floor:xdp_tx", floor.program("xdp_tx_swap"), lambda: frame, XDP_TX)]
         sides: list[Side] = []
+        baseline = baseline_object(stack, Path(opts.baseline)) if opts.baseline else None
         with pinned() as cpu:
             for n, encap_id in enumerate(ENCAPS):
                 these = [l4lab_side(stack, encap_id, opts.lru_size),
                          katran_side(stack, encap_id, objs[ENCAPS[encap_id]], opts.lru_size)]
-                if opts.baseline:
-                    these.append(l4lab_side(stack, encap_id, opts.lru_size, opts.baseline, "base"))
+                if baseline:
+                    these.append(l4lab_side(stack, encap_id, opts.lru_size, baseline, "base"))
                 for side in these:
                     sides.append(side)
                     cases += side_cases(side, n << 20)
@@ -322,9 +382,8 @@ def run(opts: Options, say: Callable[[str], None] = print) -> Result:
     for line in table(result):
         say(line)
     if opts.baseline:
-        for name, ns in result.medians.items():
-            if name.startswith("base:"):
-                say(f"  {name:<28} {ns:8.0f}   l4lab {result.medians['l4lab:' + name[5:]]:8.0f}")
+        for line in baseline_lines(result):
+            say(line)
     if opts.ndr:
         measure_ndr(opts, objs, result, say)
     write_results(result, opts)

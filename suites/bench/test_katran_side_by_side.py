@@ -3,13 +3,17 @@
 The adapter's tests build Katran from the checkout that L4LAB_KATRAN_SRC names and are skipped,
 saying so, elsewhere. What they check: Katran programmed by our code forwards a flow to a real of
 its ring in IPIP and in GUE (outer UDP checksum valid), its counters tell a new flow from a session
-hit, and the side-by-side bench's path checks hold on every call of a short run.
+hit, and the side-by-side bench's path checks hold on every call of a short run, a --baseline
+object's too. Refusing a baseline needs no checkout.
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,6 +84,25 @@ def test_a_path_that_is_no_checkout_is_refused(tmp_path: Path) -> None:
         katran.Checkout.find(tmp_path)
 
 
+BUILD = Path(__file__).resolve().parents[2] / "build" / "bpf"
+
+
+def test_baseline_without_katran_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_cli.main(["--baseline", str(BUILD / "balancer.o")]) == 2
+    assert "it needs --katran" in capsys.readouterr().err
+
+
+def test_a_baseline_the_controller_cannot_program_is_refused_before_katran_is_built(tmp_path: Path) -> None:
+    """Another object's contract, a file that is no BPF object, a missing file: each a clear error,
+    raised before the bench looks for Katran (no checkout is given here)."""
+    (tmp_path / "notes.o").write_text("not an object")
+    for path, says in ((BUILD / "decap.o", "differs from this checkout's balancer/_abi.py"),
+                       (tmp_path / "notes.o", "not a BPF object with BTF"),
+                       (tmp_path / "gone.o", "no such file")):
+        with pytest.raises(LabError, match=says):
+            katranbench.run(katranbench.Options(katran=tmp_path, baseline=path, ndr=False))
+
+
 @NEEDS_ROOT
 @pytest.mark.parametrize("flavour", list(katran.FLAVOURS))
 def test_katran_programmed_by_us_forwards_new_flows_and_hits_sessions(objects: dict[str, Path], flavour: str,
@@ -138,3 +161,26 @@ def test_side_by_side_checks_every_path(checkout: katran.Checkout, tmp_path: Pat
     assert (hit.path_counter, hit.other_path_counter) == ("LRU_HIT", "LRU hits")
     assert [z.encap for z in sbs.sizes] == list(katranbench.ENCAPS)
     assert written.payload.points == [], "no live frames in this run (ndr=False)"
+
+
+@NEEDS_ROOT
+def test_a_baseline_is_timed_in_the_same_rounds(checkout: katran.Checkout, tmp_path: Path) -> None:
+    """This build under another name as the baseline: its cases take their paths on every call (the
+    same counter checks), it prints beside l4lab, and its private copy is gone afterwards."""
+    older = tmp_path / "older-build.o"
+    shutil.copyfile(BUILD / "balancer.o", older)
+    copies = glob.glob(os.path.join(tempfile.gettempdir(), "l4lab-baseline-*"))
+    lines: list[str] = []
+    opts = katranbench.Options(katran=checkout.root, runs=200, rounds=2, lru_size=4096, ndr=False,
+                               baseline=older)
+    result = katranbench.run(opts, lines.append)
+    for encap in katranbench.ENCAPS:
+        for case in ("session-hit", "new-syn", "new-ack"):
+            assert result.medians[f"base:{encap}:{case}"] > 0
+    assert sum("actions and path counters checked" in line for line in lines) == 2
+    start = lines.index(next(line for line in lines if line.startswith("l4lab against --baseline")))
+    rows = lines[start + 1:start + 1 + 7]
+    assert sorted(r.split()[0] for r in rows) == sorted(
+        ["non-vip"] + [f"{e}:{c}" for e in katranbench.ENCAPS for c in ("new-ack", "new-syn", "session-hit")])
+    assert all(len(r.split()) == 6 for r in rows), rows
+    assert glob.glob(os.path.join(tempfile.gettempdir(), "l4lab-baseline-*")) == copies
