@@ -2,7 +2,7 @@
 # setup.sh: installs everything l4lab needs on a Debian/Ubuntu machine, as root; idempotent.
 #
 #   scripts/setup.sh            system packages, the Python venv, bpffs/tracefs mounts
-#   scripts/setup.sh --extra X  also the packages of feature X (vm, frr, trace, browser, tools, vagrant, ssh)
+#   scripts/setup.sh --extra X  also the packages of feature X (vm, frr, trace, browser, tools, vagrant, ssh, perf)
 #   scripts/setup.sh --all      every feature (what `make test` needs to run every suite)
 #
 # The VM's kernel is never installed on this host: `--extra vm` downloads the package that
@@ -23,6 +23,7 @@ declare -A extra_pkgs=(
   [tools]="tshark iperf3"
   [vagrant]="vagrant vagrant-libvirt libvirt-daemon-system dnsmasq-base qemu-utils qemu-system-x86 debootstrap e2fsprogs shellcheck"
   [ssh]="openssh-client openssh-server"
+  [perf]="linux-perf"
 )
 
 log() { printf 'setup: %s\n' "$*"; }
@@ -44,10 +45,10 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-# Ubuntu names bpftool differently: it ships in linux-tools-*.
+# Ubuntu names bpftool and perf differently: both ship in linux-tools-*.
 if [ -r /etc/os-release ] && . /etc/os-release && [ "${ID:-}" = ubuntu ]; then
   for i in "${!wanted[@]}"; do
-    [ "${wanted[$i]}" = bpftool ] && wanted[$i]="linux-tools-common linux-tools-generic"
+    case "${wanted[$i]}" in bpftool|linux-perf) wanted[$i]="linux-tools-common linux-tools-generic" ;; esac
   done
   read -r -a wanted <<<"${wanted[*]}"
 fi

@@ -41,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", metavar="OBJ", type=Path,
                         help="with --katran: also time this balancer.o (an older build, a variant) in the "
                              "same rounds and print l4lab against it")
+    parser.add_argument("--profile", metavar="ID", choices=list(ENCAPS),
+                        help="sample the live loop with perf while the balancer serves this encap and print "
+                             "where its time per frame goes, by source line (lab/bench/profile.py); "
+                             "--baseline OBJ profiles that object instead")
     parser.add_argument("--results", metavar="DIR", type=Path,
                         help="results directory (default $L4LAB_RESULTS or results/)")
 
@@ -101,6 +105,12 @@ def run(args: argparse.Namespace) -> int:
 
         check_environment()
         katranbench.run(katranbench.options(args.katran or None, args.quick, args.results, args.baseline))
+        return 0
+    if args.profile is not None:
+        from lab.bench import profile
+
+        check_environment()
+        profile.run(args.profile, obj=args.baseline)
         return 0
     if args.baseline is not None:
         raise UsageError("--baseline times another balancer object beside l4lab and Katran: it needs --katran")

@@ -188,12 +188,13 @@ class Testbed:
         self.stack.callback(link.close)
         return link
 
-    def load_balancer(self) -> None:
+    def load_balancer(self, obj: Path | None = None) -> None:
+        """The balancer instance (build/bpf/balancer.o, or obj), loaded once."""
         from balancer.controller import Instance
 
         if self.instance is None:
             self.instance = Instance.load(self.instance_name, [], config=lb_config(IP4_IPIP),
-                                          obj=_object("balancer.o"))
+                                          obj=str(obj) if obj else _object("balancer.o"))
             self.stack.callback(self.instance.unload)
 
     def on_lb(self, what: str) -> None:
