@@ -31,7 +31,9 @@ from typing import Any
 from lab.errors import LabError
 
 PERF_HOW = "bash scripts/setup.sh --extra perf (Debian's linux-perf)"
-SAMPLE_HZ = 20_000
+# Sampling rate: each cpu-clock sample costs this VM several microseconds (at 20 kHz the loop's 114 ns
+# per frame became 180-190; at 2 kHz it stayed 114), so the rate stays low and the run long instead.
+SAMPLE_HZ = 2_000
 
 # struct bpf_prog_info (include/uapi/linux/bpf.h): byte offsets of the fields read here.
 _INFO_SIZE = 256
@@ -142,6 +144,7 @@ class Profile:
     by_line: collections.Counter[SourceLine]
     by_symbol: collections.Counter[str]           # every other sample, by kernel symbol
     ns_per_frame: float                           # the loop's CPU time per frame meanwhile
+    unsampled_ns: float = 0.0                     # the same loop just before, without perf
 
     def ns(self, count: int) -> float:
         return self.ns_per_frame * count / self.samples if self.samples else 0.0
@@ -195,6 +198,7 @@ def record(cpu: int, seconds: float, run_loop: Callable[[], float], workdir: Pat
     """perf samples `cpu` for `seconds` while run_loop() runs there again and again (each call returns
     the loop's ns per frame); returns perf script's text and the median ns per frame."""
     perf = perf_binary()
+    run_loop()  # the first round warms the sessions and the page pool
     data = workdir / "perf.data"
     proc = subprocess.Popen([perf, "record", "-q", "-C", str(cpu), "-e", "cpu-clock", "-F", str(SAMPLE_HZ),
                              "-o", str(data), "--", "sleep", f"{seconds:g}"],
@@ -219,7 +223,7 @@ def record(cpu: int, seconds: float, run_loop: Callable[[], float], workdir: Pat
     return script.stdout, sorted(costs)[len(costs) // 2]
 
 
-def profile(encap_id: str, seconds: float = 4.0, obj: Path | None = None) -> Profile:
+def profile(encap_id: str, seconds: float = 6.0, obj: Path | None = None) -> Profile:
     """The live loop with the balancer serving encap_id, sampled for `seconds`."""
     from lab.bench import run as B
 
@@ -238,12 +242,16 @@ def profile(encap_id: str, seconds: float = 4.0, obj: Path | None = None) -> Pro
                     raise LabError(f"the live loop delivered only {cost.delivered:.3f} of its frames")
                 return float(cost.cpu_ns_per_frame)
 
+            unsampled = sorted(loop() for _ in range(3))[1]
             text, ns = record(cpu, seconds, loop, Path(tmp))
-    return attribute(parse_perf_script(text), image, ns)
+    result = attribute(parse_perf_script(text), image, ns)
+    result.unsampled_ns = unsampled
+    return result
 
 
 def table(p: Profile, encap_id: str, top: int = 25) -> list[str]:
-    lines = [f"{encap_id}: {p.ns_per_frame:.1f} ns per frame of the whole loop; {p.samples} samples, "
+    lines = [f"{encap_id}: {p.ns_per_frame:.1f} ns per frame of the whole loop while sampled "
+             f"({p.unsampled_ns:.1f} without perf); {p.samples} samples at {SAMPLE_HZ} Hz, "
              f"{p.in_program} ({100 * p.in_program / max(p.samples, 1):.1f} %) in the balancer",
              f"{'share':>6} {'ns/frame':>8}  where"]
     rows: list[tuple[int, str]] = [(n, f"{line.where:<22} {line.text[:80]}") for line, n in p.by_line.items()]
@@ -253,7 +261,7 @@ def table(p: Profile, encap_id: str, top: int = 25) -> list[str]:
     return lines
 
 
-def run(encap_id: str, say: Callable[[str], None] = print, seconds: float = 4.0, obj: Path | None = None) -> Any:
+def run(encap_id: str, say: Callable[[str], None] = print, seconds: float = 6.0, obj: Path | None = None) -> Any:
     result = profile(encap_id, seconds, obj)
     for line in table(result, encap_id):
         say(line)
