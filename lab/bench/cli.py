@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default $L4LAB_KATRAN_SRC); see lab/bench/katran.py")
     parser.add_argument("--baseline", metavar="OBJ", type=Path,
                         help="with --katran: also time this balancer.o (an older build, a variant) in the "
-                             "same rounds and print l4lab against it")
+                             "same rounds and print l4lab against it; with --profile: profile it instead")
     parser.add_argument("--profile", metavar="ID", choices=list(ENCAPS),
                         help="sample the live loop with perf while the balancer serves this encap and print "
                              "where its time per frame goes, by source line (lab/bench/profile.py); "
@@ -100,6 +100,8 @@ def options(args: argparse.Namespace) -> Options:
 
 def run(args: argparse.Namespace) -> int:
     """The verb's body for lab/cli.py: errors propagate as LabError / UsageError (exit 1 / 2)."""
+    if args.katran is not None and args.profile is not None:
+        raise UsageError("--katran and --profile are separate runs: give one of them")
     if args.katran is not None:
         from lab.bench import katran as katranbench
 
@@ -113,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         profile.run(args.profile, obj=args.baseline)
         return 0
     if args.baseline is not None:
-        raise UsageError("--baseline times another balancer object beside l4lab and Katran: it needs --katran")
+        raise UsageError("--baseline times another balancer object beside l4lab and Katran: it needs --katran "
+                         "(or --profile, to profile it)")
     opts = options(args)
     if opts.trex is not None:
         from lab.bench import trex as trexbench

@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,11 +227,15 @@ def record(cpu: int, seconds: float, run_loop: Callable[[], float], workdir: Pat
 def profile(encap_id: str, seconds: float = 6.0, obj: Path | None = None) -> Profile:
     """The live loop with the balancer serving encap_id, sampled for `seconds`."""
     from lab.bench import run as B
+    from lab.bench.katran import baseline_object
 
     perf_binary()  # before the testbed is built
     cpu = max(os.sched_getaffinity(0))
-    with B.testbed() as bed, tempfile.TemporaryDirectory(prefix="l4lab-profile-") as tmp:
-        bed.load_balancer(obj)
+    with ExitStack() as stack:
+        copy = baseline_object(stack, obj) if obj else None  # checked: this checkout's contract
+        bed = stack.enter_context(B.testbed())
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="l4lab-profile-"))
+        bed.load_balancer(copy)
         bed.instance.apply(B.lb_config(encap_id))
         prog = bed.instance.dp.programs["balancer_xdp"]
         image = jit_image(prog.fd)

@@ -97,3 +97,16 @@ def test_a_profile_of_the_live_loop_finds_the_balancer_and_its_session_lookup() 
     assert any("htab" in sym or "lookup_nulls" in sym for sym in p.by_symbol), \
         f"the session table's lookup runs in the kernel: {p.by_symbol.most_common(8)}"
     assert sum(p.ns(n) for n in [*p.by_line.values(), *p.by_symbol.values()]) == pytest.approx(p.ns_per_frame)
+
+
+def test_profile_and_katran_are_separate_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_cli.main(["--katran", "/nowhere", "--profile", "ip4-ipip"]) == 2
+    assert "separate runs" in capsys.readouterr().err
+
+
+@NEEDS_ROOT
+def test_profiling_an_object_of_another_contract_is_refused_before_the_testbed(tmp_path: Path) -> None:
+    if not shutil.which("perf"):
+        pytest.skip(f"perf is not installed: {profile.PERF_HOW}")
+    with pytest.raises(LabError, match="differs from this checkout's balancer/_abi.py"):
+        profile.profile("ip4-ipip", seconds=1, obj=ROOT / "build" / "bpf" / "decap.o")
