@@ -206,7 +206,9 @@ def record(cpu: int, seconds: float, run_loop: Callable[[], float], workdir: Pat
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     costs: list[float] = []
     try:
-        time.sleep(0.3)  # perf opens its events before the loop starts
+        deadline = time.monotonic() + 10  # perf writes its file's header once its events are open
+        while proc.poll() is None and not (data.is_file() and data.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.01)
         while proc.poll() is None:
             costs.append(run_loop())
         _, err = proc.communicate(timeout=30)
