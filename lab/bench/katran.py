@@ -45,7 +45,6 @@ The result (reports/schema.py) holds the micro table, the program sizes and the 
 
 from __future__ import annotations
 
-import ctypes
 import ipaddress
 import os
 import socket
@@ -263,15 +262,11 @@ def ring() -> Any:
 
 def program_insns(prog: Any) -> tuple[int, int]:
     """(xlated instructions, verified instructions) of a loaded program, from bpf_prog_info."""
-    from balancer.libbpf import lib
+    from lab.bench.profile import prog_info, u32_at
 
-    info = ctypes.create_string_buffer(256)
-    size = ctypes.c_uint32(256)
-    if lib().bpf_obj_get_info_by_fd(prog.fd, info, ctypes.byref(size)) != 0:
-        raise LabError(f"cannot read bpf_prog_info of '{prog.name}'")
-    xlated_len = struct.unpack_from("<I", info.raw, 20)[0]
-    verified = struct.unpack_from("<I", info.raw, 216)[0]  # bpf_prog_info.verified_insns (Linux ≥ 5.16)
-    return xlated_len // 8, verified
+    info = prog_info(prog.fd)
+    # xlated_prog_len at 20; verified_insns at 216 (Linux >= 5.16)
+    return u32_at(info, 20) // 8, u32_at(info, 216)
 
 
 # --- timing -----------------------------------------------------------------------------------------

@@ -77,7 +77,8 @@ class JitImage:
         return self.lines[i] if i >= 0 else None
 
 
-def _info(fd: int, prepare: Callable[[ctypes.Array[ctypes.c_char]], None] | None = None) -> bytes:
+def prog_info(fd: int, prepare: Callable[[ctypes.Array[ctypes.c_char]], None] | None = None) -> bytes:
+    """A program's struct bpf_prog_info; `prepare` fills in the arrays the kernel is to copy out."""
     from balancer.libbpf import lib
 
     buf = ctypes.create_string_buffer(_INFO_SIZE)
@@ -89,7 +90,7 @@ def _info(fd: int, prepare: Callable[[ctypes.Array[ctypes.c_char]], None] | None
     return buf.raw
 
 
-def _u32(raw: bytes, off: int) -> int:
+def u32_at(raw: bytes, off: int) -> int:
     return int(struct.unpack_from("<I", raw, off)[0])
 
 
@@ -97,12 +98,12 @@ def jit_image(prog_fd: int) -> JitImage:
     """The JIT image of a loaded program: needs root, the JIT on, and a program loaded with BTF."""
     from balancer.libbpf import lib
 
-    first = _info(prog_fd)
-    if not _u32(first, _JITED_PROG_LEN):
+    first = prog_info(prog_fd)
+    if not u32_at(first, _JITED_PROG_LEN):
         raise LabError("the program is not JIT-compiled (net.core.bpf_jit_enable = 0?)")
-    nr_ksyms, nr_lens = _u32(first, _NR_JITED_KSYMS), _u32(first, _NR_JITED_FUNC_LENS)
-    nr_lines, nr_jited = _u32(first, _NR_LINE_INFO), _u32(first, _NR_JITED_LINE_INFO)
-    rec = _u32(first, _LINE_INFO_REC_SIZE)
+    nr_ksyms, nr_lens = u32_at(first, _NR_JITED_KSYMS), u32_at(first, _NR_JITED_FUNC_LENS)
+    nr_lines, nr_jited = u32_at(first, _NR_LINE_INFO), u32_at(first, _NR_JITED_LINE_INFO)
+    rec = u32_at(first, _LINE_INFO_REC_SIZE)
     if not nr_lines or nr_lines != nr_jited or rec < 16:
         raise LabError("the program has no line info (built without clang -g?)")
     ksyms, lens = (ctypes.c_uint64 * nr_ksyms)(), (ctypes.c_uint32 * nr_lens)()
@@ -115,8 +116,8 @@ def jit_image(prog_fd: int) -> JitImage:
                          ctypes.addressof(jited))
         struct.pack_into("<IIII", buf, _NR_JITED_LINE_INFO, nr_jited, rec, 8, 0)
 
-    second = _info(prog_fd, prepare)
-    btf_id = _u32(second, _BTF_ID)
+    second = prog_info(prog_fd, prepare)
+    btf_id = u32_at(second, _BTF_ID)
     lib().btf__load_from_kernel_by_id.restype = ctypes.c_void_p
     lib().btf__load_from_kernel_by_id.argtypes = [ctypes.c_uint32]
     lib().btf__name_by_offset.restype = ctypes.c_char_p
