@@ -33,7 +33,8 @@ from lab.errors import LabError
 
 PERF_HOW = "bash scripts/setup.sh --extra perf (Debian's linux-perf)"
 # Sampling rate: each cpu-clock sample costs this VM several microseconds (at 20 kHz the loop's 114 ns
-# per frame became 180-190; at 2 kHz it stayed 114), so the rate stays low and the run long instead.
+# per frame became 180-190; at 2 kHz it was 114-116 against 110-114 without perf), so the rate stays
+# low and the run long instead.
 SAMPLE_HZ = 2_000
 
 # struct bpf_prog_info (include/uapi/linux/bpf.h): byte offsets of the fields read here.
