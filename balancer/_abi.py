@@ -254,6 +254,8 @@ RODATA = {
     "balancer": {
         "cfg_ring_size": (40, 4),
         "cfg_udp_timeout_ns": (48, 8),
+        "cfg_jiffy_ns": (56, 4),
+        "cfg_jiffies_at_boot": (64, 8),
     },
     "decap": {
         "cfg_gue_port": (48, 2),
@@ -313,7 +315,7 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "75053ac4f89700503a1dd81237c9b414",
+    "balancer": "534598fde12f5d618f5a964858ce0e5e",
     "decap": "5ff21603b6b9d29eb776b2e1ff02a80f",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
     "healthcheck": "8b5e44658a47be8dbb63f696ae9fa9fc",

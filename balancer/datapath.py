@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from balancer import _abi, objects
+from balancer import _abi, kclock, objects
 from balancer.btf import read_contract
 from balancer.errors import AbiMismatchError, DatapathError
 from balancer.libbpf import (
@@ -240,7 +240,7 @@ class Datapath:
         obj = BpfObject(obj_path)
         try:
             _patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size,
-                                            "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9)})
+                                            "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), **kclock.rodata()})
             obj.set_max_entries("lb_vips", max_vips * VIP_ENTRIES_PER_VIP)
             obj.set_max_entries("lb_vip_stats", max_vips)
             obj.set_max_entries("lb_reals", max_reals)
@@ -271,7 +271,7 @@ class Datapath:
         obj = BpfObject(obj_path)
         try:
             _patch_rodata(obj, "balancer", {"cfg_ring_size": running.ring_size,
-                                            "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9)})
+                                            "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), **kclock.rodata()})
             for name, m in running.maps.items():
                 obj.reuse_map(name, m.fd)
             obj.load()

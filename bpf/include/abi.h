@@ -153,7 +153,7 @@ struct lb_flow4 {
 struct lb_session {
 	__u32 real_id;
 	__u32 hash;     /* the flow hash the session was made with, for the encap on a hit (0: not known) */
-	__u64 atime_ns; /* bpf_ktime_get_coarse_ns() of the last packet, for UDP expiry */
+	__u64 atime_ns; /* the coarse monotonic clock at the last packet, for UDP expiry (session.h) */
 };
 
 struct lb_counter {

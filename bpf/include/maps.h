@@ -20,6 +20,11 @@
 /* Load-time settings; the controller writes them into .rodata before loading. */
 const volatile __u32 cfg_ring_size = LB_DEFAULT_RING_SIZE;
 const volatile __u64 cfg_udp_timeout_ns = LB_DEFAULT_UDP_TIMEOUT_S * 1000000000ULL;
+/* The kernel's tick, for session idle times (session.h): nanoseconds per jiffy (1e9 / HZ) and the
+ * jiffies at boot (INITIAL_JIFFIES), which the controller finds (balancer/kclock.py). 0: not known,
+ * and the idle clock is bpf_ktime_get_coarse_ns() instead. */
+const volatile __u32 cfg_jiffy_ns = 0;
+const volatile __u64 cfg_jiffies_at_boot = 0;
 
 /* (VIP address, port, proto, family) -> VIP number, flags, encap. Port 0 is the wildcard; proto 0
  * and port 0 is the address-only entry (LB_VIP_ADDR_ONLY) that marks an address as a VIP. */

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import pytest
 
@@ -17,6 +18,7 @@ from .frames import decode_encap
 from .rig import BalancerFactory, Outcome
 
 VIP = "203.0.113.60"
+CLOCK_MONOTONIC_COARSE = 6  # linux/time.h; the time module does not name it
 
 
 def real_of(out: bytes) -> str:
@@ -155,3 +157,24 @@ def test_a_hit_encapsulates_with_the_hash_its_session_was_made_with(balancer_fac
     assert hit.events == {"LRU_HIT": 1} and sport(hit.out) == 0xC000 | (other & 0x3FFF)
     b.dp.maps[table].update(key, bytes(_abi.Session(real_id=sess.real_id)))
     assert sport(b.run(P.tcp_to(VIP)).out) == syn, "hash 0: the flow is hashed again, to the same port"
+
+
+def test_udp_session_time_is_the_coarse_monotonic_clock(balancer_factory: BalancerFactory) -> None:
+    """The datapath times UDP sessions from jiffies (balancer/kclock.py gives it HZ and the jiffies at
+    boot); what it writes must read as CLOCK_MONOTONIC_COARSE, to a tick or so, like the helper it
+    replaces: sessions written by an older program stay valid across a reload, and back."""
+    from balancer import kclock
+
+    tick = kclock.tick()
+    if tick is None:
+        pytest.skip("this kernel tells its HZ neither in its config nor in /proc/timer_list: the datapath "
+                    "keeps bpf_ktime_get_coarse_ns()")
+    b = balancer_factory(world=False, udp_timeout_s=3600)
+    b.vip(VIP, 53, "udp", 0, [P.REALS4[0]])
+    before = time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)
+    b.run(P.udp_to(VIP, dport=53))
+    after = time.clock_gettime_ns(CLOCK_MONOTONIC_COARSE)
+    [(_, _, _, sess)] = list(b.dp.sessions())
+    slack = 2 * tick.ns_per_jiffy + 500_000_000  # the tick, and how far apart the two clocks began
+    assert before - slack <= sess.atime_ns <= after + slack, \
+        f"session time {sess.atime_ns} ns, the coarse clock {before}..{after} ns (HZ {tick.hz} from {tick.source})"
