@@ -207,7 +207,7 @@ class Tally(ctypes.Structure):
     """struct lb_tally (4 bytes)"""
 
     _pack_ = 1
-    _fields_ = [("events", ctypes.c_uint16), ("steering", ctypes.c_uint8), ("pad", ctypes.c_uint8)]
+    _fields_ = [("events", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
 
 
 class VipKey(ctypes.Structure):
@@ -315,7 +315,7 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "534598fde12f5d618f5a964858ce0e5e",
+    "balancer": "922c142e9ab9bac6c1a576ff527f0602",
     "decap": "5ff21603b6b9d29eb776b2e1ff02a80f",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
     "healthcheck": "8b5e44658a47be8dbb63f696ae9fa9fc",

@@ -8,8 +8,7 @@
  * (one lookup of lb_counts per packet instead of one per counter). */
 struct lb_tally {
 	__u16 events;  /* up to two enum lb_event + 1, one per byte (0: none); a packet meets at most two */
-	__u8 steering; /* the packet is an ICMP error steered along the flow it quotes (no session made) */
-	__u8 pad;
+	__u16 pad;
 };
 
 /* Shifts, not an index: clang turns a choice between two array slots into pointer arithmetic

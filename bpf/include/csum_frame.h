@@ -18,8 +18,8 @@ enum csum_frame_limits {
  * the verifier checks its loop once, not once per caller. */
 __noinline __s64 csum_region(struct xdp_md *ctx, __u32 off, __u32 len)
 {
-	__u32 zero = 0, full = len / CSUM_CHUNK;
-	struct scratch_page *buf = bpf_map_lookup_elem(&lb_scratch, &zero);
+	__u32 full = len / CSUM_CHUNK;
+	struct scratch_page *buf = bpf_map_lookup_elem(&lb_scratch, &lb_zero_key);
 	__u64 rest = len % CSUM_CHUNK, padded;
 	__s64 sum = 0;
 

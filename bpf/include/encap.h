@@ -56,64 +56,63 @@ static __always_inline __u32 encap_src4(const struct lb_settings *s, __u32 vip_f
 	return (s->src4 & ~s->src4_mask) | (bpf_htonl(hash) & s->src4_mask);
 }
 
-static __always_inline void encap_src6(__u32 *out, const struct lb_settings *s, __u32 vip_flags, __u32 hash)
-{
-	for (int i = 0; i < 4; i++) {
-		if (vip_flags & LB_VIP_OUTER_SRC_FLOW)
-			out[i] = (s->src6[i] & ~s->src6_mask[i]) |
-				 (bpf_htonl(hash_final(hash + i)) & s->src6_mask[i]);
-		else
-			out[i] = s->src6[i];
-	}
-}
-
-/* The input frame's L2 words that the output keeps: its destination MAC (the output's source) and,
- * behind a VLAN tag, the TPID and TCI. Read and written as 32- and 16-bit words: through the packed
- * struct ethhdr (or a memcpy to a packet pointer) clang moves each byte on its own, a load, shift and
- * or per byte read. The verifier allows unaligned packet access where the architecture has efficient
- * unaligned access (x86-64, arm64), and the JIT makes each word one instruction. */
-struct saved_l2 {
-	__u32 mac_head; /* bytes 0-3 of the input's destination MAC */
-	__u16 mac_tail; /* bytes 4-5 */
-	__u16 pad;
-	__u32 tag;      /* TPID and TCI (l2_len 18 only) */
+/* An IPv6 address as four 32-bit words, network order. */
+struct addr6_words {
+	__u32 w[4];
 };
 
-static __always_inline void save_l2(struct saved_l2 *l2, const void *data, __u32 l2_len)
+/* The flow-derived IPv6 outer source (LB_VIP_OUTER_SRC_FLOW). A global function: inlined, its four
+ * interleaved hash_final()s are spilled to the stack of forward()'s callers, deeper than the
+ * verifier's 512 bytes allow. */
+__noinline int encap_src6_flow(struct addr6_words *out, const struct lb_settings *s, __u32 hash)
 {
-	l2->mac_head = *(const __u32 *)data;
-	l2->mac_tail = *(const __u16 *)(data + 4);
-	l2->tag = l2_len == PARSE_ETH_LEN + PARSE_VLAN_LEN ? *(const __u32 *)(data + 12) : 0;
+	if (!out || !s)
+		return -1; /* never: the caller passes its stack and a map value */
+	for (int i = 0; i < 4; i++)
+		out->w[i] = (s->src6[i] & ~s->src6_mask[i]) | (bpf_htonl(hash_final(hash + i)) & s->src6_mask[i]);
+	return 0;
 }
 
-/* Writes the L2 header at the new frame start: the next-hop MAC, the saved MAC as source, the saved
- * VLAN tag if there was one, the outer ethertype. */
-static __always_inline int encap_write_l2(void *data, void *data_end, const struct saved_l2 *l2, __u32 l2_len,
+static __always_inline void encap_src6(__u32 *out, const struct lb_settings *s, __u32 vip_flags, __u32 hash)
+{
+	struct addr6_words src;
+
+	if (vip_flags & LB_VIP_OUTER_SRC_FLOW) {
+		encap_src6_flow(&src, s, hash);
+		for (int i = 0; i < 4; i++)
+			out[i] = src.w[i];
+		return;
+	}
+	for (int i = 0; i < 4; i++)
+		out[i] = s->src6[i];
+}
+
+/* Writes the L2 header at the new frame start: the next-hop MAC; as source, the input's destination
+ * MAC; the input's VLAN tag if it had one; the outer ethertype. The input's L2 header is read where
+ * bpf_xdp_adjust_head() left it, `overhead` bytes into the new frame (overhead >= 20 > 18, the
+ * longest L2 header: the two do not overlap), so that nothing is held across the helper call.
+ * Read and written as 32- and 16-bit words: through the packed struct ethhdr (or a memcpy to a
+ * packet pointer) clang moves each byte on its own, a load, shift and or per byte read. The verifier
+ * allows unaligned packet access where the architecture has efficient unaligned access (x86-64,
+ * arm64), and the JIT makes each word one instruction. */
+static __always_inline int encap_write_l2(void *data, void *data_end, __u32 l2_len, __u32 overhead,
 					  const struct lb_settings *s, __be16 ethertype)
 {
-	if (data + PARSE_L2_MAX > data_end)
+	void *old = data + (overhead & 0x7f);
+
+	if (data + PARSE_L2_MAX > data_end || old + PARSE_L2_MAX > data_end)
 		return -1;
+	*(__u32 *)(data + 6) = *(const __u32 *)old;
+	*(__u16 *)(data + 10) = *(const __u16 *)(old + 4);
 	*(__u32 *)data = *(const __u32 *)s->nexthop_mac;
 	*(__u16 *)(data + 4) = *(const __u16 *)(s->nexthop_mac + 4);
-	*(__u32 *)(data + 6) = l2->mac_head;
-	*(__u16 *)(data + 10) = l2->mac_tail;
 	if (l2_len == PARSE_ETH_LEN + PARSE_VLAN_LEN) {
-		*(__u32 *)(data + 12) = l2->tag;
+		*(__u32 *)(data + 12) = *(const __u32 *)(old + 12);
 		*(__be16 *)(data + 16) = ethertype;
 	} else {
 		*(__be16 *)(data + 12) = ethertype;
 	}
 	return 0;
-}
-
-/* Copies a header built on the stack into the packet in 32-bit words (see struct saved_l2). */
-static __always_inline void put_words(void *hdr, const void *built, int words)
-{
-	const __u32 *from = built;
-	__u32 *to = hdr;
-
-	for (int i = 0; i < words; i++)
-		to[i] = from[i];
 }
 
 /* What the outer headers of one packet are made of (the arguments encap_packet passes down). */
@@ -131,53 +130,59 @@ struct encap_args {
 	__u8 inner_proto;  /* IPPROTO_IPIP or IPPROTO_IPV6 */
 };
 
+/* The outer IP headers are written straight into the packet in 32-bit words (see encap_write_l2),
+ * from values held in registers: built on the stack first, they would cost the copy and stack
+ * space that the frames of forward()'s callers do not have to spare (the verifier's 512 bytes). */
+
 /* Writes the L2 header and the outer IPv6 header at the new frame start; returns 0, or -1 when
  * the frame is too short. */
-static __always_inline int encap_ip6(void *data, void *data_end, const struct saved_l2 *l2,
-				     const struct encap_args *a)
+static __always_inline int encap_ip6(void *data, void *data_end, const struct encap_args *a)
 {
-	struct ipv6hdr ip6 = {};
 	__u32 word0 = (6U << 28) | ((__u32)a->pkt->tos << 20) | (a->hash & ENCAP_FLOW_LABEL_MASK);
-	void *hdr;
+	__u32 *hdr;
 
-	if (encap_write_l2(data, data_end, l2, a->l2_len, a->s, bpf_htons(ETH_P_IPV6)))
+	if (encap_write_l2(data, data_end, a->l2_len, a->overhead, a->s, bpf_htons(ETH_P_IPV6)))
 		return -1;
-	*(__be32 *)&ip6 = bpf_htonl(word0);
-	ip6.payload_len = bpf_htons(a->udp_len);
-	ip6.nexthdr = a->outer_proto;
-	ip6.hop_limit = LB_OUTER_TTL;
-	encap_src6((__u32 *)&ip6.saddr, a->s, a->vip_flags, a->hash);
-	__builtin_memcpy(&ip6.daddr, a->real->addr, 16);
 	hdr = data + a->l2_len;
-	if (hdr + sizeof(ip6) > data_end)
+	if ((void *)hdr + sizeof(struct ipv6hdr) > data_end)
 		return -1;
-	put_words(hdr, &ip6, sizeof(ip6) / 4);
+	hdr[0] = bpf_htonl(word0);
+	/* payload length, next header, hop limit (little-endian word: the first byte lowest) */
+	hdr[1] = bpf_htons(a->udp_len) | (__u32)a->outer_proto << 16 | (__u32)LB_OUTER_TTL << 24;
+	encap_src6(hdr + 2, a->s, a->vip_flags, a->hash);
+	for (int i = 0; i < 4; i++)
+		hdr[6 + i] = a->real->addr[i];
 	return 0;
 }
 
-/* The same for an IPv4 real: DF set, ID 0, the header checksum computed. */
-static __always_inline int encap_ip4(void *data, void *data_end, const struct saved_l2 *l2,
-				     const struct encap_args *a)
+/* The sum of a 32-bit word's two 16-bit halves (in packet byte order), for a header's checksum. */
+static __always_inline __u64 csum_word32(__u32 w)
 {
-	struct iphdr ip = {};
-	void *hdr;
+	return (w & 0xffff) + (w >> 16);
+}
 
-	if (encap_write_l2(data, data_end, l2, a->l2_len, a->s, bpf_htons(ETH_P_IP)))
+/* The same for an IPv4 real: DF set, ID 0, the header checksum computed. */
+static __always_inline int encap_ip4(void *data, void *data_end, const struct encap_args *a)
+{
+	/* version 4, IHL 5, TOS, total length; ID 0, flags DF; TTL, protocol, checksum 0 */
+	__u32 w0 = 0x45 | (__u32)a->pkt->tos << 8 | (__u32)bpf_htons(a->pkt->ip_len + a->overhead) << 16;
+	__u32 w1 = (__u32)bpf_htons(IP4_DF) << 16;
+	__u32 w2 = LB_OUTER_TTL | (__u32)a->outer_proto << 8;
+	__u32 src = encap_src4(a->s, a->vip_flags, a->hash), dst = a->real->addr[0];
+	__u32 *hdr;
+
+	if (encap_write_l2(data, data_end, a->l2_len, a->overhead, a->s, bpf_htons(ETH_P_IP)))
 		return -1;
-	ip.version = 4;
-	ip.ihl = 5;
-	ip.tos = a->pkt->tos;
-	ip.tot_len = bpf_htons(a->pkt->ip_len + a->overhead);
-	ip.frag_off = bpf_htons(IP4_DF);
-	ip.ttl = LB_OUTER_TTL;
-	ip.protocol = a->outer_proto;
-	ip.saddr = encap_src4(a->s, a->vip_flags, a->hash);
-	ip.daddr = a->real->addr[0];
-	ip.check = csum_ipv4_header(&ip);
 	hdr = data + a->l2_len;
-	if (hdr + sizeof(ip) > data_end)
+	if ((void *)hdr + sizeof(struct iphdr) > data_end)
 		return -1;
-	put_words(hdr, &ip, sizeof(ip) / 4);
+	w2 |= (__u32)csum_fold(csum_word32(w0) + csum_word32(w1) + csum_word32(w2) + csum_word32(src) +
+			       csum_word32(dst)) << 16;
+	hdr[0] = w0;
+	hdr[1] = w1;
+	hdr[2] = w2;
+	hdr[3] = src;
+	hdr[4] = dst;
 	return 0;
 }
 
@@ -294,26 +299,22 @@ static __always_inline int encap_packet(struct xdp_md *ctx, const struct packet 
 		.overhead = encap_overhead(mode, real->family),
 		.inner_proto = pkt->flow.family == LB_AF_INET ? IPPROTO_IPIP : IPPROTO_IPV6,
 	};
-	struct saved_l2 l2;
 	void *hdr;
 
 	a.outer_proto = gue ? IPPROTO_UDP : a.inner_proto;
 	a.udp_len = pkt->ip_len + a.overhead -
 		    (real->family == LB_AF_INET6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr));
 	a.sport = gue_sport(hash);
-	if (data + PARSE_L2_MAX > data_end)
-		return LB_DROP_ENCAP_FAILED;
-	save_l2(&l2, data, a.l2_len);
 	if (bpf_xdp_adjust_head(ctx, -(int)a.overhead))
 		return LB_DROP_ENCAP_FAILED;
 	data = (void *)(long)ctx->data;
 	data_end = (void *)(long)ctx->data_end;
 	if (real->family == LB_AF_INET6) {
-		if (encap_ip6(data, data_end, &l2, &a))
+		if (encap_ip6(data, data_end, &a))
 			return LB_DROP_ENCAP_FAILED;
 		hdr = data + a.l2_len + sizeof(struct ipv6hdr);
 	} else {
-		if (encap_ip4(data, data_end, &l2, &a))
+		if (encap_ip4(data, data_end, &a))
 			return LB_DROP_ENCAP_FAILED;
 		hdr = data + a.l2_len + sizeof(struct iphdr);
 	}

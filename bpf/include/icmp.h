@@ -226,21 +226,24 @@ static __always_inline int icmp_quoted_flow(void *data, void *data_end, const st
 
 /* Answers the client that its packet is too big for the tunnel: ICMP frag-needed (IPv4) or packet
  * too big (IPv6) carrying `mtu`, from the VIP it wrote to, quoting as much of its packet as the
- * error may hold. Returns LB_TX_ICMP_TOO_BIG or LB_DROP_ENCAP_FAILED. */
-static __always_inline int icmp_send_too_big(struct xdp_md *ctx, const struct packet *pkt, __u32 mtu)
+ * error may hold. Returns LB_TX_ICMP_TOO_BIG or LB_DROP_ENCAP_FAILED. A global function, off the
+ * forwarding path: its headers are built in its own stack frame, not in the caller's. */
+__noinline int icmp_send_too_big(struct xdp_md *ctx, const struct packet *pkt, __u32 mtu)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	__u32 l2_len = pkt->l2_len == PARSE_ETH_LEN ? PARSE_ETH_LEN : PARSE_ETH_LEN + PARSE_VLAN_LEN;
-	int v4 = pkt->flow.family == LB_AF_INET;
-	__u32 hdrs = v4 ? sizeof(struct iphdr) + sizeof(struct icmp4_hdr)
-			: sizeof(struct ipv6hdr) + sizeof(struct icmp6_hdr);
-	__u32 quote = (v4 ? ICMP4_QUOTE_TOTAL : ICMP6_QUOTE_TOTAL) - hdrs;
+	__u32 l2_len, hdrs, quote;
 	__u8 l2[PARSE_L2_MAX];
 	__u64 sum;
 	__s64 quote_sum;
-	int len_now, len_wanted;
+	int v4, len_now, len_wanted;
 
+	if (!pkt)
+		return LB_DROP_ENCAP_FAILED; /* never: the caller passes its own stack */
+	l2_len = pkt->l2_len == PARSE_ETH_LEN ? PARSE_ETH_LEN : PARSE_ETH_LEN + PARSE_VLAN_LEN;
+	v4 = pkt->flow.family == LB_AF_INET;
+	hdrs = v4 ? sizeof(struct iphdr) + sizeof(struct icmp4_hdr) : sizeof(struct ipv6hdr) + sizeof(struct icmp6_hdr);
+	quote = (v4 ? ICMP4_QUOTE_TOTAL : ICMP6_QUOTE_TOTAL) - hdrs;
 	if (quote > pkt->ip_len)
 		quote = pkt->ip_len;
 	if (data + PARSE_L2_MAX > data_end)

@@ -17,6 +17,11 @@
 		__type(value, _value); \
 	}
 
+/* The key of the one-element arrays (lb_settings, lb_counts, lb_scratch), in .rodata: a key on the
+ * stack takes a slot of the caller's frame, and the frames of a call chain share the verifier's 512
+ * bytes (forward_steered() and its callees in balancer.bpf.c use them all). */
+static const __u32 lb_zero_key = 0;
+
 /* Load-time settings; the controller writes them into .rodata before loading. */
 const volatile __u32 cfg_ring_size = LB_DEFAULT_RING_SIZE;
 const volatile __u64 cfg_udp_timeout_ns = LB_DEFAULT_UDP_TIMEOUT_S * 1000000000ULL;
