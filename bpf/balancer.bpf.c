@@ -286,6 +286,7 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struc
 		if (!uh)
 			goto truncated;
 		*(__u64 *)&pkt->flow.sport = l4_word(pkt, *(const __u32 *)uh);
+		pkt->udp_csum_zero = !uh->check;
 	} else if (pkt->flow.proto == (pkt->flow.family == LB_AF_INET ? IPPROTO_ICMP : IPPROTO_ICMPV6)) {
 		return handle_icmp(ctx, pkt, t);
 	} else {

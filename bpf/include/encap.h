@@ -190,12 +190,16 @@ static __always_inline int encap_ip4(void *data, void *data_end, const struct en
  * headers) from its headers alone: its IP header's words, plus the complement of its L4 pseudo-header,
  * which is what an intact TCP / UDP segment with its checksum sums to. -1 where that does not hold:
  * other protocols (ICMP answers and steered errors), UDP without a checksum, IPv6 extension headers.
- * A global function: the verifier checks it once, not on every path of forward() that reaches it. */
-__noinline __s64 inner_sum_from_headers(struct xdp_md *ctx, const struct packet *pkt, __u32 inner_off)
+ * For IPv4 (inner_sum_from_headers) the header's own words are not read either: with its checksum an
+ * intact header sums to 0xffff, nothing in ones' complement arithmetic. The outer checksum is then
+ * right exactly when the inner packet is intact, header and segment; one damaged on the way in is
+ * dropped by the real's UDP instead of its IP or TCP.
+ * The IPv6 case is a global function: the verifier checks it once, not on every path of forward(). */
+__noinline __s64 inner6_sum_from_headers(struct xdp_md *ctx, const struct packet *pkt, __u32 inner_off)
 {
 	void *data_end = (void *)(long)ctx->data_end;
 	void *ip = (void *)(long)ctx->data + (inner_off & 0x7f);
-	__u32 hdr_len, l4_off;
+	__u32 hdr_len;
 	__u64 sum, pseudo;
 	__u8 proto;
 
@@ -203,31 +207,30 @@ __noinline __s64 inner_sum_from_headers(struct xdp_md *ctx, const struct packet 
 		return -1;
 	proto = pkt->flow.proto;
 	hdr_len = pkt->l4_off - pkt->l2_len;
-	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+	if ((proto != IPPROTO_TCP && (proto != IPPROTO_UDP || pkt->udp_csum_zero)) ||
+	    hdr_len != sizeof(struct ipv6hdr) || ip + sizeof(struct ipv6hdr) > data_end)
 		return -1;
-	if (pkt->flow.family == LB_AF_INET) {
-		if (hdr_len != sizeof(struct iphdr) || ip + sizeof(struct iphdr) > data_end)
-			return -1;
-		sum = csum_words(ip, sizeof(struct iphdr) / 2);
-		pseudo = csum_words(pkt->flow.src, 2) + csum_words(pkt->flow.dst, 2);
-		l4_off = sizeof(struct iphdr);
-	} else {
-		if (hdr_len != sizeof(struct ipv6hdr) || ip + sizeof(struct ipv6hdr) > data_end)
-			return -1;
-		sum = csum_words(ip, sizeof(struct ipv6hdr) / 2);
-		pseudo = csum_words(pkt->flow.src, 8) + csum_words(pkt->flow.dst, 8);
-		l4_off = sizeof(struct ipv6hdr);
-	}
-	/* IPv4: zero, protocol, 16-bit length; IPv6: 32-bit length, three zero bytes, next header. The
-	 * same two non-zero words either way. */
+	sum = csum_words(ip, sizeof(struct ipv6hdr) / 2);
+	/* both addresses, the 32-bit length, three zero bytes, the next header */
+	pseudo = csum_words(pkt->flow.src, 8) + csum_words(pkt->flow.dst, 8);
 	pseudo += bpf_htons(proto) + bpf_htons(pkt->ip_len - hdr_len);
-	if (proto == IPPROTO_UDP) {
-		struct udphdr *uh = ip + l4_off;
-
-		if ((void *)(uh + 1) > data_end || !uh->check)
-			return -1;
-	}
 	return sum + csum_fold(pseudo); /* csum_fold complements: ~pseudo, what the segment sums to */
+}
+
+static __always_inline __s64 inner_sum_from_headers(struct xdp_md *ctx, const struct packet *pkt, __u32 inner_off)
+{
+	__u32 hdr_len = pkt->l4_off - pkt->l2_len;
+	__u8 proto = pkt->flow.proto;
+	__u64 pseudo;
+
+	if (pkt->flow.family != LB_AF_INET)
+		return inner6_sum_from_headers(ctx, pkt, inner_off);
+	if ((proto != IPPROTO_TCP && (proto != IPPROTO_UDP || pkt->udp_csum_zero)) || hdr_len != sizeof(struct iphdr))
+		return -1;
+	/* both addresses, a zero byte, the protocol, the 16-bit length */
+	pseudo = csum_words(pkt->flow.src, 2) + csum_words(pkt->flow.dst, 2);
+	pseudo += bpf_htons(proto) + bpf_htons(pkt->ip_len - hdr_len);
+	return csum_fold(pseudo);
 }
 
 /* Writes the UDP (and variant-0 GUE) header at udp and fills in the UDP checksum, over the

@@ -54,7 +54,7 @@ struct __attribute__((aligned(8))) packet { /* 8: see parse_ipv4 and process() *
 	__u8 df;             /* IPv4 DF bit set */
 	__u8 fragment;       /* IPv4 MF/offset, or an IPv6 fragment header */
 	__u8 options;        /* IPv4 header longer than 20 bytes */
-	__u8 pad;
+	__u8 udp_csum_zero;  /* a UDP datagram sent without a checksum (0) */
 };
 
 static __always_inline int is_vlan(__be16 proto)

@@ -147,7 +147,7 @@ def outer_udp_verifies(case: P.EncapCase, out: bytes) -> bool:
 
 
 def with_byte_flipped(frame: Packet, offset_from_l4: int) -> bytes:
-    """The frame's bytes with one byte of its L4 header or payload inverted."""
+    """The frame's bytes with one byte of its L4 header or payload inverted (negative: of its IP header)."""
     raw = bytearray(bytes(frame))
     raw[14 + (20 if IP in frame else 40) + offset_from_l4] ^= 0xFF
     return bytes(raw)
@@ -158,12 +158,16 @@ def test_gue_checksum_is_derived_from_the_inner_tcp_checksum(balancer_factory: B
                                                              case: P.EncapCase) -> None:
     """The outer UDP checksum of a TCP segment comes from the segment's own checksum, not its bytes
     (encap.h): it verifies exactly when the inner one does, so a segment that arrived corrupted is
-    dropped by the real's UDP, where its TCP would have dropped it."""
+    dropped by the real's UDP, where its TCP would have dropped it. Over IPv4 the inner header is taken
+    by its checksum too: a header that arrived corrupted is dropped there, where its IP would have."""
     b = balancer_factory(world=False)
     b.vip(case.vip, P.VIP_PORT, "tcp", 0, case.reals, case.mode)
     good = flow(case, sport=43300)
-    for frame, verifies in ((bytes(good), True), (with_byte_flipped(good, 16), False),  # the TCP checksum
-                            (with_byte_flipped(good, 20), False)):                     # a payload byte
+    cases = [(bytes(good), True), (with_byte_flipped(good, 16), False),  # the TCP checksum
+             (with_byte_flipped(good, 20), False)]                       # a payload byte
+    if case.inner == 4:
+        cases.append((with_byte_flipped(good, -10), False))  # the inner IPv4 header checksum (byte 10)
+    for frame, verifies in cases:
         out = b.run(frame)
         assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP")
         assert decode_encap(out.out, P.GUE_PORT).inner.raw == ip_packet_of(frame)
