@@ -15,9 +15,10 @@
  *   opt-in makes it acceptable, RFC 6935/6936, and the reals must accept zero checksums).
  *   For an inner TCP or UDP packet (IPv4, or IPv6 without extension headers) the payload is not read:
  *   its own valid L4 checksum makes the segment sum to the complement of its pseudo-header, so the
- *   outer sum needs only headers (local checksum offload, as the kernel does for UDP tunnels). The
- *   outer checksum is then right exactly when the inner segment is intact: a segment that arrives
- *   corrupted is dropped by the real's UDP instead of its TCP. Anything else is summed byte by byte.
+ *   outer sum needs only headers (local checksum offload, as the kernel does for UDP tunnels), and for
+ *   IPv4 not even the inner header's words: with its checksum it sums to 0xffff. The outer checksum is
+ *   then right exactly when the inner packet is intact: one that arrives corrupted is dropped by the
+ *   real's UDP instead of its IP or TCP. Anything else is summed byte by byte.
  *   Variant 0 adds the 4-byte header version 0, C 0, hlen 0, proto/ctype = 4 (IPv4) or 41 (IPv6), flags 0.
  * encap_packet makes the room and keeps the L2 header; encap_ip6 / encap_ip4 write the outer IP
  * header of the real's family; encap_gue writes UDP (and GUE) and the UDP checksum.
