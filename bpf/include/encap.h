@@ -177,7 +177,7 @@ static __always_inline int encap_ip4(void *data, void *data_end, const struct en
 	hdr = data + a->l2_len;
 	if ((void *)hdr + sizeof(struct iphdr) > data_end)
 		return -1;
-	w2 |= (__u32)csum_fold(csum_word32(w0) + csum_word32(w1) + csum_word32(w2) + csum_word32(src) +
+	w2 |= (__u32)csum_fold32(csum_word32(w0) + csum_word32(w1) + csum_word32(w2) + csum_word32(src) +
 			       csum_word32(dst)) << 16;
 	hdr[0] = w0;
 	hdr[1] = w1;
@@ -228,10 +228,10 @@ static __always_inline __s64 inner_sum_from_headers(struct xdp_md *ctx, const st
 		return inner6_sum_from_headers(ctx, pkt, inner_off);
 	if ((proto != IPPROTO_TCP && (proto != IPPROTO_UDP || pkt->udp_csum_zero)) || hdr_len != sizeof(struct iphdr))
 		return -1;
-	/* both addresses, a zero byte, the protocol, the 16-bit length */
+	/* both addresses, a zero byte, the protocol, the 16-bit length: six words */
 	pseudo = csum_words(pkt->flow.src, 2) + csum_words(pkt->flow.dst, 2);
 	pseudo += bpf_htons(proto) + bpf_htons(pkt->ip_len - hdr_len);
-	return csum_fold(pseudo);
+	return csum_negate8(pseudo); /* what the segment sums to, left for encap_gue's one fold */
 }
 
 /* Writes the UDP (and variant-0 GUE) header at udp and fills in the UDP checksum, over the
