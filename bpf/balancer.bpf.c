@@ -101,13 +101,6 @@ static __always_inline const struct lb_flow *flow_key(struct lb_flow *copy, cons
 	return copy;
 }
 
-/* Whether encapsulating for this VIP and real reads the flow hash (GUE source port, IPv6 flow
- * label, flow-derived outer source); an IPIP 4in4 session hit with a fixed source does not. */
-static __always_inline int encap_needs_hash(__u8 mode, __u8 real_family, __u32 vip_flags)
-{
-	return mode != LB_ENCAP_IPIP || real_family == LB_AF_INET6 || (vip_flags & LB_VIP_OUTER_SRC_FLOW);
-}
-
 /* Sends a packet of `flow` (client -> VIP) to its real: session or ring, size check, encap, counters.
  * `steering` (a constant at each call site) is set for an ICMP error about the flow: it follows the
  * flow but creates no session and never gets a too-big answer. Inlined into process(), where a TCP
@@ -121,8 +114,9 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 	struct lb_real *real = NULL;
 	struct lb_flow copy;
 	const struct lb_flow *key;
-	__u32 hash = 0, real_id = 0, overhead;
-	int hashed = 0, reason;
+	__u32 hash, real_id = 0, overhead, ring_size, slot, ring_real;
+	__u32 *ring_entry;
+	int reason;
 	__u8 mode;
 
 	if (!pkt || !flow || !vip || !t)
@@ -134,6 +128,17 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 		return LB_DROP_NO_SETTINGS;
 	key = flow_key(&copy, flow, vip_flags);
 
+	/* The ring's choice is read before the session lookup, for every packet: its loads then wait
+	 * alongside the lookup's (a new flow's bucket is a cold line of a table of megabytes) instead of
+	 * after it, where the branch on the lookup's answer holds them back. */
+	ring_size = cfg_ring_size;
+	if (!ring_size)
+		return LB_DROP_NO_REAL;
+	hash = hash_flow(key);
+	slot = vip_num * ring_size + hash % ring_size;
+	ring_entry = bpf_map_lookup_elem(&lb_ring, &slot);
+	ring_real = ring_entry ? *ring_entry : 0;
+
 	if (!(vip_flags & LB_VIP_NO_LRU)) {
 		real_id = session_lookup(&sc, key, pkt, steering, t);
 		if (real_id) {
@@ -141,24 +146,13 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 			if (!real || !real->family) { /* the real left since: choose again */
 				real_id = 0;
 				sc.insert = sc.may_insert;
+			} else if (sc.hash) {
+				hash = sc.hash; /* a session hit: the hash it was made with */
 			}
 		}
 	}
 	if (!real_id) {
-		__u32 slot;
-		__u32 *ring_entry;
-
-		/* .rodata is read here, not on the session-hit path: each cold cache line costs more than
-		 * anything else a hit does in a test run. */
-		__u32 ring_size = cfg_ring_size;
-
-		if (!ring_size)
-			return LB_DROP_NO_REAL;
-		hash = hash_flow(key);
-		hashed = 1;
-		slot = vip_num * ring_size + hash % ring_size;
-		ring_entry = bpf_map_lookup_elem(&lb_ring, &slot);
-		real_id = ring_entry ? *ring_entry : 0;
+		real_id = ring_real;
 		if (!real_id)
 			return LB_DROP_NO_REAL;
 		real = bpf_map_lookup_elem(&lb_reals, &real_id);
@@ -181,8 +175,6 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 	}
 	if (sc.insert)
 		session_insert(key, real_id, hash);
-	if (!hashed && encap_needs_hash(mode, real->family, vip_flags))
-		hash = sc.hash ? sc.hash : hash_flow(key); /* a session hit: the hash it was made with */
 
 	reason = encap_packet(ctx, pkt, real, mode, hash, s, vip_flags);
 	if (reason == LB_TX_ENCAP) {
