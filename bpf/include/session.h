@@ -70,9 +70,10 @@ static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct
 	sc->insert = sc->may_insert;
 	if (tcp && !steering && (pkt->tcp_flags & (TCPF_BYTE_SYN | TCPF_BYTE_ACK)) == TCPF_BYTE_SYN) {
 		/* The SYN's session is looked up all the same and the answer dropped: the lookup brings the
-		 * table's bucket into the cache while the real and the counters are read, where the insert would wait for it
-		 * behind its locks. Measured in the side-by-side bench (l4lab bench --katran), a new SYN
-		 * costs 0.85-0.87 x Katran's above the floor with the lookup, 1.05-1.09 without it. */
+		 * table's bucket into the cache while the real and the counters are read, where the insert
+		 * would wait for it behind its locks. Measured in the side-by-side bench (l4lab bench
+		 * --katran), a new SYN costs 0.85-0.87 x Katran's above the floor with the lookup, 1.05-1.09
+		 * without it. */
 		tally_event(t, LB_EV_SYN_REHASH);
 		session_find(key);
 		return 0;

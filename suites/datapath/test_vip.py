@@ -248,3 +248,18 @@ def test_lru_bypass_follows_the_ring_at_once(balancer_factory: BalancerFactory) 
     b.ring(0, [P.REALS4[1]])
     second = b.run(P.tcp_to(VIP, flags="A"))
     assert real_of(second.out) == P.REALS4[1] and second.events == {}
+
+
+def test_flows_reach_every_ring_slot_evenly(balancer_factory: BalancerFactory) -> None:
+    """A flow's slot is its hash scaled to the ring (hash x size >> 32): each slot of a 13-slot ring has
+    its own real, and 1,300 new flows reach all 13, the first and the last slot included, about 100
+    each (a binomial's standard deviation is 9.6: the bounds are 4 of them)."""
+    b = balancer_factory(world=False)
+    reals = [f"10.0.9.{i + 1}" for i in range(b.dp.ring_size)]
+    b.vip(VIP, 80, "tcp", 0, reals, flags=_abi.VipFlag.NO_LRU)
+    counts = dict.fromkeys(reals, 0)
+    for i in range(100 * len(reals)):
+        out = b.run(P.tcp_to(VIP, sport=1024 + i % 50000, src=f"198.51.{100 + i // 250}.{i % 250 + 1}",
+                             flags="S")).out
+        counts[real_of(out)] += 1
+    assert min(counts.values()) >= 60 and max(counts.values()) <= 140, f"flows per slot: {counts}"
