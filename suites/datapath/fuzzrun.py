@@ -111,13 +111,14 @@ def outer_udp_sum_must_verify(inner: bytes) -> bool:
     """Whether a GUE output's UDP checksum must verify over its bytes. The balancer derives it from the
     inner segment's own checksum where one covers the segment (TCP, UDP with a checksum, over IPv4 or
     IPv6 without extension headers: encap.h, inner_sum_from_headers); then it verifies exactly when the
-    inner one does, and over IPv4 when the inner header's checksum does too (taken as summing to 0xffff,
-    not read). Otherwise it sums the bytes and must always verify."""
-    header_ok = True
+    inner one does, and over IPv4 when the inner header's and the segment's checksums together do (the
+    header is taken as summing to 0xffff, not read: errors of the two that cancel cancel in the outer sum
+    too). Otherwise it sums the bytes and must always verify."""
+    header = b""
     if len(inner) >= 20 and inner[0] == 0x45:
         proto, hdr, length = inner[9], 20, struct.unpack_from("!H", inner, 2)[0]
         pseudo = _pseudo4
-        header_ok = inet_checksum(inner[:20]) == 0
+        header = inner[:20]
     elif len(inner) >= 40 and inner[0] >> 4 == 6:
         proto, hdr, length = inner[6], 40, 40 + struct.unpack_from("!H", inner, 4)[0]
         pseudo = _pseudo6
@@ -126,7 +127,7 @@ def outer_udp_sum_must_verify(inner: bytes) -> bool:
     segment = inner[hdr:length]
     if proto not in (6, 17) or (proto == 17 and len(segment) >= 8 and segment[6:8] == b"\0\0"):
         return True
-    return header_ok and inet_checksum(pseudo(inner, proto, len(segment)) + segment) == 0
+    return inet_checksum(header + pseudo(inner, proto, len(segment)) + segment) == 0
 
 
 def judge_tx(frame: bytes, out: bytes, gue_port: int, reals: frozenset[bytes] = frozenset(),

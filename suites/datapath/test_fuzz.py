@@ -31,7 +31,7 @@ from balancer.datapath import Decap
 from reports.schema import FuzzPayload, FuzzReason, case_id, write_result
 
 from . import packets as P
-from .frames import decode_encap
+from .frames import decode_encap, l4_checksum_ok_v4
 from .fuzzgen import Templates, base_templates, mutate, new_seed
 from .fuzzrun import FastRun, ProgramTally, inet_checksum, judge_decap, judge_tx
 from .rig import DECAP_OBJ, TC_VERDICTS, XDP_VERDICTS, BalancerFactory, RunBalancer
@@ -351,6 +351,24 @@ def test_the_judges_catch_wrong_outputs(run_balancer: RunBalancer, decap: Decap)
     ok, problem = judge_decap(encapsulated, decap.run_xdp(encapsulated)[1])
     assert (ok, problem) == (True, "")
     assert judge_decap(encapsulated, decap.run_xdp(encapsulated)[1][:-1] + b"x")[1]
+
+
+def test_the_judge_expects_the_outer_sum_that_the_inner_checksums_make(run_balancer: RunBalancer) -> None:
+    """Found by test_fuzz_volume (seed 2237573498): the GUE outer checksum is derived from the inner
+    header's and segment's checksums, so errors of the two that cancel (a header word one more, a
+    segment word one less) cancel in it too, and it verifies; an error in the segment's alone makes it
+    fail. The judge expects each, and the balancer does it."""
+    good = bytearray(bytes(P.tcp_to(P.ENCAPS[1].vip, flags="S")))
+    moved, segment_only = bytearray(good), bytearray(good)
+    ident, window = 14 + 4, 14 + 20 + 14
+    struct.pack_into("!H", moved, ident, struct.unpack_from("!H", moved, ident)[0] + 1)
+    struct.pack_into("!H", moved, window, struct.unpack_from("!H", moved, window)[0] - 1)
+    segment_only[len(good) - 1] ^= 0x01         # a payload byte: the TCP checksum alone wrong
+    for frame, verifies in ((good, True), (moved, True), (segment_only, False)):
+        out = run_balancer.run(bytes(frame)).out
+        enc = decode_encap(out, P.GUE_PORT)
+        assert l4_checksum_ok_v4(enc.outer.raw) == verifies, frame.hex()
+        assert judge_tx(bytes(frame), out, P.GUE_PORT) == ("encap", ""), frame.hex()
 
 
 @pytest.mark.xfail(strict=True, reason="found by test_fuzz_volume: an IPv4 echo request whose ICMP checksum is "
