@@ -251,8 +251,8 @@ def test_lru_bypass_follows_the_ring_at_once(balancer_factory: BalancerFactory) 
 
 
 def test_flows_reach_every_ring_slot_evenly(balancer_factory: BalancerFactory) -> None:
-    """A flow's slot is its hash scaled to the ring (hash x size >> 32): each slot of a 13-slot ring has
-    its own real, and 1,300 new flows reach all 13, the first and the last slot included, about 100
+    """Flows spread over the whole ring, however the hash is scaled to it: each slot of a 13-slot ring
+    has its own real, and 1,300 new flows reach all 13, the first and the last slot included, about 100
     each (a binomial's standard deviation is 9.6: the bounds are 4 of them)."""
     b = balancer_factory(world=False)
     reals = [f"10.0.9.{i + 1}" for i in range(b.dp.ring_size)]
