@@ -79,7 +79,7 @@ enum lb_reason {
 enum lb_event {
 	LB_EV_LRU_HIT = 0,
 	LB_EV_LRU_MISS,
-	LB_EV_SYN_REHASH,     /* a SYN (without ACK) chose from the ring without looking at sessions */
+	LB_EV_SYN_REHASH,     /* a SYN (without ACK) chose from the ring and created no session */
 	LB_EV_RST_NO_ENTRY,   /* an RST did not create a session */
 	LB_EV_UDP_EXPIRED,    /* a UDP session older than the timeout was replaced */
 	LB_EV_ICMP_STEERED,   /* an ICMP error about a VIP flow sent to the flow's real */

@@ -54,13 +54,14 @@ struct session_ctx {
 	__u8 pad[2];
 };
 
-/* Looks the flow up and applies the rules: a SYN (without ACK) re-hashes (a new connection), a UDP
- * session idle longer than cfg_udp_timeout_ns is replaced, an RST never creates a session. Returns the real id or 0.
- * UDP idle time is read from the coarse monotonic clock (one tick resolution, against timeouts of
- * a second or more: session_now_ns), and written back only when the tick has moved: the session's
- * line is not dirtied by every packet. */
+/* Looks the flow up and applies the rules: a SYN (without ACK) goes to the ring and creates no session,
+ * a UDP session idle longer than cfg_udp_timeout_ns is replaced, an RST never creates a session.
+ * Returns the real id or 0. UDP idle time is read from the coarse monotonic clock (one tick resolution,
+ * against timeouts of a second or more: session_now_ns), and written back only when the tick has moved:
+ * the session's line is not dirtied by every packet. */
 static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct lb_flow *key,
-					    const struct packet *pkt, int steering, struct lb_tally *t)
+					    const struct packet *pkt, int steering, struct lb_tally *t,
+					    __u32 ring_real, __u32 hash)
 {
 	int tcp = pkt->flow.proto == IPPROTO_TCP;
 	int rst = tcp && (pkt->tcp_flags & TCPF_BYTE_RST);
@@ -69,13 +70,16 @@ static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct
 	sc->may_insert = !rst && !steering;
 	sc->insert = sc->may_insert;
 	if (tcp && !steering && (pkt->tcp_flags & (TCPF_BYTE_SYN | TCPF_BYTE_ACK)) == TCPF_BYTE_SYN) {
-		/* The SYN's session is looked up all the same and the answer dropped: the lookup brings the
-		 * table's bucket into the cache while the real and the counters are read, where the insert
-		 * would wait for it behind its locks. Measured in the side-by-side bench (l4lab bench
-		 * --katran), a new SYN costs 0.85-0.87 x Katran's above the floor with the lookup, 1.05-1.09
-		 * without it. */
+		/* The handshake's first non-SYN packet creates the session, to the real the ring gave the
+		 * SYN: spoofed SYNs insert nothing and evict no one (docs/architecture.md, decisions). A
+		 * session the flow already has (a reused tuple) is pointed at the ring's choice. */
 		tally_event(t, LB_EV_SYN_REHASH);
-		session_find(key);
+		sc->insert = 0;
+		sess = session_find(key);
+		if (sess && ring_real && sess->real_id != ring_real) {
+			sess->real_id = ring_real;
+			sess->hash = hash;
+		}
 		return 0;
 	}
 	sess = session_find(key);
