@@ -271,6 +271,7 @@ RODATA = {
         "cfg_flows": (4, 4),
         "cfg_src_addrs": (8, 4),
         "cfg_redirect": (12, 4),
+        "cfg_l4_check": (16, 4),
         "cfg_template": (24, 64),
     },
     "xdp_exception": {
@@ -320,6 +321,6 @@ DIGESTS = {
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
     "healthcheck": "8b5e44658a47be8dbb63f696ae9fa9fc",
     "pass": "8f39d9f24e7339db28876547ef6a9879",
-    "trafficgen": "37e8064bdb28e3f638edcbfe03b2332f",
+    "trafficgen": "e5191253edb60fffbc753f2293e2f2d7",
     "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",
 }
