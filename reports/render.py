@@ -446,19 +446,28 @@ def _side_by_side(results: list[Result]) -> Section:
         encap = c.encap or "–"
         ratio = _fmt(c.ratio_above_floor) if c.ratio_above_floor is not None else "–"
         css = "num" if c.ratio_above_floor is None else ("num ok" if c.ratio_above_floor <= 1 else "num warn")
+        rounds = [r for r in c.round_ratios if r is not None]
         rows.append([Cell(encap, "key"), Cell(_SIDE_CASES.get(c.case, c.case), "key"),
                      Cell(_fmt(c.other_ns, 0), "num"), Cell(_fmt(c.ns, 0), "num"), Cell(ratio, css),
+                     Cell(f"{_fmt(min(rounds))}–{_fmt(max(rounds))}" if rounds else "–", "num",
+                          "the ratio of each round's medians: " + ", ".join(_fmt(r) for r in rounds)),
                      Cell(f"{c.path_counter} / {c.other_path_counter}", "", "the counter only this case moves, "
                           "checked after every round"),
                      Cell(str(c.calls), "num")])
     for label, ns in (("XDP_DROP floor", sbs.floor_xdp_drop_ns), ("MAC-swap XDP_TX floor", sbs.floor_xdp_tx_ns)):
         rows.append([Cell("–", "key"), Cell(label, "key"), Cell("", "num"), Cell(_fmt(ns, 0), "num"),
-                     Cell("–", "num"), Cell("–"), Cell("", "num")])
+                     Cell("–", "num"), Cell("–", "num"), Cell("–"), Cell("", "num")])
     section.tables.append(Table(
         f"Test run, median ns per call ({sbs.frame_bytes}-byte frames, {sbs.rounds} rounds, session tables of "
         f"{sbs.session_table_entries} entries per CPU) — {run}",
-        ["encap", "case", f"{name} (ns)", "l4lab (ns)", f"l4lab ÷ {name}, cost above the floor",
+        ["encap", "case", f"{name} (ns)", "l4lab (ns)", f"l4lab ÷ {name}, cost above the floor", "over the rounds",
          f"path counter checked (l4lab / {name})", "calls checked"], rows))
+    if sbs.seed is not None:
+        section.notes.append(
+            f"Order: seed {sbs.seed} (`l4lab bench --katran --seed {sbs.seed}` replays it); the cases shuffled in "
+            f"every iteration; tables created first per round: {', '.join(sbs.first_loaded)}. Session tables: "
+            + "; ".join(f"{t.program} {t.tables} × {t.entries:,} entries, {t.bytes / 2**20:.0f} MiB"
+                        for t in sbs.session_tables) + ".")
     if sbs.sizes:
         section.tables.append(Table(
             f"Program size: instructions the verifier walked, and after translation — {run}",
@@ -466,8 +475,15 @@ def _side_by_side(results: list[Result]) -> Section:
             [[Cell(z.encap, "key"), Cell(str(z.other_verified_insns), "num"), Cell(str(z.verified_insns), "num"),
               Cell(_fmt(z.verified_insns / z.other_verified_insns), "num"), Cell(str(z.other_xlated_insns), "num"),
               Cell(str(z.xlated_insns), "num")] for z in sbs.sizes]))
+    if sbs.syn_flood:
+        section.tables.append(Table(
+            f"SYN flood: every frame a new flow's TCP SYN, live frames at 64 B, NDR in Mpps (÷ XDP_TX floor) — {run}",
+            ["program", "encap", "sources", "NDR", "sessions in its tables after"],
+            [[Cell(f.program, "key"), Cell(f.encap), Cell(f"{f.sources:,}", "num"),
+              Cell(f"{_fmt(f.ndr_mpps, 3)} ({_fmt(f.ndr_mpps / f.floor_xdp_tx_mpps) if f.floor_xdp_tx_mpps else '–'})",
+                   "num"), Cell(f"{f.sessions_after:,}", "num")] for f in sbs.syn_flood]))
     if sbs.loop:
-        cost = {(lc.program, lc.encap): lc for lc in sbs.loop}
+        cost = {(lc.program, lc.encap): lc for lc in sbs.loop if lc.traffic == "udp-flows"}
         tx_cost = cost.get(("xdp_tx", None))
         loop_rows = []
         for encap in sorted({lc.encap for lc in sbs.loop if lc.encap}, key=_encap_rank):
@@ -981,8 +997,13 @@ def figures(result: Result) -> dict[str, float | str]:
         tx_loop = next((lc.cpu_ns_per_frame for lc in sbs.loop if lc.program == "xdp_tx"), 0.0)
         for lc in sbs.loop:
             if lc.encap and lc.cpu_ns_per_frame > 0 and tx_loop > 0:
-                out[f"versus {sbs.program} {lc.encap} 64 B live loop floor ÷ {lc.program} (CPU ns)"] = round(
+                what = lc.encap if lc.traffic == "udp-flows" else f"{lc.encap} {lc.traffic}"
+                out[f"versus {sbs.program} {what} 64 B live loop floor ÷ {lc.program} (CPU ns)"] = round(
                     tx_loop / lc.cpu_ns_per_frame, 4)
+        for f in sbs.syn_flood:
+            if f.floor_xdp_tx_mpps > 0:
+                out[f"versus {sbs.program} {f.encap} syn-flood live NDR ÷ XDP_TX floor {f.program}"] = round(
+                    f.ndr_mpps / f.floor_xdp_tx_mpps, 4)
         for pt in p.points:
             key = f"versus {sbs.program} {pt.encap} {pt.frame_size} B live NDR ÷ XDP_TX floor"
             if pt.floor.xdp_tx_mpps > 0:

@@ -86,8 +86,10 @@ __all__ = [
     "ResultsError",
     "RssPayload",
     "RssScenario",
+    "SessionTables",
     "SideBySide",
     "SideCase",
+    "SynFlood",
     "TimelineEvent",
     "Trial",
     "Versus",
@@ -341,6 +343,7 @@ class SideCase:
     path_counter: str = field(metadata=_rule(_non_empty))  # l4lab's counter that only this case moves
     other_path_counter: str = field(metadata=_rule(_non_empty))
     calls: int = field(metadata=_rule(_at_least(1)))
+    round_ratios: list[float | None] = field(default_factory=list)  # the ratio of each round's medians
 
 
 @dataclass(frozen=True)
@@ -369,6 +372,30 @@ class LoopCost:
     frames: int = field(metadata=_rule(_at_least(1)))  # per round
     rounds: int = field(metadata=_rule(_at_least(1)))
     delivered: float = field(metadata=_rule(_between(0, 1)))  # share of the frames the sink counted, worst round
+    traffic: Literal["udp-flows", "syn-flood"] = "udp-flows"  # syn-flood: every frame a new flow's TCP SYN
+
+
+@dataclass(frozen=True)
+class SessionTables:
+    """One program's session tables as the side-by-side bench loaded them (the IPv4 flows' table for l4lab)."""
+
+    program: str = field(metadata=_rule(_non_empty))
+    tables: int = field(metadata=_rule(_at_least(1)))   # l4lab: one for all CPUs; Katran: one per CPU
+    entries: int = field(metadata=_rule(_at_least(1)))  # of each table
+    bytes: int = field(metadata=_rule(_at_least(0)))    # of all of them, the kernel's memlock figure
+
+
+@dataclass(frozen=True)
+class SynFlood:
+    """One program's NDR when every frame is a new flow's TCP SYN from one of `sources` (live frames, 64 B)."""
+
+    program: str = field(metadata=_rule(_non_empty))  # "l4lab" or the other program
+    encap: EncapId
+    sources: int = field(metadata=_rule(_at_least(1)))
+    ndr_mpps: float = field(metadata=_rule(_at_least(0)))
+    pdr_mpps: float = field(metadata=_rule(_at_least(0)))
+    floor_xdp_tx_mpps: float = field(metadata=_rule(_at_least(0)))  # the same run's MAC-swap floor
+    sessions_after: int = field(metadata=_rule(_at_least(0)))  # entries in its session tables after the search
 
 
 @dataclass(frozen=True)
@@ -388,6 +415,10 @@ class SideBySide:
     cases: list[SideCase] = field(metadata=_rule(_non_empty))
     sizes: list[ProgramSize] = field(default_factory=list)
     loop: list[LoopCost] = field(default_factory=list)  # live frames: CPU ns per frame of each program's loop
+    seed: int | None = None  # the order's seed (lab/bench/order.py): `l4lab bench --katran --seed N` replays it
+    first_loaded: list[str] = field(default_factory=list)  # per round: whose session tables were created first
+    session_tables: list[SessionTables] = field(default_factory=list)
+    syn_flood: list[SynFlood] = field(default_factory=list)
 
     def problems(self) -> Iterator[tuple[str, str]]:
         seen: set[tuple[str | None, str]] = set()

@@ -155,6 +155,11 @@ class Katran:
     def program(self):  # type: ignore[no-untyped-def]
         return self._obj.program(self.PROGRAM)
 
+    @property
+    def session_tables(self) -> list[object]:
+        """The per-CPU LRU session tables (balancer.libbpf.Map), CPU 0 first."""
+        return list(self._inner)
+
     def attach(self, ifname: str, mode: str = "native") -> None:
         """Attach in XDP (a BPF link; close() detaches it)."""
         self._links.append(self.program.attach_xdp(socket.if_nametoindex(ifname), mode, ifname))

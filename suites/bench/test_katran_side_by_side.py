@@ -16,6 +16,7 @@ import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from scapy.layers.inet import IP
@@ -150,6 +151,11 @@ def test_side_by_side_checks_every_path(checkout: katran.Checkout, tmp_path: Pat
         assert result.insns[f"l4lab:{encap}"][1] > 0 and result.insns[f"katran:{encap}"][1] > 0
     assert sum("actions and path counters checked" in line for line in lines) == 3
     assert any(line.startswith("IPIP session hit") for line in lines)
+    assert f"order: seed {result.seed} " in "\n".join(lines)
+    assert result.first_loaded == ["l4lab", "katran", "l4lab"], "each program's tables created first in turn"
+    assert {len(r) for r in result.round_medians.values()} == {3}
+    assert any(line.startswith("  session tables, katran: 2 tables (one per CPU) of 4,096 entries")
+               for line in lines) or os.cpu_count() != 2
     assert result.results_file is not None and result.results_file.is_file()
     (written,) = load_results(tmp_path)
     assert isinstance(written.payload, BenchPayload) and written.payload.side_by_side is not None
@@ -161,6 +167,33 @@ def test_side_by_side_checks_every_path(checkout: katran.Checkout, tmp_path: Pat
     assert (hit.path_counter, hit.other_path_counter) == ("LRU_HIT", "LRU hits")
     assert [z.encap for z in sbs.sizes] == list(katranbench.ENCAPS)
     assert written.payload.points == [], "no live frames in this run (ndr=False)"
+    assert (sbs.seed, sbs.first_loaded) == (result.seed, ["l4lab", "katran", "l4lab"])
+    assert all(len(c.round_ratios) == 3 for c in sbs.cases)
+    tables = {t.program: t for t in sbs.session_tables}
+    assert tables["katran"].entries == 4096 and tables["katran"].tables == tables["l4lab"].entries // 4096
+    assert tables["l4lab"].tables == 1 and tables["l4lab"].bytes > 0
+
+
+@NEEDS_ROOT
+def test_a_seed_replays_the_same_order(checkout: katran.Checkout, tmp_path: Path) -> None:
+    """Two runs with one seed time the cases in one order: the same permutation every iteration."""
+    real = katranbench.Order.iterations
+
+    def timed_in(seen: list[list[str]]) -> Any:
+        def spy(self: katranbench.Order, items: Any, count: int) -> Any:
+            for turn in real(self, items, count):
+                seen.append([c.name for c in turn])
+                yield turn
+        return spy
+
+    orders: list[list[list[str]]] = [[], []]
+    for seen in orders:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(katranbench.Order, "iterations", timed_in(seen))
+            katranbench.run(katranbench.Options(katran=checkout.root, runs=40, rounds=2, lru_size=1024, ndr=False,
+                                                seed=99, results=tmp_path), lambda _line: None)
+    assert orders[0] == orders[1] and len(orders[0]) == 40
+    assert len({tuple(o) for o in orders[0]}) > 1, "a new order every iteration"
 
 
 @NEEDS_ROOT

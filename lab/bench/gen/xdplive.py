@@ -189,6 +189,7 @@ class ChainCost:
     received: int
     cpu_s: float
     wall_s: float
+    warm: int = 0  # frames sent before the measured ones (page pool, caches, sessions)
 
     @property
     def cpu_ns_per_frame(self) -> float:
@@ -356,7 +357,8 @@ class XdpLiveGenerator(Generator):
         thread.join()
         if errors:
             raise errors[0]
-        return ChainCost(frames=frames, received=int(out["received"]), cpu_s=out["cpu"], wall_s=out["wall"])
+        return ChainCost(frames=frames, received=int(out["received"]), cpu_s=out["cpu"], wall_s=out["wall"],
+                         warm=call)
 
     def _settled(self) -> int:
         """The sink's count once it has stopped moving (frames still in flight have arrived)."""
