@@ -9,7 +9,8 @@ From then on, every --interval seconds it sends a numbered line on every connect
 a connection fails as "reset" (ECONNRESET, EPIPE or EOF) or "timeout" (no answer within --timeout).
 A second thread opens a new connection every --new-every seconds, sends one line and records who answered.
 
-Commands on stdin: "mark NAME" records the moment (answered {"event": "marked"}); "stop [S]"
+Commands on stdin: "mark NAME" records the moment (answered {"event": "marked"}); "tick" sends a
+request on every connection now (answered {"event": "ticked"}; for idle connections: a long --interval); "stop [S]"
 keeps going S more seconds (the observation window), then waits out the requests in flight and prints
 the report {"event": "report", "conns": [...], "new": [...], "marks": {...}} and exits. Times are
 seconds since the start. With --cpu the process pins itself to one CPU, as a NIC's RSS keeps a
@@ -172,6 +173,9 @@ class Client:
         elif word == "mark":
             self.marks[arg] = _now()
             _emit({"event": "marked", "name": arg, "t": self.marks[arg]})
+        elif word == "tick":
+            self._tick()
+            _emit({"event": "ticked", "t": _now()})
 
     def run(self) -> None:
         newer = threading.Thread(target=self._new_flows, daemon=True)
@@ -181,7 +185,7 @@ class Client:
             if time.monotonic() >= next_tick:
                 self._tick()
                 next_tick += self.interval
-            wait = max(0.0, next_tick - time.monotonic())
+            wait = min(max(0.0, next_tick - time.monotonic()), 0.1)  # stdin is read between waits
             for key, _ in self.sel.select(wait):
                 self._on_readable(key.data)
             if self.stop_at == float("inf") and select.select([sys.stdin], [], [], 0)[0]:
@@ -277,6 +281,11 @@ class ChurnClient:
     def mark(self, name: str) -> float:
         self._send(f"mark {name}")
         return float(self._read("marked", 10)["t"])
+
+    def tick(self) -> None:
+        """A request on every live connection now (the client's --interval may be long: idle connections)."""
+        self._send("tick")
+        self._read("ticked", 10)
 
     def stop(self, after: float = 0.0, timeout: float = 20.0) -> dict[str, Any]:
         """Let the client run `after` more seconds (its observation window), then take its report."""
