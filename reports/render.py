@@ -32,7 +32,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from reports import svg
+from reports import svg, trend
 from reports.schema import (
     ENCAP_IDS,
     IMIX_MEAN_FRAME_BYTES,
@@ -524,7 +524,32 @@ def _side_by_side(results: list[Result]) -> Section:
             ["encap", "frame size (bytes)", "XDP_DROP floor", "MAC-swap XDP_TX floor", "l4lab", name], live))
     else:
         section.notes.append("This run measured no live frames (the test-run table only).")
+    _ratio_trends(section, results)
     return section
+
+
+def _ratio_trends(section: Section, results: list[Result]) -> None:
+    """Each ratio over every run of `l4lab bench --katran`, with jumpavg's change points (reports/trend.py)."""
+    rows = []
+    for t in trend.trends(results):
+        marks = {i: change for i, change in t.changes}
+        points = [(s.value, f"{_short(s.commit)} ({s.time.astimezone(UTC):%Y-%m-%d %H:%M}): {s.value:.3f}"
+                   + (f" — {marks[i]}: a change beyond the noise" if i in marks else ""))
+                  for i, s in enumerate(t.samples)]
+        spark = svg.sparkline(t.name, points, marks=set(marks))
+        last = t.changes[-1] if t.changes else None
+        rows.append([Cell(t.name), Cell(f"{t.better} is better"), Cell(str(len(t.samples)), "num"),
+                     Cell(" ".join(f"{s.value:.3f}" for s in t.samples), html=Markup(spark)),  # noqa: S704
+                     Cell(f"{t.samples[-1].value:.3f}", "num"),
+                     Cell(f"{last[1]} at {_short(t.samples[last[0]].commit)}" if last else "none",
+                          "warn" if last and last[1] == "worse" else "")])
+    if rows:
+        section.tables.append(Table(
+            "Ratios across runs and commits; a red mark starts a change beyond the noise (FD.io CSIT's jumpavg)",
+            ["ratio — machine, result", "direction", "runs", "trend", "latest", "last change"], rows))
+    else:
+        section.notes.append("Trends of these ratios appear once two runs of `l4lab bench --katran` are in the "
+                             "results directory.")
 
 
 def _bench_group(section: Section, machine: str, generator: str, frame: pd.DataFrame) -> None:
@@ -1057,8 +1082,9 @@ def _history(results: list[Result]) -> Section:
         "history",
         "Runs and trends",
         "Every run is kept. The newest run per machine and generator, then every numeric figure measured "
-        "at two or more commits: its value at each commit (newest run per commit, oldest first; hover a dot), "
-        "the first and the latest value and the change.",
+        "at two or more commits: its value at each commit (newest run per commit, oldest first; hover a dot; a red "
+        "mark starts a change beyond the noise, found by FD.io CSIT's jumpavg), the first and the latest value and "
+        "the change.",
     )
     if not results:
         section.empty = True
@@ -1092,8 +1118,10 @@ def _history(results: list[Result]) -> Section:
         ordered = sorted(by_commit.items(), key=lambda kv: kv[1][0])
         first, last = ordered[0][1][1], ordered[-1][1][1]
         change = (last - first) / first * 100 if first else math.nan
-        spark = svg.sparkline(name, [(v, f"{_short(c)} ({t.astimezone(UTC):%Y-%m-%d %H:%M}): {v:.4g}")
-                                     for c, (t, v) in ordered])
+        marks = set(trend.change_points([v for _, (_, v) in ordered]))
+        spark = svg.sparkline(name, [(v, f"{_short(c)} ({t.astimezone(UTC):%Y-%m-%d %H:%M}): {v:.4g}"
+                                      + (" — a change beyond the noise (jumpavg)" if i in marks else ""))
+                                     for i, (c, (t, v)) in enumerate(ordered)], marks=marks)
         trend_rows.append([Cell(name), Cell(str(len(ordered)), "num"),
                            Cell(" ".join(f"{v:.4g}" for _, (_, v) in ordered), html=Markup(spark)),  # noqa: S704
                            Cell(f"{first:.4g}", "num"), Cell(f"{last:.4g}", "num"),
