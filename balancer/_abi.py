@@ -203,6 +203,13 @@ class Settings(ctypes.Structure):
                 ("mtu", ctypes.c_uint16), ("pad", ctypes.c_uint16), ("configured", ctypes.c_uint32)]
 
 
+class SynWindow(ctypes.Structure):
+    """struct lb_syn_window (16 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [("window", ctypes.c_uint64), ("syns", ctypes.c_uint64)]
+
+
 class Tally(ctypes.Structure):
     """struct lb_tally (4 bytes)"""
 
@@ -243,6 +250,7 @@ SIZES = {
     "Real": 20,
     "Session": 16,
     "Settings": 56,
+    "SynWindow": 16,
     "Tally": 4,
     "VipKey": 20,
     "VipMeta": 12,
@@ -256,6 +264,7 @@ RODATA = {
         "cfg_udp_timeout_ns": (48, 8),
         "cfg_jiffy_ns": (56, 4),
         "cfg_jiffies_at_boot": (64, 8),
+        "cfg_syn_lookups": (72, 8),
     },
     "decap": {
         "cfg_gue_port": (48, 2),
@@ -289,6 +298,7 @@ MAPS = {
         "lb_sessions",
         "lb_sessions4",
         "lb_settings",
+        "lb_syn_window",
         "lb_vip_index",
         "lb_vip_stats",
         "lb_vips",
@@ -316,7 +326,7 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "922c142e9ab9bac6c1a576ff527f0602",
+    "balancer": "64796bf363c4a78468baef8b996424ae",
     "decap": "5ff21603b6b9d29eb776b2e1ff02a80f",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
     "healthcheck": "8b5e44658a47be8dbb63f696ae9fa9fc",

@@ -213,6 +213,12 @@ struct lb_addr_key {
 	__u8 pad[3];
 };
 
+/* The one element of lb_syn_window, per CPU: its SYNs in the current window of the coarse clock (session.h). */
+struct lb_syn_window {
+	__u64 window; /* the window's index: the clock in ns >> 30 (about a second) */
+	__u64 syns;   /* SYNs this CPU saw in it */
+};
+
 /* One exported global per enum, so that every enum survives in each object's BTF. */
 const volatile enum lb_limits lb_abi_limits __attribute__((used)) = LB_DEFAULT_MAX_VIPS;
 const volatile enum lb_family lb_abi_family __attribute__((used)) = LB_AF_INET;

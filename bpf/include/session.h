@@ -46,6 +46,29 @@ static __always_inline __u64 session_now_ns(void)
 	return (bpf_jiffies64() - cfg_jiffies_at_boot) * cfg_jiffy_ns;
 }
 
+/* Each CPU's SYNs in its current window of the coarse clock (2^30 ns, about a second). */
+LB_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, 1, __u32, struct lb_syn_window) lb_syn_window SEC(".maps");
+
+/* SYNs a CPU looks up per window; past them the window is a flood and its SYNs skip the lookup (Katran's
+ * guard is 125,000 new connections a second per CPU). */
+const volatile __u64 cfg_syn_lookups = 131072;
+
+/* Whether this CPU is past cfg_syn_lookups SYNs in the current window (counting this one). A window set
+ * ahead of the clock holds until the clock reaches it. */
+static __always_inline int syn_flood(void)
+{
+	struct lb_syn_window *w = bpf_map_lookup_elem(&lb_syn_window, &lb_zero_key);
+	__u64 window = session_now_ns() >> 30;
+
+	if (!w)
+		return 0;
+	if (window > w->window) {
+		w->window = window;
+		w->syns = 0;
+	}
+	return ++w->syns > cfg_syn_lookups;
+}
+
 /* What the packet may do with its flow's session. */
 struct session_ctx {
 	__u32 hash;      /* the flow hash the session holds (0: not known) */
@@ -72,9 +95,12 @@ static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct
 	if (tcp && !steering && (pkt->tcp_flags & (TCPF_BYTE_SYN | TCPF_BYTE_ACK)) == TCPF_BYTE_SYN) {
 		/* The handshake's first non-SYN packet creates the session, to the real the ring gave the
 		 * SYN: spoofed SYNs insert nothing and evict no one (docs/architecture.md, decisions). A
-		 * session the flow already has (a reused tuple) is pointed at the ring's choice. */
+		 * session the flow already has (a reused tuple) is pointed at the ring's choice, except in
+		 * a flood, where that lookup would be most of a SYN's cost. */
 		tally_event(t, LB_EV_SYN_REHASH);
 		sc->insert = 0;
+		if (syn_flood())
+			return 0;
 		sess = session_find(key);
 		if (sess && ring_real && sess->real_id != ring_real) {
 			sess->real_id = ring_real;

@@ -217,3 +217,26 @@ def test_a_baseline_is_timed_in_the_same_rounds(checkout: katran.Checkout, tmp_p
         ["non-vip"] + [f"{e}:{c}" for e in katranbench.ENCAPS for c in ("new-ack", "new-syn", "session-hit")])
     assert all(len(r.split()) == 6 for r in rows), rows
     assert glob.glob(os.path.join(tempfile.gettempdir(), "l4lab-baseline-*")) == copies
+
+
+@NEEDS_ROOT
+def test_the_live_loop_checks_every_frame_and_catches_one_that_went_elsewhere(objects: dict[str, Path]) -> None:
+    """Every live case's loop round on the bench veth: all frames delivered, each program's own counters
+    moved by every frame (lab/bench/katran_live.py). Then the check itself: l4lab loaded for the SYN
+    flood (a TCP VIP) fed the UDP flows passes them to the stack, and the round says so."""
+    from contextlib import ExitStack
+
+    from lab.bench import katran_live as live
+    from lab.bench import run as B
+
+    plan = live.live_plan(list(katranbench.ENCAPS))
+    cpu = max(os.sched_getaffinity(0))
+    with B.testbed() as bed, ExitStack() as stack:
+        loaded = live.load_all(stack, bed, plan, objects, ["katran", "l4lab"], "test")
+        for case in plan:
+            cost = live.loop_round(bed, case, loaded[case.name], 1 << 14, cpu)
+            assert cost.received == cost.frames == 1 << 14 and cost.warm > 0, case.name
+        assert loaded["l4lab:syn-flood"].sessions() == 0, "SYNs insert no session"  # type: ignore[misc]
+        assert loaded["katran:syn-flood"].sessions() > 0, "Katran's SYNs insert (below its flood rate)"  # type: ignore[misc]
+        with pytest.raises(LabError, match="the sink counted 0 of 16384 frames"):
+            live.loop_round(bed, live.LiveCase("l4lab", "ip4-ipip"), loaded["l4lab:syn-flood"], 1 << 14, cpu)

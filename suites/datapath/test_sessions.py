@@ -55,6 +55,30 @@ def test_syn_rehashes_an_existing_session(balancer_factory: BalancerFactory) -> 
     assert real_of(ack.out) == P.REALS4[1] and ack.events == {"LRU_HIT": 1}, "the re-hashed choice is remembered"
 
 
+def test_in_a_syn_flood_a_syn_skips_its_lookup(balancer_factory: BalancerFactory) -> None:
+    """Past cfg_syn_lookups SYNs in a CPU's window of the clock, a SYN goes to the ring without looking its
+    session up: a reused tuple's session then keeps its old real (the price of a cheap SYN in a flood,
+    Katran's too). Below it, the SYN is counted and the session pointed at the ring's choice."""
+    b = balancer_factory(world=False, fresh=True)
+    b.vip(VIP, 80, "tcp", 0, [P.REALS4[0]])
+    b.run(P.tcp_to(VIP, flags="S"))
+    b.run(P.tcp_to(VIP, flags="A"))
+    b.ring(0, [P.REALS4[1]])
+    windows = b.dp.maps["lb_syn_window"]
+    flood = _abi.SynWindow(window=(1 << 64) - 1, syns=1 << 40)  # a window ahead of the clock, far past the limit
+    windows.update(b"\0" * 4, bytes(flood))
+    syn = b.run(P.tcp_to(VIP, flags="S"))
+    [(_, _, _, sess)] = list(b.dp.sessions())
+    assert real_of(syn.out) == P.REALS4[1] and syn.events == {"SYN_REHASH": 1}
+    assert sess.real_id == b.real_id(P.REALS4[0]), "in a flood the SYN did not look its session up"
+    windows.update(b"\0" * 4, bytes(_abi.SynWindow()))
+    b.run(P.tcp_to(VIP, flags="S"))
+    [(_, _, _, sess)] = list(b.dp.sessions())
+    assert sess.real_id == b.real_id(P.REALS4[1]), "out of the flood the SYN points the session at the ring"
+    counted = [_abi.SynWindow.from_buffer_copy(v) for v in windows.lookup_percpu(b"\0" * 4) or []]
+    assert sorted(w.syns for w in counted)[-1] == 1 and max(w.window for w in counted) > 0
+
+
 def test_a_syn_creates_no_session(balancer_factory: BalancerFactory) -> None:
     b = balancer_factory(world=False)
     b.vip(VIP, 80, "tcp", 0, [P.REALS4[0], P.REALS4[1]])
