@@ -7,7 +7,8 @@
 
 Usage and config errors print one line and exit 2; runtime errors exit 1. Before a verb touches
 the instance, the host is checked (balancer/preflight.py: bpffs visible, capabilities, pins behind
-a state file) and commands that write take the instance's lock, which a running daemon holds: a
+a state file) and commands that write take the instance's lock. A running daemon holds it: then
+the write is handed to it or refused naming the command that works (balancer/handover.py). A
 refusal is one line, exit 1, and nothing has changed. Any other failure prints one line naming
 the log file that holds its traceback.
 """
@@ -31,7 +32,7 @@ from balancer import config as cfg
 from balancer import controller, preflight
 from balancer.controller import DEFAULT_OBJECT, Instance
 from balancer.datapath import Datapath, xdp_link_ifindex
-from balancer.errors import ConfigError, LbError, crash_report
+from balancer.errors import ConfigError, InstanceOwnedError, LbError, crash_report
 from balancer.version import version
 
 
@@ -385,8 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", metavar="FILE", help="the TOML config to apply (VIPs, reals, encap, limits)")
     s.add_argument("--json", action="store_true", help="print what changed as JSON")
     s.set_defaults(fn=cmd_apply)
-    s = _verb(sub, "upgrade", "replace the running program without dropping a flow", "lbctl upgrade",
-              "lbctl upgrade --object /opt/l4lab/balancer.o")
+    s = _verb(sub, "upgrade", "replace the running program without dropping a flow (through `lbctl run` "
+              "when it owns the instance)", "lbctl upgrade", "lbctl upgrade --object /opt/l4lab/balancer.o")
     s.add_argument("--object", default=DEFAULT_OBJECT, metavar="OBJECT", help=_OBJECT_HELP)
     s.set_defaults(fn=cmd_upgrade)
     s = _verb(sub, "unload", "detach and remove the instance", "lbctl unload", "lbctl --instance edge unload")
@@ -437,7 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--interface", "-i", action="append", default=[], metavar="IF",
                    help="attach to IF (repeat for more); default the config's datapath.interfaces")
     s.add_argument("--mode", choices=("native", "generic", "auto"), help=_MODE_HELP)
-    s.add_argument("--object", default=DEFAULT_OBJECT, metavar="OBJECT", help=_OBJECT_HELP)
+    s.add_argument("--object", default="", metavar="OBJECT",
+                   help=_OBJECT_HELP.replace("(default %(default)s)", f"(default the config's datapath.object, "
+                                                                      f"else {DEFAULT_OBJECT})"))
     s.add_argument("--force-reload", action="store_true", help=_FORCE_HELP)
     s.set_defaults(fn=cmd_run)
 
@@ -470,8 +473,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd in ("run", "status", "stats") or _reads(args):
             result: int = args.fn(args)
         else:
-            with _owned(args):
-                result = args.fn(args)
+            try:
+                with _owned(args):
+                    result = args.fn(args)
+            except InstanceOwnedError as owned:  # `lbctl run` holds it: hand the write over, or say what works
+                from balancer.handover import hand_over
+
+                result = hand_over(args, owned)
         return result
     except (UsageError, ConfigError) as exc:
         print(f"lbctl: {exc}" if not str(exc).startswith("lbctl") else str(exc), file=sys.stderr)

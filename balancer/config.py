@@ -80,6 +80,7 @@ class DatapathConfig:
     fallback_size: int = 16384  # accepted and ignored: there is no fallback table since issue 11
     udp_timeout_s: int = int(_abi.Limits.DEFAULT_UDP_TIMEOUT_S)
     frags: bool = False
+    object: str = ""  # the BPF object to run (a path or a name, balancer/objects.py); "" = lbctl's default
 
 
 @dataclass(frozen=True)
@@ -252,7 +253,16 @@ def _datapath(t: _Table) -> DatapathConfig:
         fallback_size=t.integer("fallback_size", 1, U32_MAX, d.fallback_size),
         udp_timeout_s=t.integer("udp_timeout_s", 1, 86400, d.udp_timeout_s),
         frags=t.boolean("frags", d.frags),
+        object=_object(t),
     )
+
+
+def _object(t: _Table) -> str:
+    expected = 'a BPF object: a path such as "/opt/l4lab/balancer.o" or a file name such as "balancer.o"'
+    name = t.string("object", expected, "")
+    if name and ("\0" in name or not name.strip() or name != name.strip()):
+        raise t.error("object", name, expected)
+    return name
 
 
 def _encap(t: _Table) -> EncapConfig:
@@ -493,6 +503,7 @@ _KNOWN: Final[dict[str, tuple[str, ...]]] = {
         "fallback_size",
         "udp_timeout_s",
         "frags",
+        "object",
     ),
     "encap": ("nexthop_mac", "gue_port", "src4", "src6"),
     "vips": ("address", "port", "proto", "encap", "hash", "lru", "outer_src", "gue_csum", "reals", "healthcheck"),
@@ -521,6 +532,7 @@ def dump(config: Config) -> str:
         f"fallback_size = {d.fallback_size}",
         f"udp_timeout_s = {d.udp_timeout_s}",
         f"frags = {_toml(d.frags)}",
+        *([f"object = {_toml(d.object)}"] if d.object else []),
         "",
         "[encap]",
         f"nexthop_mac = {_toml(e.nexthop_mac)}",

@@ -68,6 +68,7 @@ class State:
     real_ids: dict[str, int] = field(default_factory=dict)         # address -> real id
     ring_inputs: dict[str, list[list[Any]]] = field(default_factory=dict)  # vip -> [[addr, weight]]
     down: dict[str, list[str]] = field(default_factory=dict)       # vip -> reals failed by health checks
+    object_sha256: str = ""                                        # of `object` when it was loaded
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=1, sort_keys=True)
@@ -159,7 +160,8 @@ class Instance:
             for ifname in ifaces:
                 link = dp.attach(ifname, mode, frags=d.frags)
                 link.pin(f"{pin_dir}/link_{ifname}")
-            state = State(instance=name, object=obj, interfaces=dict.fromkeys(ifaces, mode))
+            state = State(instance=name, object=obj, interfaces=dict.fromkeys(ifaces, mode),
+                          object_sha256=objects.digest(obj))
             inst = cls(name, dp, state)
             inst.save()
             inst.apply(c)
@@ -195,8 +197,16 @@ class Instance:
         finally:
             new.close()  # the links hold the new program; the maps stay pinned
         self.state.object = obj
+        self.state.object_sha256 = objects.digest(obj)
         self.save()
         return {"links": len(self.dp.links)}
+
+    def runs(self, obj: str) -> bool:
+        """Whether the program running is object obj as it is now (same path, same content when known)."""
+        path = objects.find(obj)
+        if os.path.abspath(path) != os.path.abspath(self.state.object):
+            return False
+        return not self.state.object_sha256 or objects.digest(path) == self.state.object_sha256
 
     def save(self) -> None:
         path = self.state_path(self.name)

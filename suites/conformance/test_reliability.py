@@ -266,6 +266,51 @@ def test_upgrade_under_traffic(lab: Lab, lb: LabBalancer, tmp_path: Path) -> Non
     sys.stdout.write(f"XDP program {prog_before} -> {prog_after} on the same maps\n")
 
 
+@pytest.mark.needs(Capability.HITLESS_UPGRADE)
+def test_upgrade_through_the_daemon_under_traffic(lab: Lab, lb: LabBalancer, tmp_path: Path) -> None:
+    """`lbctl upgrade` while `lbctl run` owns the instance and probes the reals: the daemon swaps in a
+    build that really differs (suites/variant.py), then the original again; 0 requests fail."""
+    from suites.variant import build_variant
+
+    variant, original = build_variant(tmp_path), REPO / "build" / "bpf" / "balancer.o"
+    conf = _config(lb, {PORT_A: None})
+    # Tunnel probes: the echo listens on the VIP only.
+    check = cfg.HealthCheck(port=PORT_A, type="tcp", interval_s=0.5, timeout_s=0.4, via="tunnel")
+    lb.config_path.write_text(cfg.dump(replace(conf, vips=tuple(replace(v, healthcheck=check) for v in conf.vips))))
+    log = tmp_path / "lbctl-run.log"
+    log.touch()
+    with contextlib.ExitStack() as stack:
+        daemon = Daemon(lb, lb.config_path, log)
+        stack.callback(daemon.stop)
+        assert daemon.wait("running")["health_targets"] == 3
+        client = stack.enter_context(_client(lab, PORT_A))
+        progs, checks = [_prog_id(lb)], [_checks_ok(lb)]
+        for obj in (variant, original):
+            client.mark(f"upgrade to {obj}")
+            done = lb.lbctl("upgrade", "--object", str(obj))
+            assert done.stdout.startswith(f"replaced the program behind 1 link(s) with {obj}"), done.stdout
+            progs.append(_prog_id(lb))
+        report = client.stop(after=OBSERVE_S)
+        checks.append(_checks_ok(lb))
+        upgraded = [e for e in daemon.events() if e.get("event") == "upgraded"]
+        probes_failed = [e for e in daemon.events() if e.get("event") == "real_down"]
+        assert daemon.stop() == 0
+    assert [e["object"] for e in upgraded] == [str(variant), str(original)], upgraded
+    assert len(set(progs)) == 3, f"the link's program ids across the two upgrades: {progs}"
+    assert not probes_failed, f"a health check failed during the upgrades: {probes_failed}"
+    assert checks[1] > checks[0] + 3, f"passed health checks before and after the upgrades: {checks}"
+    _verdict("lbctl upgrade through lbctl run, twice", report)
+    sys.stdout.write(f"XDP program {' -> '.join(map(str, progs))}; {checks[1] - checks[0]:.0f} health checks "
+                     "passed meanwhile, none failed\n")
+
+
+def _checks_ok(b: LabBalancer) -> float:
+    """The daemon's passed health checks so far, from its metrics endpoint in the LB node."""
+    text = b.lab.run(b.node, ["curl", "-sf", "http://127.0.0.1:9100/metrics"]).stdout
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("l4lab_health_checks_total{") and 'result="ok"' in line)
+
+
 def _prog_id(b: LabBalancer) -> int:
     ifname = b.lab.ifname("lb", lb_link(b.lab.topology, "lb")[0])
     link = json.loads(b.lab.run(b.node, ["ip", "-j", "-d", "link", "show", "dev", ifname]).stdout)[0]

@@ -198,7 +198,7 @@ def test_normalisations() -> None:
         (
             "[datapath]\nmtus = 1500",
             "lb.toml: datapath.mtus is not a known key; known keys here: fallback_size, frags, interfaces, "
-            "lru_size, max_reals, max_vips, mode, mtu, ring_size, udp_timeout_s",
+            "lru_size, max_reals, max_vips, mode, mtu, object, ring_size, udp_timeout_s",
         ),
         ("datapath = 3", "lb.toml: datapath must be a table but got 3"),
         (

@@ -846,3 +846,101 @@ def test_install_script_installs_into_a_root_and_is_idempotent(tmp_path: Path) -
         refused = subprocess.run(["bash", str(script), "--root", str(root)], capture_output=True, text=True,
                                  env=dict(os.environ, PATH=f"{in_tree}:/usr/bin:/bin"))
         assert refused.returncode == 1 and "lives in the source tree" in refused.stderr, refused.stderr
+
+
+def _lbctl(world: World, *args: str) -> subprocess.CompletedProcess[str]:
+    """lbctl as an operator runs it beside the daemon: its own process, in the LB netns."""
+    return subprocess.run(["nsenter", f"--net=/run/netns/{world.lb}", PY, "-m", "balancer.cli",
+                           "--instance", world.instance, *args],
+                          cwd=REPO, env=world.env(), capture_output=True, text=True, timeout=120)
+
+
+def _prog_tag(prog_id: int) -> str:
+    out = subprocess.run(["bpftool", "-j", "prog", "show", "id", str(prog_id)], check=True,
+                         capture_output=True, text=True).stdout
+    return str(json.loads(out)["tag"])
+
+
+def test_writes_are_handed_to_the_daemon_or_refused_with_the_command_that_works(
+        world: World, tmp_path: Path) -> None:
+    """With `lbctl run` owning the instance, `lbctl upgrade` is carried out by the daemon (a program that
+    really differs, behind the same link, on the same maps; health checks never stop), `lbctl apply`
+    of the daemon's own file is its reload, answered; other writes are refused naming the file to edit."""
+    from suites.variant import build_variant
+
+    variant = build_variant(tmp_path)
+    for addr in REALS:
+        world.start_server(addr)
+    config = world.write_config(REALS)
+    mark = world.start_daemon(config)
+    world.wait_running(mark)
+    a = REALS[0]
+    sport = next(p for p in range(22000, 22100) if world.flow_real(p) == a)
+    prog, tag = world.prog_id(), _prog_tag(world.prog_id())
+    checks_before = _get(_samples(world.scrape()[2]), "l4lab_health_checks_total", vip=TCP_VIP, real=a, result="ok")
+
+    done = _lbctl(world, "upgrade", "--object", str(variant))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"replaced the program behind 1 link(s) with {variant} (was {OBJ})"), done.stdout
+    upgraded = world.wait_event("upgraded", mark, SETTLE_S)
+    assert upgraded["trigger"] == "request" and upgraded["object"] == str(variant), upgraded
+    assert world.prog_id() != prog and _prog_tag(world.prog_id()) != tag  # other instructions are running
+    assert world.flow_real(sport) == a  # its session survived the swap
+    poll(SETTLE_S, lambda: _get(_samples(world.scrape()[2]), "l4lab_health_checks_total", vip=TCP_VIP, real=a,
+                                result="ok") > checks_before + RISE, "health checks after the upgrade")
+    assert world.daemon is not None and world.daemon.poll() is None
+    print(f"\nupgrade through the daemon: program {prog} (tag {tag}) -> {world.prog_id()} "
+          f"(tag {_prog_tag(world.prog_id())}); flow {sport} stayed on {a}")
+
+    # apply of the daemon's own file: its reload, answered with the outcome.
+    world.write_config([*REALS, EXTRA_REAL])
+    world.start_server(EXTRA_REAL)
+    done = _lbctl(world, "apply", str(config))
+    assert (done.returncode, done.stdout.strip()) == (0, f"applied {config}"), done.stderr
+    assert world.real_id(EXTRA_REAL) in world.ring_ids(TCP_VIP)
+    config.write_text(config.read_text().replace("port = 80\n", "port = 80\nbogus_key = 1\n", 1))
+    done = _lbctl(world, "apply", str(config))
+    assert done.returncode == 1 and f"the daemon refused: {config}: vips[0].bogus_key is not a known key" \
+        in done.stderr, done.stderr
+
+    other = world.write_config(REALS, name="other.toml")
+    pid = world.daemon.pid
+    owner = f"instance '{world.instance}' is owned by lbctl run (pid {pid}), which keeps it matching {config}"
+    apply_cmd = f"`lbctl --instance {world.instance} apply {config}` (or `systemctl reload lbctl`)"
+    for args, remedy in ((("apply", str(other)), f"put the new config in {config}, then {apply_cmd}"),
+                         (("real", "del", VIP, "80", "tcp", a), f"edit the reals in {config}, then {apply_cmd}"),
+                         (("unload",), f"stop the daemon first (`systemctl stop lbctl`, or `kill {pid}`)")):
+        done = _lbctl(world, *args)
+        assert done.returncode == 1, (args, done.stderr)
+        assert done.stderr.strip().startswith(f"lbctl: {owner}; {remedy}"), (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_reload_upgrades_to_the_object_the_config_names(world: World, tmp_path: Path) -> None:
+    """`systemctl reload lbctl` (SIGHUP) upgrades when datapath.object names another object, and does
+    nothing to the program when it names the one running."""
+    from suites.variant import build_variant
+
+    variant = build_variant(tmp_path)
+    for addr in REALS:
+        world.start_server(addr)
+    config = world.write_config(REALS, extra="")
+    config.write_text(config.read_text().replace("[datapath]\n", f'[datapath]\nobject = "{OBJ}"\n', 1))
+    mark = world.start_daemon(config)
+    world.wait_running(mark)
+    prog = world.prog_id()
+    assert world.daemon is not None
+    world.daemon.send_signal(signal.SIGHUP)
+    world.wait_event("applied", mark, SETTLE_S, match=lambda r: r["trigger"] == "reload")
+    assert world.prog_id() == prog and not any(r["event"] == "upgraded" for r in world.logs()[mark:])
+
+    config.write_text(config.read_text().replace(f'object = "{OBJ}"', f'object = "{variant}"'))
+    world.daemon.send_signal(signal.SIGHUP)
+    upgraded = world.wait_event("upgraded", mark, SETTLE_S)
+    assert (upgraded["trigger"], upgraded["object"], upgraded["previous"]) == ("reload", str(variant), str(OBJ))
+    assert world.prog_id() != prog
+    inst = Instance.open(world.instance)
+    try:
+        assert inst.state.object == str(variant)
+    finally:
+        inst.close()
