@@ -170,6 +170,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  interface {ifname}: XDP {mode} (requested {st['requested_modes'].get(ifname)})"
               + (f": {note}" if note else ""))
     _warn_generic(st["interfaces"])
+    if st["nexthop"]:
+        print(f"  next hop {st['nexthop']['describe']}")
     for v in st["vips"]:
         print(f"  vip {v['vip']}  #{v['vip_num']}  encap {v['encap']}  hash {v['hash']}  "
               f"lru {'on' if v['lru'] else 'off'}  outer source {v['outer_src']}")

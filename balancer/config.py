@@ -85,12 +85,16 @@ class DatapathConfig:
 
 @dataclass(frozen=True)
 class EncapConfig:
-    """What every encapsulated frame carries: next-hop MAC, GUE port and the outer source prefixes."""
+    """What every encapsulated frame carries: next-hop MAC, GUE port and the outer source prefixes.
 
-    nexthop_mac: str = "02:00:00:00:00:01"
+    ``nexthop_mac = "auto"`` finds the MAC in the kernel (balancer/nexthop.py): the neighbour entry of
+    ``nexthop``, else of the default route's gateway on the datapath interface."""
+
+    nexthop_mac: str = "auto"
     gue_port: int = int(_abi.Limits.DEFAULT_GUE_PORT)
     src4: ipaddress.IPv4Network = ipaddress.IPv4Network("198.51.100.128/25")
     src6: ipaddress.IPv6Network = ipaddress.IPv6Network("2001:db8:1b:80::/64")
+    nexthop: IpAddress | None = None  # with nexthop_mac = "auto": the router's address on the LB's link
 
 
 @dataclass(frozen=True)
@@ -267,12 +271,19 @@ def _object(t: _Table) -> str:
 
 def _encap(t: _Table) -> EncapConfig:
     d = EncapConfig()
-    expected = f'a MAC address such as "{MAC_EXAMPLE}"'
-    mac = t.check.mac(t.value("nexthop_mac", expected, d.nexthop_mac), t.key("nexthop_mac"), expected)
-    if int(mac[:2], 16) & 1:
-        raise t.error("nexthop_mac", mac, "a unicast MAC address (the next hop's), not a multicast one")
+    expected = f'"auto" or a MAC address such as "{MAC_EXAMPLE}"'
+    mac = t.value("nexthop_mac", expected, d.nexthop_mac)
+    if mac != "auto":
+        mac = t.check.mac(mac, t.key("nexthop_mac"), expected)
+        if int(mac[:2], 16) & 1:
+            raise t.error("nexthop_mac", mac, "a unicast MAC address (the next hop's), not a multicast one")
+    nexthop = t.address("nexthop") if "nexthop" in t.data else None
+    if nexthop is not None and mac != "auto":
+        raise t.error("nexthop", str(nexthop), "", message=f'{t.key("nexthop")} applies only to nexthop_mac = '
+                      f'"auto" (it names the address whose MAC is looked up); remove one of the two')
     return EncapConfig(
         nexthop_mac=mac,
+        nexthop=nexthop,
         gue_port=t.integer("gue_port", 1, 65535, d.gue_port),
         src4=cast(ipaddress.IPv4Network, t.network("src4", 4, d.src4)),
         src6=cast(ipaddress.IPv6Network, t.network("src6", 6, d.src6)),
@@ -505,7 +516,7 @@ _KNOWN: Final[dict[str, tuple[str, ...]]] = {
         "frags",
         "object",
     ),
-    "encap": ("nexthop_mac", "gue_port", "src4", "src6"),
+    "encap": ("nexthop_mac", "gue_port", "src4", "src6", "nexthop"),
     "vips": ("address", "port", "proto", "encap", "hash", "lru", "outer_src", "gue_csum", "reals", "healthcheck"),
     "vips.reals": ("address", "weight"),
     "vips.healthcheck": ("type", "port", "path", "interval_s", "timeout_s", "rise", "fall", "via"),
@@ -539,6 +550,7 @@ def dump(config: Config) -> str:
         f"gue_port = {e.gue_port}",
         f"src4 = {_toml(str(e.src4))}",
         f"src6 = {_toml(str(e.src6))}",
+        *([f"nexthop = {_toml(str(e.nexthop))}"] if e.nexthop is not None else []),
         "",
         "[metrics]",
         f"listen = {_toml(config.metrics.listen)}",

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from balancer import _abi, encaps, maglev, objects
+from balancer import _abi, encaps, maglev, nexthop, objects
 from balancer import config as cfg
 from balancer.datapath import Datapath, Transaction
-from balancer.errors import DatapathError, LbError
+from balancer.errors import DatapathError, HostError, LbError
 
 PIN_ROOT = os.environ.get("LBCTL_PIN_ROOT", "/sys/fs/bpf/lbctl")
 STATE_ROOT = os.environ.get("LBCTL_STATE_ROOT", "/run/lbctl")
@@ -69,6 +69,7 @@ class State:
     ring_inputs: dict[str, list[list[Any]]] = field(default_factory=dict)  # vip -> [[addr, weight]]
     down: dict[str, list[str]] = field(default_factory=dict)       # vip -> reals failed by health checks
     object_sha256: str = ""                                        # of `object` when it was loaded
+    nexthop: dict[str, str] = field(default_factory=dict)          # the NextHop the settings hold
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=1, sort_keys=True)
@@ -240,10 +241,11 @@ class Instance:
         next apply.
         """
         _check_fits(new, self.dp)
+        hop = self.next_hop(new.encap)
         plan = self._plan(new, down if down is not None else self.state.down)
         report = ApplyReport()
         with self.dp.transaction(crash_after_slots=_crash_after_slots()) as tx:
-            self._write_settings(tx, plan, report)
+            self._write_settings(tx, plan, report, hop)
             self._write_new_reals(tx, plan, report)
             self._write_vips(tx, plan, report)
             self._write_address_entries(tx, plan)
@@ -256,8 +258,22 @@ class Instance:
         st.real_ids = plan.real_ids
         st.ring_inputs = plan.ring_inputs
         st.down = plan.new_down
+        st.nexthop = hop.to_dict()
         self.save()
         return report
+
+    def next_hop(self, encap: cfg.EncapConfig) -> nexthop.NextHop:
+        """Where encap sends frames now (balancer/nexthop.py). When the kernel has lost the neighbour
+        that this same encap config found before, its last MAC is kept: a router that is down or
+        being replaced gets it back, and health applies are not refused meanwhile."""
+        try:
+            return nexthop.resolve(encap.nexthop_mac, str(encap.nexthop) if encap.nexthop else None,
+                                   list(self.state.interfaces))
+        except HostError:
+            last = self.state.nexthop
+            if last and self.state.config and self.config.encap == encap and last.get("mac") != nexthop.NONE:
+                return nexthop.NextHop(**last)
+            raise
 
     def _plan(self, new: cfg.Config, down: Mapping[str, Iterable[str]]) -> _Plan:
         """Number the VIPs and reals of new: keep existing numbers, hand out the smallest free ones.
@@ -291,10 +307,11 @@ class Instance:
                      vip_nums=vip_nums, real_ids=real_ids, down=down_sets,
                      new_down={k: sorted(v) for k, v in down_sets.items() if v and k in new_vips})
 
-    def _write_settings(self, tx: Transaction, plan: _Plan, report: ApplyReport) -> None:
+    def _write_settings(self, tx: Transaction, plan: _Plan, report: ApplyReport, hop: nexthop.NextHop) -> None:
         new, old = plan.new, plan.old
-        if self.state.config == "" or old.encap != new.encap or old.datapath.mtu != new.datapath.mtu:
-            tx.put_settings(nexthop_mac=new.encap.nexthop_mac, src4=str(new.encap.src4),
+        if self.state.config == "" or old.encap != new.encap or old.datapath.mtu != new.datapath.mtu \
+                or self.state.nexthop.get("mac") != hop.mac:
+            tx.put_settings(nexthop_mac=hop.mac, src4=str(new.encap.src4),
                             src6=str(new.encap.src6), gue_port=new.encap.gue_port, mtu=new.datapath.mtu)
             report.settings = 1
 
@@ -426,8 +443,10 @@ class Instance:
                       "healthy": str(r.address) not in down} for r in v.reals]
             vips.append({"vip": v.name, "vip_num": num, "encap": v.encap, "hash": v.hash, "lru": v.lru,
                          "outer_src": v.outer_src, "reals": reals})
+        hop = nexthop.NextHop(**self.state.nexthop) if self.state.nexthop else None
         return {"instance": self.name, "object": self.state.object, "interfaces": self.attach_modes(),
-                "requested_modes": self.state.interfaces, "vips": vips}
+                "requested_modes": self.state.interfaces,
+                "nexthop": {**hop.to_dict(), "describe": hop.describe()} if hop else {}, "vips": vips}
 
     def stats(self) -> dict[str, Any]:
         c = self.config

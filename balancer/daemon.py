@@ -11,6 +11,8 @@ waits for three kinds of event:
   does not validate, or an apply the datapath refuses, is logged and the running state is kept;
 * SIGTERM or SIGINT: health checks and the metrics endpoint stop and the process exits 0, leaving
   the datapath loaded and forwarding (``lbctl unload`` removes it);
+* a neighbour or route change (``nexthop_mac = "auto"``): the next hop is resolved again and, when
+  its MAC moved, the config applied again, which rewrites the datapath's setting;
 * a request on its control socket (balancer/control.py), from an `lbctl` that found the instance
   owned: ``upgrade`` swaps the program behind the links (maps, sessions and health state stay),
   ``reload`` does what SIGHUP does and answers how it went.
@@ -48,7 +50,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from balancer import _abi, control, controller, health, objects, preflight
+from balancer import _abi, control, controller, health, nexthop, objects, preflight
 from balancer import config as cfg
 from balancer.controller import DEFAULT_OBJECT, Instance
 from balancer.errors import ConfigError, LbError, crash_report
@@ -59,6 +61,7 @@ from balancer.sdnotify import Notifier
 __all__ = ["Daemon", "run"]
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+FOLLOW_RESOLVE_S = 1.0  # how long a re-resolution after a routing change may solicit the neighbour
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,12 @@ class _Signal:
     signum: int
 
 
-Event = _Signal | health.Transition | control.Request
+@dataclass(frozen=True)
+class _RoutingChanged:
+    """A neighbour or route changed in the kernel (balancer/nexthop.py Watch)."""
+
+
+Event = _Signal | health.Transition | control.Request | _RoutingChanged
 
 
 def _version() -> str:
@@ -96,6 +104,9 @@ class Daemon:
         self.tunnel: health.TunnelEncap | None = None
         self.loaded = False  # whether this start loaded the instance (rather than adopting it)
         self.control: control.Server | None = None
+        self.watch = nexthop.Watch(self._routing_changed)
+        self._routing_pending = threading.Event()
+        self._lost: str | None = None  # the MAC kept while the next hop could not be resolved (logged once)
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -117,6 +128,7 @@ class Daemon:
                 self._upgrade_if_named(self.config, "start")
             self.control = control.Server(control.socket_path(controller.STATE_ROOT, self.name), self.events.put)
             self.control.start()
+            self.watch.start()
         except BaseException:
             if self.loaded:
                 self.close()
@@ -223,6 +235,8 @@ class Daemon:
                 self._apply("health", self.config, raise_errors=False)
             elif isinstance(ev, control.Request):
                 self._on_request(ev)
+            elif isinstance(ev, _RoutingChanged):
+                self._follow_nexthop()
             elif ev.signum == signal.SIGHUP:
                 self._reload_notified()
             else:
@@ -238,6 +252,35 @@ class Daemon:
             return self.reload()
         finally:
             self.notify(READY=1, STATUS=self.status_line())
+
+    def _routing_changed(self) -> None:
+        """From the watch's thread: queue one re-resolution (never more than one pending)."""
+        if not self._routing_pending.is_set():
+            self._routing_pending.set()
+            self.events.put(_RoutingChanged())
+
+    def _follow_nexthop(self) -> None:
+        """Resolve the next hop again; when its MAC moved, apply (which rewrites the setting)."""
+        self._routing_pending.clear()
+        inst = self.instance
+        assert inst is not None
+        encap = self.config.encap
+        if encap.nexthop_mac != nexthop.AUTO:
+            return
+        was = inst.state.nexthop.get("mac")
+        try:
+            hop = nexthop.resolve(encap.nexthop_mac, str(encap.nexthop) if encap.nexthop else None,
+                                  list(inst.state.interfaces), timeout=FOLLOW_RESOLVE_S)
+        except LbError as exc:
+            if was != self._lost:
+                self.log.warning("nexthop_lost", error=str(exc), detail=f"frames keep going to {was}")
+                self._lost = was
+            return
+        self._lost = None
+        if hop.mac != was:
+            self.log.info("nexthop_changed", mac=hop.mac, previous=was, address=hop.address,
+                          interface=hop.interface, source=hop.source)
+            self._apply("nexthop", self.config, raise_errors=False)
 
     def _on_request(self, req: control.Request) -> None:
         """Carry out a request from the control socket and answer it (never raises: a failure is the answer)."""
@@ -401,6 +444,7 @@ class Daemon:
         if self.control is not None:
             self.control.stop()
             self.control = None
+        self.watch.stop()
         self.monitor.stop()
         if self.metrics is not None:
             self.metrics.stop()

@@ -204,7 +204,7 @@ def test_native_mode_fails_instead_of_falling_back(ctl: Ctl) -> None:
     assert done.returncode == 1, done.stdout
     assert "cannot attach XDP program 'balancer_xdp' to 'lo' in native mode" in done.stderr
     assert "try --mode generic" in done.stderr
-    generic = ctl("load", "--interface", "lo", "--mode", "generic")
+    generic = ctl("load", "--interface", "lo", "--mode", "generic", "--config", str(ctl.tmp / "lb.toml"))
     assert generic.returncode == 0, generic.stderr
     assert "WARNING: XDP runs in generic (skb) mode on 'lo'" in generic.stderr
 

@@ -89,7 +89,7 @@ def test_empty_file_gives_the_documented_defaults() -> None:
         frags=False,
     )
     assert c.encap == EncapConfig(
-        nexthop_mac="02:00:00:00:00:01",
+        nexthop_mac="auto",
         gue_port=6080,
         src4=ipaddress.IPv4Network("198.51.100.128/25"),
         src6=ipaddress.IPv6Network("2001:db8:1b:80::/64"),
@@ -208,7 +208,7 @@ def test_normalisations() -> None:
         # encap
         (
             '[encap]\nnexthop_mac = "02:00:00:00:01"',
-            'lb.toml: encap.nexthop_mac must be a MAC address such as "02:00:00:00:00:01" '
+            'lb.toml: encap.nexthop_mac must be "auto" or a MAC address such as "02:00:00:00:00:01" '
             'but got "02:00:00:00:01"',
         ),
         (
@@ -570,3 +570,14 @@ def test_edited_config_round_trips() -> None:
     )
     edited = dataclasses.replace(c, vips=(*c.vips, vip))
     assert config.loads(config.dump(edited)) == edited
+
+
+def test_nexthop_auto_and_its_address() -> None:
+    c = parse('[encap]\nnexthop = "2001:db8:1b::1"\n')
+    assert (c.encap.nexthop_mac, c.encap.nexthop) == ("auto", ipaddress.IPv6Address("2001:db8:1b::1"))
+    assert config.loads(config.dump(c)) == c and 'nexthop = "2001:db8:1b::1"' in config.dump(c)
+    assert "nexthop =" not in config.dump(parse(""))  # unset: not written
+    assert error_of('[encap]\nnexthop_mac = "02:00:00:00:00:01"\nnexthop = "192.0.2.1"\n') == \
+        'lb.toml: encap.nexthop applies only to nexthop_mac = "auto" (it names the address whose MAC is ' \
+        "looked up); remove one of the two"
+    assert error_of('[encap]\nnexthop = "router"\n').startswith("lb.toml: encap.nexthop must be an IPv4 or IPv6")

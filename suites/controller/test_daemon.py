@@ -197,6 +197,9 @@ max_reals = 16
 lru_size = 1024
 fallback_size = 256
 
+[encap]
+nexthop = "{REALS[0]}"  # nexthop_mac = "auto": the MAC is rl0's, found through the kernel
+
 [metrics]
 listen = "127.0.0.1:{METRICS_PORT}"
 

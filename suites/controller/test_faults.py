@@ -107,6 +107,13 @@ class Lb:
         return Path(controller.Instance.pin_dir(self.instance))
 
 
+def mac_only(lb: Lb) -> Path:
+    """A config of defaults but the next-hop MAC (this netns has no router to find one through)."""
+    path = lb.tmp / "mac-only.toml"
+    path.write_text('[datapath]\ninterfaces = ["flt1"]\n\n[encap]\nnexthop_mac = "02:00:00:00:00:01"\n')
+    return path
+
+
 def snapshot(lb: Lb) -> dict[str, object]:
     """Every pinned map's id and contents, every pinned link's program, and the state file."""
     pins = sorted(lb.pins().iterdir())
@@ -256,7 +263,8 @@ def test_force_reload_loads_once_the_interface_is_free(lb: Lb) -> None:
     refused without the flag, loaded with it, because no XDP program is on the interface any more."""
     before = snapshot(lb)
     other = lb.instance + "-fr"
-    argv = [PY, "-m", "balancer.cli", "--instance", other, "load", "--interface", "flt1", "--mode", "generic"]
+    argv = [PY, "-m", "balancer.cli", "--instance", other, "load", "--interface", "flt1", "--mode", "generic",
+            "--config", str(mac_only(lb))]
     try:
         assert lb.run(lb.inside(argv)).returncode == 0
         shutil.rmtree(controller.Instance.pin_dir(other))
@@ -430,7 +438,7 @@ def test_unload_removes_pins_left_without_a_state_file(lb: Lb) -> None:
     other = lb.instance + "-left"
     try:
         assert lb.run(lb.inside([PY, "-m", "balancer.cli", "--instance", other, "load", "--interface",
-                                 "flt1"])).returncode == 0
+                                 "flt1", "--config", str(mac_only(lb))])).returncode == 0
         controller.Instance.state_path(other).unlink()
         done = lb.run(lb.inside([PY, "-m", "balancer.cli", "--instance", other, "unload"]))
         assert done.returncode == 0, done.stderr
