@@ -16,8 +16,11 @@ and for each encap id checks four things, each a figure the demo measured and co
                its connections must be reset (fail fast), no connection of a surviving real may
                break (collateral 0) and no new flow may reach it.
 
-It prints a summary, writes a demo result (and rss, pmtu and churn results beside it) and the
-HTML report, and always removes the lab. The whole run takes under a minute on 2 vCPUs.
+Once the lab is down it compares the encaps' throughput with the software bench, cut to a few
+seconds per encap (lab/demo_bench.py; `--no-bench` skips it). It prints a summary, writes a demo
+result (and rss, pmtu and bench results beside it) and the HTML report, whose sections without
+results are left out and listed with the command that fills each, and always removes the lab. The
+whole run takes under two minutes on 2 vCPUs.
 """
 
 from __future__ import annotations
@@ -394,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topology", default="default", help="a name from lab/topologies or a path (default %(default)s)")
     ap.add_argument("--requests", type=int, default=16, help="requests per VIP, service and encap")
     ap.add_argument("--encap", action="append", choices=sorted(SAME_FAMILY), help="default: all")
+    ap.add_argument("--no-bench", action="store_true",
+                    help="skip the throughput comparison (the software bench, a few seconds per encap)")
     ap.add_argument("--nic", action="store_true",
                     help="also measure the spread on a real NIC: a VM real with a 4-queue virtio-net doing "
                          "Toeplitz RSS (lab/nicdemo.py; about 45 s more, so not in the one-minute default)")
@@ -438,8 +443,17 @@ def main(argv: list[str] | None = None) -> int:
               f"(the demo waited {time.monotonic() - waited:.1f} s for it)", flush=True)
         done = _step("lab down")
     done()
+    throughput = None
+    if not args.no_bench:
+        from lab import demo_bench
+
+        done = _step("throughput of every encap: the software bench, a few seconds each")
+        throughput = demo_bench.throughput(say=lambda _line: None)
+        done()
     print()
     print(summary(runs, nreals))
+    if throughput is not None:
+        print("\n" + "\n".join(demo_bench.table(throughput)))
     report = write_outputs(runs, nreals)
     if report is not None:
         print(f"\nreport: {os.path.relpath(report, Path.cwd())}")
