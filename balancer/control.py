@@ -1,7 +1,7 @@
 """control.py: the daemon's control socket, through which `lbctl` hands a write to the `lbctl run` owning an instance.
 
 While `lbctl run` owns an instance (the lock of balancer/preflight.py), it listens on a Unix stream
-socket beside that lock, ``<state root>/<instance>.sock`` (mode 0600, like the lock: root only). A
+socket beside that lock, ``<state root>/<instance>.sock`` (its owner only: root). A
 command that finds the instance owned connects, sends one request as a JSON line and reads one
 answer line::
 

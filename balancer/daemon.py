@@ -253,6 +253,11 @@ class Daemon:
         finally:
             self.notify(READY=1, STATUS=self.status_line())
 
+    def _keepalive(self) -> None:
+        """WATCHDOG=1 now, before a long step, when the unit has a watchdog (serve() pings between events)."""
+        if self.notifier.watchdog_s:
+            self.notify(WATCHDOG=1)
+
     def _routing_changed(self) -> None:
         """From the watch's thread: queue one re-resolution (never more than one pending)."""
         if not self._routing_pending.is_set():
@@ -308,6 +313,7 @@ class Daemon:
         inst = self.instance
         assert inst is not None
         previous = inst.state.object
+        self._keepalive()  # loading and verifying a program takes a while on a slow machine
         try:
             with self.lock:
                 done = inst.upgrade(obj)
@@ -332,6 +338,7 @@ class Daemon:
         """Read the file again and apply it (and upgrade to its object if it names another); on any
         error log it and keep the running state. Returns (applied, what happened)."""
         self.log.info("reload", config=self.config_path)
+        self._keepalive()
         metrics = self.metrics
         try:
             new = self._read_config()

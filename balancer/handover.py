@@ -14,6 +14,7 @@ by its next reload, or would race its health applies. Instead:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -34,7 +35,7 @@ def hand_over(args: argparse.Namespace, owned: InstanceOwnedError) -> int:
     daemon = control.request(sock, "describe")
     config = str(daemon.get("config", ""))
     if args.cmd == "apply" and _same_file(args.file, config):
-        return _report(control.request(sock, "reload"))
+        return _report(control.request(sock, "reload"), getattr(args, "json", False))
     raise InstanceOwnedError(f"instance '{owned.instance}' is owned by {owned.owner}, which keeps it matching "
                              f"{config}; {_remedy(args, config, int(daemon.get('pid', 0)))}",
                              owned.instance, owned.owner)
@@ -56,11 +57,12 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def _report(answer: dict[str, object]) -> int:
-    """Print the daemon's answer as the verb's own output: stdout when done, one line on stderr if not."""
+def _report(answer: dict[str, object], as_json: bool = False) -> int:
+    """Print the daemon's answer as the verb's own output: stdout when done (a JSON object with
+    --json), one line on stderr if not."""
     message = str(answer.get("message", ""))
     if answer.get("ok"):
-        print(message)
+        print(json.dumps({"handed_to": "lbctl run", "message": message}, indent=1) if as_json else message)
         return 0
     code = answer.get("exit")
     if code == 2:

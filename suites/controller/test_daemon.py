@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -917,6 +918,19 @@ def test_writes_are_handed_to_the_daemon_or_refused_with_the_command_that_works(
         assert done.returncode == 1, (args, done.stderr)
         assert done.stderr.strip().startswith(f"lbctl: {owner}; {remedy}"), (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1
+
+    # The socket: root's only, and a request it does not know is answered, not obeyed.
+    sock_path = world.state_root / f"{world.instance}.sock"
+    assert stat.S_IMODE(sock_path.stat().st_mode) & 0o077 == 0  # no access for group or others
+    for line in (b'{"verb": "unload"}\n', b"unload\n"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(str(sock_path))
+            s.sendall(line)
+            answer = json.loads(s.makefile().readline())
+        assert answer["ok"] is False and answer["exit"] == 2, answer
+        assert answer["message"].startswith(f"bad request on {sock_path}: "), answer
+    assert world.daemon.poll() is None and Instance.state_path(world.instance).exists()
 
 
 def test_a_reload_upgrades_to_the_object_the_config_names(world: World, tmp_path: Path) -> None:
