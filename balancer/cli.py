@@ -349,6 +349,8 @@ _FORCE_HELP = ("load although a state file names a datapath whose pins are not v
                "no XDP program is attached to the interfaces; refused if one is)")
 _OBJECT_HELP = ("the balancer's BPF object: a path, or a file name searched in $L4LAB_BUILD_DIR/bpf, the "
                 "installed package and the source tree's build/bpf (default %(default)s)")
+_RUN_OBJECT_HELP = _OBJECT_HELP.replace("(default %(default)s)",
+                                        f"(default the config's datapath.object, else {DEFAULT_OBJECT})")
 _MODE_HELP = "XDP attach mode: native (driver), generic (skb, slow) or auto (native, else generic)"
 
 
@@ -440,9 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--interface", "-i", action="append", default=[], metavar="IF",
                    help="attach to IF (repeat for more); default the config's datapath.interfaces")
     s.add_argument("--mode", choices=("native", "generic", "auto"), help=_MODE_HELP)
-    s.add_argument("--object", default="", metavar="OBJECT",
-                   help=_OBJECT_HELP.replace("(default %(default)s)", f"(default the config's datapath.object, "
-                                                                      f"else {DEFAULT_OBJECT})"))
+    s.add_argument("--object", default="", metavar="OBJECT", help=_RUN_OBJECT_HELP)
     s.add_argument("--force-reload", action="store_true", help=_FORCE_HELP)
     s.set_defaults(fn=cmd_run)
 

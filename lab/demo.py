@@ -391,6 +391,16 @@ def _step(what: str) -> Callable[[], None]:
     return lambda: print(f" {time.monotonic() - t0:.1f} s", flush=True)
 
 
+def _throughput() -> list[str]:
+    """The software bench of every encap, a few seconds each (its result written); its table's lines."""
+    from lab import demo_bench
+
+    done = _step("throughput of every encap: the software bench, a few seconds each")
+    report = demo_bench.throughput(say=lambda _line: None)
+    done()
+    return demo_bench.table(report)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="l4lab demo", description="Compare the encap modes on real traffic.")
     ap.add_argument("--name", default="l4lab", help="lab name (default l4lab)")
@@ -443,17 +453,11 @@ def main(argv: list[str] | None = None) -> int:
               f"(the demo waited {time.monotonic() - waited:.1f} s for it)", flush=True)
         done = _step("lab down")
     done()
-    throughput = None
-    if not args.no_bench:
-        from lab import demo_bench
-
-        done = _step("throughput of every encap: the software bench, a few seconds each")
-        throughput = demo_bench.throughput(say=lambda _line: None)
-        done()
+    throughput = None if args.no_bench else _throughput()
     print()
     print(summary(runs, nreals))
-    if throughput is not None:
-        print("\n" + "\n".join(demo_bench.table(throughput)))
+    if throughput:
+        print("\n" + "\n".join(throughput))
     report = write_outputs(runs, nreals)
     if report is not None:
         print(f"\nreport: {os.path.relpath(report, Path.cwd())}")
