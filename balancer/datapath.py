@@ -183,9 +183,10 @@ def _real_entry(real_id: int, address: str, flags: int = _abi.RealFlag.PRESENT) 
     return real_id.to_bytes(4, "little"), real_bytes(address, flags)
 
 
-def verify_abi(path: str) -> None:
-    """Refuse an object whose BTF contract differs from the generated balancer/_abi.py."""
-    name = Path(path).stem.removesuffix(".bpf")
+def verify_abi(path: str, kind: str = "") -> None:
+    """Refuse an object whose BTF contract differs from the generated balancer/_abi.py; kind names
+    the object's contract ("balancer"), else its file name does (a renamed build needs kind)."""
+    name = kind or Path(path).stem.removesuffix(".bpf")
     want = _abi.DIGESTS.get(name)
     got = read_contract(path).digest()
     if want is None or want != got:
@@ -236,7 +237,7 @@ class Datapath:
         so there is no shared fallback table any more (configs that set it still load).
         """
         obj_path = objects.find(obj_path)
-        verify_abi(obj_path)
+        verify_abi(obj_path, "balancer")
         obj = BpfObject(obj_path)
         try:
             _patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size,
@@ -267,7 +268,7 @@ class Datapath:
     def load_reusing(cls, obj_path: str, running: Datapath, udp_timeout_s: float) -> Datapath:
         """Load obj_path on top of running's maps (sessions, rings, counters all kept)."""
         obj_path = objects.find(obj_path)
-        verify_abi(obj_path)
+        verify_abi(obj_path, "balancer")
         obj = BpfObject(obj_path)
         try:
             _patch_rodata(obj, "balancer", {"cfg_ring_size": running.ring_size,

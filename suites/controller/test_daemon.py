@@ -934,11 +934,13 @@ def test_writes_are_handed_to_the_daemon_or_refused_with_the_command_that_works(
 
 
 def test_a_reload_upgrades_to_the_object_the_config_names(world: World, tmp_path: Path) -> None:
-    """`systemctl reload lbctl` (SIGHUP) upgrades when datapath.object names another object, and does
-    nothing to the program when it names the one running."""
+    """`systemctl reload lbctl` (SIGHUP) upgrades when datapath.object names another object (here a
+    build renamed as a user would keep two), and does nothing to the program when it names the one
+    running."""
     from suites.variant import build_variant
 
-    variant = build_variant(tmp_path)
+    variant = tmp_path / "balancer-next.o"
+    shutil.copy(build_variant(tmp_path), variant)
     for addr in REALS:
         world.start_server(addr)
     config = world.write_config(REALS, extra="")
