@@ -46,7 +46,7 @@ CONTROL = f"""#!/bin/bash
 # "ID COMMAND LINE" at a time, answered "L4LAB-BEGIN ID", the output, "L4LAB-DONE ID STATUS".
 exec 3<>/dev/ttyS1
 stty -F /dev/ttyS1 raw -echo
-echo "{READY_MARK} name=unit uptime=$(cut -d' ' -f1 /proc/uptime)" >/dev/ttyS0
+printf '\\n%s name=unit uptime=%s\\n' {READY_MARK} "$(cut -d' ' -f1 /proc/uptime)" >/dev/ttyS0
 while IFS= read -r req <&3; do
 	id=${{req%% *}}
 	{{ echo "L4LAB-BEGIN $id"; bash -c "${{req#* }}" </dev/null 2>&1; echo "L4LAB-DONE $id $?"; }} >&3
@@ -77,7 +77,7 @@ class RootImage:
 
 def _key(debootstrap: Path) -> str:
     h = hashlib.sha256()
-    for part in (str(debootstrap), CONTROL, UNIT, FSTAB, str(ROOT_GIB)):
+    for part in (str(debootstrap), CONTROL, UNIT, FSTAB, str(ROOT_GIB), "no getty"):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
 
@@ -108,6 +108,8 @@ def _build_root(base: Path, work: Path) -> None:
     wants = root / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
     (wants / "l4lab-control.service").symlink_to("/etc/systemd/system/l4lab-control.service")
+    for getty in ("serial-getty@ttyS0.service", "getty@tty1.service"):  # no logins: the console says READY
+        (root / "etc/systemd/system" / getty).symlink_to("/dev/null")
     (root / "etc/fstab").write_text(FSTAB)
     (root / "etc/hostname").write_text("l4lab-unit\n")
     (root / "etc/machine-id").write_text("")  # made at boot

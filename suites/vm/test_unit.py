@@ -5,7 +5,9 @@ The lab (`uvm-<hex>`, default topology, no balancer of its own) keeps its client
 (198.51.100.40/29) and the router sends the VIP to the VM instead of the lab's LB node. In the VM,
 as a user would on a host without internet: a venv, `pip install` of this checkout's wheel and its
 dependencies from a disk (lab/remote/unitvm.py), `packaging/install.sh`, the config in
-/etc/l4lab/lb.toml (no nexthop_mac: the router's MAC is found by itself), then systemctl.
+/etc/l4lab/lb.toml (no nexthop_mac: the router's MAC is found by itself), then systemctl: start
+(READY=1), the VIP answers, reload (a changed file, and the object it names swapped in), `lbctl
+upgrade` handed to the unit's daemon, watchdog pings, stop (forwarding stays), start (adopts).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 
 from balancer import config as cfg
 from lab import netns, topology
+from lab.errors import LabError
 from lab.harness import poll, unique_name
 from lab.harness.vmlab import vm_skip_reason
 from lab.lbconf import real_addresses
@@ -44,12 +47,15 @@ def skip_reason() -> str | None:
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
 
 
-def _config(topo: topology.Topology, reals: list[str]) -> str:
+NEXT = "/etc/l4lab/balancer-next.o"  # a copy of the packaged object: another path, so a reload upgrades to it
+
+
+def _config(topo: topology.Topology, reals: list[str], obj: str = "") -> str:
     addrs = real_addresses(topo, 4)
     vip = cfg.Vip(address=ipaddress.IPv4Address(VIP), port=80, proto="tcp", encap="ipip",
                   reals=tuple(cfg.Real(address=ipaddress.IPv4Address(addrs[r])) for r in reals))
     conf = cfg.Config(datapath=cfg.DatapathConfig(interfaces=("eth0",), mode="native", lru_size=4096,
-                                                  ring_size=4099, max_vips=16, max_reals=64),
+                                                  ring_size=4099, max_vips=16, max_reals=64, object=obj),
                       encap=cfg.EncapConfig(src4=next(p for p in topo.lb_source_prefixes if p.version == 4)),
                       vips=(vip,))
     assert conf.encap.nexthop_mac == "auto"
@@ -67,6 +73,7 @@ def _events(vm: UnitVm, since: str = "") -> list[dict[str, object]]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.timeout(1200)  # about five minutes under TCG on two shared CPUs: boot, pip install, units
 def test_unit_under_systemd(tmp_path: Path) -> None:
     start = time.monotonic()
     topo = topology.load("default")
@@ -75,10 +82,11 @@ def test_unit_under_systemd(tmp_path: Path) -> None:
         netns.build(topo, name, balancers=False)
         stack.callback(netns.teardown, name)
         data = data_disk(tmp_path / "data", {"lb.toml": _config(topo, ["real1"]),
-                                             "lb-changed.toml": _config(topo, ["real1", "real2"])})
+                                             "lb-changed.toml": _config(topo, ["real1", "real2"], NEXT)})
         vm = UnitVm("unit", netns_name(name, "router"), VM_ADDR, PREFIX, ROUTER, image=root_image(), data=data)
         vm.start()
         stack.callback(vm.stop)
+        stack.push(lambda kind, _v, _tb: kind is not None and issubclass(kind, Exception) and _evidence(vm))
         print(f"\nunit VM: systemd booted to the control channel in {vm.boot_seconds:.1f} s "
               f"(guest uptime {vm.guest_uptime:.1f} s)")
 
@@ -115,15 +123,31 @@ def test_unit_under_systemd(tmp_path: Path) -> None:
         _router(name, ["ip", "route", "replace", f"{VIP}/32", "via", VM_ADDR])
         assert client() == "real1"
 
-        # reload: the changed file is applied (a second real joins the ring).
+        # reload: the changed file is applied (a second real joins the ring) and the object it names
+        # replaces the program behind the link.
+        prog = _prog(vm)
+        vm.sh(f"cp {status['object']} {NEXT}")
         t = time.monotonic()
         vm.sh("cp /mnt/l4lab/lb-changed.toml /etc/l4lab/lb.toml && systemctl reload lbctl")
-        poll(60.0, lambda: len(json.loads(vm.sh("/opt/l4lab/bin/lbctl status --json"))["vips"][0]["reals"]) == 2,
-             "the reload's second real in `lbctl status`")
-        print(f"systemctl reload lbctl: the changed config applied within {time.monotonic() - t:.1f} s")
-        assert any(e.get("event") == "applied" and e.get("trigger") == "reload" for e in _events(vm))
+        poll(90.0, lambda: json.loads(vm.sh("/opt/l4lab/bin/lbctl status --json"))["object"] == NEXT,
+             "the reload's upgrade to the object the config names")
+        assert len(json.loads(vm.sh("/opt/l4lab/bin/lbctl status --json"))["vips"][0]["reals"]) == 2
+        print(f"systemctl reload lbctl: the changed config applied and {NEXT} running within "
+              f"{time.monotonic() - t:.1f} s")
+        events = _events(vm)
+        assert any(e.get("event") == "applied" and e.get("trigger") == "reload" for e in events)
+        assert [(e["trigger"], e["object"]) for e in events if e.get("event") == "upgraded"] == [("reload", NEXT)]
+        assert _prog(vm) != prog
         answered = {client() for _ in range(12)}
         assert answered <= {"real1", "real2"} and answered, answered
+
+        # `lbctl upgrade` while the unit runs: handed to the daemon on its control socket, in its sandbox.
+        prog, t = _prog(vm), time.monotonic()
+        done = vm.sh(f"/opt/l4lab/bin/lbctl upgrade --object {NEXT}", timeout=300)
+        assert done.startswith(f"replaced the program behind 1 link(s) with {NEXT}"), done
+        assert _prog(vm) != prog and client() in {"real1", "real2"}
+        print(f"lbctl upgrade through the unit's daemon: XDP program {prog} -> {_prog(vm)} in "
+              f"{time.monotonic() - t:.1f} s")
 
         # the watchdog: systemd records each WATCHDOG=1 (WatchdogSec=30s: one at least every 15 s).
         def last_ping() -> int:
@@ -137,15 +161,14 @@ def test_unit_under_systemd(tmp_path: Path) -> None:
         # stop: the pinned datapath keeps forwarding; the next start adopts it.
         vm.sh("systemctl stop lbctl", timeout=120)
         assert _show(vm, "ActiveState")["ActiveState"] == "inactive"
-        link = json.loads(vm.sh("ip -j link show eth0"))[0]
-        prog = link.get("xdp", {}).get("prog", {}).get("id")
-        assert prog, f"no XDP program on eth0 after the stop: {link}"
+        prog = _prog(vm)
+        assert prog, f"no XDP program on eth0 after the stop: {vm.sh('ip -d link show eth0')}"
         print(f"systemctl stop lbctl: XDP program {prog} still on eth0, the VIP answered by {client()}")
         since = vm.sh("date '+%Y-%m-%d %H:%M:%S'").strip()
         vm.sh("systemctl start lbctl", timeout=300)
         events = [e.get("event") for e in _events(vm, since)]
-        assert "adopted" in events and "loaded" not in events, events
-        assert json.loads(vm.sh("ip -j link show eth0"))[0]["xdp"]["prog"]["id"] == prog
+        assert "adopted" in events and "loaded" not in events and "upgraded" not in events, events
+        assert _prog(vm) == prog
         print(f"systemctl start lbctl again: adopted XDP program {prog}; the VIP answered by {client()}")
 
         security = vm.sh("systemd-analyze security --no-pager lbctl", check=False)
@@ -153,6 +176,21 @@ def test_unit_under_systemd(tmp_path: Path) -> None:
             (line.strip() for line in security.splitlines() if "Overall exposure level" in line), security[-300:]))
         vm.sh("systemctl stop lbctl && /opt/l4lab/bin/lbctl unload", timeout=120)
     print(f"test_unit_under_systemd: {time.monotonic() - start:.0f} s in all")
+
+
+def _evidence(vm: UnitVm) -> None:
+    """On a failure: the unit's state and journal, as the VM has them."""
+    for command in ("systemctl status --no-pager lbctl", "journalctl -u lbctl -o cat --no-pager -n 60"):
+        try:
+            print(f"--- {command}\n{vm.sh(command, timeout=30, check=False)[-6000:]}")
+        except LabError as exc:  # the channel is busy or gone: the failure itself is what matters
+            print(f"--- {command}: no answer ({exc})")
+
+
+def _prog(vm: UnitVm) -> int:
+    """The id of the XDP program on the VM's eth0 (0: none)."""
+    link = json.loads(vm.sh("ip -j link show eth0"))[0]
+    return int(link.get("xdp", {}).get("prog", {}).get("id", 0))
 
 
 def _router(lab: str, argv: list[str]) -> str:
