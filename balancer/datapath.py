@@ -146,8 +146,10 @@ def vip_key(address: str, port: int, proto: str | int) -> bytes:
 
 
 def settings_bytes(*, nexthop_mac: str, src4: str = "0.0.0.0/32", src6: str = "::/128",
-                   gue_port: int = _abi.Limits.DEFAULT_GUE_PORT, mtu: int = _abi.Limits.DEFAULT_MTU) -> bytes:
-    """struct lb_settings: next-hop MAC, outer source prefixes (host bits = flow-derived), GUE port, MTU."""
+                   gue_port: int = _abi.Limits.DEFAULT_GUE_PORT, mtu: int = _abi.Limits.DEFAULT_MTU,
+                   cidr_vips: int = 0, decaps: int = 0) -> bytes:
+    """struct lb_settings: next-hop MAC, outer source prefixes (host bits = flow-derived), GUE port, MTU,
+    and how many entries lb_vip_cidrs and lb_decaps hold (0 spares other packets their lookups)."""
     s = _abi.Settings()
     ctypes.memmove(ctypes.addressof(s) + _abi.Settings.nexthop_mac.offset,
                    bytes.fromhex(nexthop_mac.replace(":", "")), 6)
@@ -160,6 +162,8 @@ def settings_bytes(*, nexthop_mac: str, src4: str = "0.0.0.0/32", src6: str = ":
     s.src6_mask = _u32x4(net6.hostmask.packed)
     s.mtu = mtu
     s.configured = 1
+    s.cidr_vips = cidr_vips
+    s.decaps = decaps
     return bytes(s)
 
 
@@ -200,6 +204,16 @@ def _patch_rodata(obj: BpfObject, name: str, values: dict[str, int]) -> None:
         off, size = table[var]
         image[off: off + size] = int(value).to_bytes(size, "little")
     obj.set_rodata(bytes(image))
+
+
+# The program arrays that inline decap tail-calls (bpf/include/maps.h), and the program each holds.
+PROG_ARRAYS = {"lb_progs": "balancer_xdp", "lb_progs_frags": "balancer_xdp_frags"}
+
+
+def fill_prog_arrays(maps: dict[str, Map], progs: dict[str, Program]) -> None:
+    """Put each balancer program into its own program array (slot 0), for inline decap's tail call."""
+    for array, prog in PROG_ARRAYS.items():
+        maps[array].update(b"\0" * 4, progs[prog].fd.to_bytes(4, "little"))
 
 
 def _sum_counters(m: Map, index: int) -> tuple[int, int]:
@@ -246,11 +260,14 @@ class Datapath:
             obj.set_max_entries("lb_reals", max_reals)
             obj.set_max_entries("lb_real_stats", max_reals)
             obj.set_max_entries("lb_ring", max_vips * ring_size)
+            obj.set_max_entries("lb_vip_cidrs", max_vips * VIP_ENTRIES_PER_VIP)
+            obj.set_max_entries("lb_server_ids", max_reals)
             for table in SESSION_TABLES:
                 obj.set_max_entries(table, lru_size * min(num_possible_cpus(), _abi.Limits.MAX_CPUS))
             obj.load()
             maps = {n: obj.map(n) for n in BALANCER_MAPS}
             progs = {n: obj.program(n) for n in ("balancer_xdp", "balancer_xdp_frags")}
+            fill_prog_arrays(maps, progs)
             return cls(maps, progs, ring_size, obj)
         except DatapathError as exc:
             obj.close()
@@ -277,6 +294,7 @@ class Datapath:
             obj.load()
             maps = {n: obj.map(n) for n in BALANCER_MAPS}
             progs = {n: obj.program(n) for n in ("balancer_xdp", "balancer_xdp_frags")}
+            fill_prog_arrays(maps, progs)  # inline decap's tail calls go to the new program from now on
             return cls(maps, progs, running.ring_size, obj)
         except BaseException:
             obj.close()
@@ -421,6 +439,14 @@ class Datapath:
     def set_settings(self, **kwargs: Any) -> None:
         """Write the runtime settings (see settings_bytes for the arguments)."""
         self.maps["lb_settings"].update(b"\0" * 4, settings_bytes(**kwargs))
+
+    def put_entry(self, entry: tuple[str, bytes, bytes]) -> None:
+        """Write one (map, key, value) entry (balancer/routes.py builds them)."""
+        name, key, value = entry
+        self.maps[name].update(key, value)
+
+    def delete_entry(self, name: str, key: bytes) -> bool:
+        return self.maps[name].delete(key)
 
     def settings(self) -> _abi.Settings:
         raw = self.maps["lb_settings"].lookup(b"\0" * 4) or b"\0" * ctypes.sizeof(_abi.Settings)
@@ -659,6 +685,24 @@ class Transaction:
 
     def put_real(self, real_id: int, address: str) -> None:
         self._put(self._dp.maps["lb_reals"], *_real_entry(real_id, address))
+
+    def put_entry(self, entry: tuple[str, bytes, bytes]) -> bool:
+        """Write one (map, key, value) entry (balancer/routes.py) unless it holds it; whether it wrote."""
+        name, key, value = entry
+        m = self._dp.maps[name]
+        if m.lookup(key) == value:
+            return False
+        self._put(m, key, value)
+        return True
+
+    def delete_entry(self, name: str, key: bytes) -> bool:
+        m = self._dp.maps[name]
+        old = m.lookup(key)
+        if old is None:
+            return False
+        self._undo.append(lambda: _restore(m, key, old))
+        m.delete(key)
+        return True
 
     def del_real(self, real_id: int) -> None:
         """Mark a real id empty (lb_reals is an array: the entry stays, zeroed)."""

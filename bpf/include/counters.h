@@ -7,8 +7,7 @@
 /* The events one packet met, gathered while it is processed and counted with its reason at the end
  * (one lookup of lb_counts per packet instead of one per counter). */
 struct lb_tally {
-	__u16 events;  /* up to two enum lb_event + 1, one per byte (0: none); a packet meets at most two */
-	__u16 pad;
+	__u32 events;  /* up to four enum lb_event + 1, one per byte (0: none); a packet meets at most four */
 };
 
 /* Shifts, not an index: clang turns a choice between two array slots into pointer arithmetic
@@ -67,8 +66,21 @@ static __always_inline void count_packet(enum lb_reason reason, __u32 bytes, con
 	}
 	if (t->events) {
 		count_tallied(c, t->events & 0xff);
-		count_tallied(c, t->events >> 8);
+		count_tallied(c, (t->events >> 8) & 0xff);
+		if (t->events >> 16) {
+			count_tallied(c, (t->events >> 16) & 0xff);
+			count_tallied(c, t->events >> 24);
+		}
 	}
+}
+
+/* Counts one event at once, for a packet whose program is about to be replaced (a tail call). */
+static __always_inline void count_event_now(enum lb_event event)
+{
+	struct lb_counts *c = bpf_map_lookup_elem(&lb_counts, &lb_zero_key);
+
+	if (c)
+		count_tallied(c, event + 1);
 }
 
 #endif

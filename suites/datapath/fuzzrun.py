@@ -51,7 +51,7 @@ class FastRun:
             return None
         if ret < 0:
             raise OSError(-ret, f"test-run of {self.prog.name} on {len(frame)} bytes: {frame.hex()}")
-        return int(self.opts.retval)
+        return ctypes.c_int32(self.opts.retval).value
 
     @property
     def out(self) -> bytes:
