@@ -27,8 +27,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from balancer import cli_routes, controller, preflight
 from balancer import config as cfg
-from balancer import controller, preflight
+from balancer.config_routes import SERVER_ID_FROMS, SERVER_ID_MAX
 from balancer.controller import DEFAULT_OBJECT, Instance
 from balancer.datapath import Datapath, xdp_link_ifindex
 from balancer.errors import ConfigError, LbError, crash_report
@@ -170,11 +171,18 @@ def cmd_status(args: argparse.Namespace) -> int:
               + (f": {note}" if note else ""))
     _warn_generic(st["interfaces"])
     for v in st["vips"]:
+        extra = (f"  server ids from {v['server_id_from']}" if v.get("server_id_from", "none") != "none" else "") + \
+            ("  udp flow migration" if v.get("udp_flow_migration") else "")
         print(f"  vip {v['vip']}  #{v['vip_num']}  encap {v['encap']}  hash {v['hash']}  "
-              f"lru {'on' if v['lru'] else 'off'}  outer source {v['outer_src']}")
+              f"lru {'on' if v['lru'] else 'off'}  outer source {v['outer_src']}{extra}")
         for r in v["reals"]:
             health = "up" if r["healthy"] else "DOWN"
-            print(f"    real {r['address']:<28} id {r['id']:<5} weight {r['weight']:<6} {health}")
+            sid = f"  server id {r['server_id']}" if r.get("server_id") is not None else ""
+            print(f"    real {r['address']:<28} id {r['id']:<5} weight {r['weight']:<6} {health}{sid}")
+        for pin in v.get("src_routes", []):
+            print(f"    src-route {pin['prefix']} -> {pin['real']}")
+    for d in st.get("decap", []):
+        print(f"  decap {d['address']}  {d['action']}")
     return 0
 
 
@@ -245,9 +253,10 @@ def _edit(args: argparse.Namespace, change: Callable[[cfg.Config], cfg.Config]) 
 
 
 def _find_vip(c: cfg.Config, address: str, port: int, proto: str) -> int:
-    want = (ipaddress.ip_address(address), port, proto)
+    net = ipaddress.ip_network(address, strict=True)  # an address, or a prefix VIP's prefix
     for i, v in enumerate(c.vips):
-        if v.key == want:
+        if (v.address_text, v.port, v.proto) == (str(net) if net.num_addresses > 1 else str(net.network_address),
+                                                 port, proto):
             return i
     raise UsageError(f"unknown VIP {address}:{port}/{proto}; `lbctl vip list` shows the VIPs")
 
@@ -276,9 +285,12 @@ def cmd_vip(args: argparse.Namespace) -> int:
             try:
                 _find_vip(c, args.address, args.port, args.proto)
             except UsageError:
-                vip = cfg.Vip(address=ipaddress.ip_address(args.address), port=args.port, proto=args.proto,
+                net = ipaddress.ip_network(args.address, strict=True)
+                vip = cfg.Vip(address=net.network_address, port=args.port, proto=args.proto,
                               encap=args.encap, hash=args.hash, lru=not args.no_lru,
-                              outer_src=args.outer_src or ("flow" if args.encap == "ipip" else "fixed"))
+                              outer_src=args.outer_src or ("flow" if args.encap == "ipip" else "fixed"),
+                              prefix_len=net.prefixlen if net.num_addresses > 1 else None,
+                              server_id_from=args.server_id_from, udp_flow_migration=args.udp_flow_migration)
                 return dataclasses.replace(c, vips=c.vips + (vip,))
             raise UsageError(f"VIP {args.address}:{args.port}/{args.proto} exists already") from None
         i = _find_vip(c, args.address, args.port, args.proto)
@@ -296,7 +308,8 @@ def cmd_real(args: argparse.Namespace) -> int:
         if args.action == "add":
             if idx is not None:
                 raise UsageError(f"real {addr} is already behind {vip.name}; use `lbctl real set-weight`")
-            reals = vip.reals + (cfg.Real(address=addr, weight=args.weight),)  # type: ignore[arg-type]
+            reals = vip.reals + (cfg.Real(address=addr, weight=args.weight,  # type: ignore[arg-type]
+                                          server_id=args.server_id),)
         elif idx is None:
             raise UsageError(f"real {addr} is not behind {vip.name}; `lbctl real list` shows them")
         elif args.action == "del":
@@ -313,13 +326,38 @@ def cmd_real(args: argparse.Namespace) -> int:
         try:
             c = inst.config
             vip = c.vips[_find_vip(c, args.vip, args.port, args.proto)]
-            reals = [{"address": str(r.address), "weight": r.weight, "id": inst.state.real_ids.get(str(r.address))}
-                     for r in vip.reals]
+            reals = [{"address": str(r.address), "weight": r.weight, "id": inst.state.real_ids.get(str(r.address)),
+                      "server_id": r.server_id} for r in vip.reals]
             _print_rows(args, reals, lambda r: f"{r['address']}  weight {r['weight']}  id {r['id']}")
         finally:
             inst.close()
         return 0
     return _edit(args, change)
+
+
+def _listing(args: argparse.Namespace, rows: Callable[[cfg.Config], list[dict[str, Any]]],
+             line: Callable[[dict[str, Any]], str]) -> int:
+    inst = _instance(args)
+    try:
+        _print_rows(args, rows(inst.config), line)
+    finally:
+        inst.close()
+    return 0
+
+
+def cmd_src_route(args: argparse.Namespace) -> int:
+    return cli_routes.src_route(args, _find_vip, _edit, _listing, UsageError)
+
+
+def cmd_decap(args: argparse.Namespace) -> int:
+    return cli_routes.decap(args, _edit, _listing, UsageError)
+
+
+def _server_id(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= SERVER_ID_MAX:
+        raise argparse.ArgumentTypeError(f"server id must be 1..{SERVER_ID_MAX} but got {n}")
+    return n
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -414,6 +452,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-lru", action="store_true", help="no session table: every packet follows the ring")
     s.add_argument("--outer-src", choices=cfg.OUTER_SRCS,
                    help="the outer source address: per flow, or fixed (default flow for ipip, else fixed)")
+    s.add_argument("--server-id-from", choices=SERVER_ID_FROMS, default="none",
+                   help="where packets carry their real's server id: QUIC connection ids, Katran's UDP "
+                        "stable-routing header or TCP option 183 (default %(default)s)")
+    s.add_argument("--udp-flow-migration", action="store_true",
+                   help="UDP sessions to a real that health checks take down are moved to another")
     s.add_argument("--json", action="store_true", help="with list: print the VIPs as JSON")
     s.set_defaults(fn=cmd_vip)
 
@@ -428,8 +471,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("proto", choices=("tcp", "udp"), help="VIP protocol")
     s.add_argument("real", nargs="?", help="real address (all actions but list)")
     s.add_argument("--weight", type=_weight, default=1, help="the real's weight, 0..65535 (default %(default)s)")
+    s.add_argument("--server-id", type=_server_id, metavar="N",
+                   help="with add: the real's server id (what QUIC connection ids or TCP option 183 carry)")
     s.add_argument("--json", action="store_true", help="with list: print the reals as JSON")
     s.set_defaults(fn=cmd_real)
+
+    cli_routes.add_parsers(sub, _verb, _port, cmd_src_route, cmd_decap)
 
     s = _verb(sub, "run", "daemon: health checks, metrics, reload on SIGHUP",
               "lbctl run --config /etc/l4lab/lb.toml", "lbctl run -c lb.toml -i eth0 --mode auto")

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast, get_args
 
 from balancer import _abi, encaps
+from balancer import config_routes as routing
+from balancer.config_routes import DecapAddress, ServerIdFrom, SrcRoute
 from balancer.errors import ConfigError, show_value
 from balancer.maglev import is_prime
 from balancer.validate import MAC_EXAMPLE, Reader, join
@@ -29,6 +31,8 @@ from balancer.validate import MAC_EXAMPLE, Reader, join
 __all__ = [
     "Config",
     "DatapathConfig",
+    "DecapAddress",
+    "SrcRoute",
     "EncapConfig",
     "HealthCheck",
     "IpAddress",
@@ -98,6 +102,7 @@ class Real:
 
     address: IpAddress
     weight: int = 1
+    server_id: int | None = None  # the id QUIC connection ids, TCP option 183 or stable routing carry
 
     @property
     def family(self) -> int:
@@ -133,6 +138,10 @@ class Vip:
     gue_csum: GueCsum = "compute"  # GUE outer UDP checksum; "zero" over IPv6 needs reals that accept it
     reals: tuple[Real, ...] = ()
     healthcheck: HealthCheck | None = None
+    prefix_len: int | None = None  # a VIP that is a prefix: address is its network address
+    server_id_from: ServerIdFrom = "none"
+    udp_flow_migration: bool = False
+    src_routes: tuple[SrcRoute, ...] = ()
 
     @property
     def family(self) -> int:
@@ -141,13 +150,19 @@ class Vip:
 
     @property
     def key(self) -> tuple[IpAddress, int, Proto]:
-        """(address, port, proto): what identifies the VIP, unique within a config."""
+        """(address, port, proto): what identifies the VIP, unique within a config (a prefix VIP's
+        address is its network address: two prefixes from one address are refused)."""
         return self.address, self.port, self.proto
 
     @property
+    def address_text(self) -> str:
+        """The address, or the prefix of a VIP that is one (``10.200.0.0/24``)."""
+        return str(self.address) if self.prefix_len is None else f"{self.address}/{self.prefix_len}"
+
+    @property
     def name(self) -> str:
-        """``198.51.100.100:80/tcp`` or ``[2001:db8:100::100]:80/tcp``, for messages and tables."""
-        host = f"[{self.address}]" if self.address.version == 6 else str(self.address)
+        """``198.51.100.100:80/tcp``, ``[2001:db8:100::100]:80/tcp`` or ``10.200.0.0/24:80/tcp``."""
+        host = f"[{self.address_text}]" if self.address.version == 6 else self.address_text
         return f"{host}:{self.port}/{self.proto}"
 
 
@@ -176,6 +191,7 @@ class Config:
     encap: EncapConfig = field(default_factory=EncapConfig)
     vips: tuple[Vip, ...] = ()
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    decap: tuple[DecapAddress, ...] = ()  # the LB's own addresses whose tunnel packets it decapsulates
 
 
 # ---------------------------------------------------------------------------------------------- load
@@ -209,13 +225,13 @@ def loads(text: str, file: str = "<config>") -> Config:
 
 def parse(data: Mapping[str, Any], file: str = "<config>") -> Config:
     """Validate an already-decoded TOML document into a :class:`Config`."""
-    top = _Table(file, "", data, ("datapath", "encap", "vips", "metrics"))
+    top = _Table(file, "", data, ("datapath", "encap", "vips", "metrics", "decap"))
     datapath = _datapath(top.table("datapath"))
     encap = _encap(top.table("encap"))
     vips = tuple(_vip(t) for t in top.tables("vips"))
     metrics = _metrics(top.table("metrics"))
     _check_vips(file, datapath, vips)
-    return Config(datapath=datapath, encap=encap, vips=vips, metrics=metrics)
+    return Config(datapath=datapath, encap=encap, vips=vips, metrics=metrics, decap=routing.decaps(top))
 
 
 def _datapath(t: _Table) -> DatapathConfig:
@@ -270,13 +286,14 @@ def _encap(t: _Table) -> EncapConfig:
 
 
 def _vip(t: _Table) -> Vip:
-    address = t.address("address")
+    address, prefix_len = routing.vip_address(t)
     port = t.integer("port", 0, 65535, expected="0..65535 (0 = every port)")
     proto = cast(Proto, t.choice("proto", PROTOS))
     encap = cast(EncapName, t.choice("encap", ENCAPS, "ipip"))
     reals: list[Real] = []
     for i, item in enumerate(t.tables("reals")):
-        real = Real(address=item.address("address"), weight=item.integer("weight", 0, MAX_WEIGHT, 1))
+        real = Real(address=item.address("address"), weight=item.integer("weight", 0, MAX_WEIGHT, 1),
+                    server_id=routing.real_server_id(item))
         if address.version == 6 and real.address.version == 4:
             raise item.error(
                 "",
@@ -305,6 +322,10 @@ def _vip(t: _Table) -> Vip:
         gue_csum=cast(GueCsum, t.choice("gue_csum", GUE_CSUMS, "compute")),
         reals=tuple(reals),
         healthcheck=check,
+        prefix_len=prefix_len,
+        server_id_from=routing.server_id_from(t, proto),
+        udp_flow_migration=routing.udp_flow_migration(t, proto),
+        src_routes=routing.src_routes(t, address.version),
     )
 
 
@@ -365,7 +386,8 @@ def _check_vips(file: str, datapath: DatapathConfig, vips: tuple[Vip, ...]) -> N
         raise ConfigError(
             file, "datapath.max_vips", datapath.max_vips, f"at least the number of VIPs ({len(vips)})"
         )
-    distinct = {r.address for v in vips for r in v.reals}
+    routing.check_server_ids(file, vips)
+    distinct = {r.address for v in vips for r in v.reals} | {r.real for v in vips for r in v.src_routes}
     if len(distinct) > datapath.max_reals - 1:
         raise ConfigError(
             file,
@@ -495,8 +517,11 @@ _KNOWN: Final[dict[str, tuple[str, ...]]] = {
         "frags",
     ),
     "encap": ("nexthop_mac", "gue_port", "src4", "src6"),
-    "vips": ("address", "port", "proto", "encap", "hash", "lru", "outer_src", "gue_csum", "reals", "healthcheck"),
-    "vips.reals": ("address", "weight"),
+    "vips": ("address", "port", "proto", "encap", "hash", "lru", "outer_src", "gue_csum", "reals", "healthcheck",
+             "server_id_from", "udp_flow_migration", "src_routes"),
+    "vips.reals": ("address", "weight", "server_id"),
+    "vips.src_routes": ("prefix", "real"),
+    "decap": ("address", "action"),
     "vips.healthcheck": ("type", "port", "path", "interval_s", "timeout_s", "rise", "fall", "via"),
     "metrics": ("listen",),
 }
@@ -535,7 +560,7 @@ def dump(config: Config) -> str:
         lines += [
             "",
             "[[vips]]",
-            f"address = {_toml(str(vip.address))}",
+            f"address = {_toml(vip.address_text)}",
             f"port = {vip.port}",
             f"proto = {_toml(vip.proto)}",
             f"encap = {_toml(vip.encap)}",
@@ -543,10 +568,13 @@ def dump(config: Config) -> str:
             f"lru = {_toml(vip.lru)}",
             f"outer_src = {_toml(vip.outer_src)}",
             f"gue_csum = {_toml(vip.gue_csum)}",
+            *routing.dump_vip(vip),
         ]
         if vip.reals:
             lines.append("reals = [")
-            lines += [f"  {{ address = {_toml(str(r.address))}, weight = {r.weight} }}," for r in vip.reals]
+            lines += [f"  {{ address = {_toml(str(r.address))}, weight = {r.weight}"
+                      + (f", server_id = {r.server_id}" if r.server_id is not None else "") + " },"
+                      for r in vip.reals]
             lines.append("]")
         else:
             lines.append("reals = []")
@@ -567,6 +595,7 @@ def dump(config: Config) -> str:
                 f"fall = {hc.fall}",
                 f"via = {_toml(hc.via)}",
             ]
+    lines += routing.dump_decaps(config.decap)
     return "\n".join(lines) + "\n"
 
 

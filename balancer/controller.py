@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from balancer import _abi, encaps, maglev, objects
+from balancer import _abi, encaps, maglev, objects, route_plan
 from balancer import config as cfg
-from balancer.datapath import Datapath, Transaction
+from balancer.datapath import Datapath, Transaction, settings_bytes
 from balancer.errors import DatapathError, LbError
 
 PIN_ROOT = os.environ.get("LBCTL_PIN_ROOT", "/sys/fs/bpf/lbctl")
@@ -53,6 +53,12 @@ def vip_flags(vip: cfg.Vip) -> int:
         flags |= _abi.VipFlag.OUTER_SRC_FLOW
     if vip.gue_csum == "zero":
         flags |= _abi.VipFlag.GUE_CSUM_ZERO
+    flags |= {"none": 0, "quic": _abi.VipFlag.SID_QUIC, "stable-routing": _abi.VipFlag.SID_STABLE,
+              "tcp-option": _abi.VipFlag.SID_TCP}[vip.server_id_from]
+    if vip.udp_flow_migration:
+        flags |= _abi.VipFlag.UDP_MIGRATE
+    if vip.src_routes:
+        flags |= _abi.VipFlag.SRC_ROUTES
     return int(flags)
 
 
@@ -88,6 +94,7 @@ class ApplyReport:
     reals_added: int = 0
     reals_removed: int = 0
     ring_slots: int = 0
+    routes: int = 0  # entries written or removed in the maps of routing beyond the hash (route_plan.py)
     sessions_flushed: int = 0
 
     @property
@@ -108,6 +115,7 @@ class _Plan:
     down: dict[str, set[str]]          # vip -> reals marked down for this apply
     new_down: dict[str, list[str]]     # the same, as saved in State.down
     ring_inputs: dict[str, list[list[Any]]] = field(default_factory=dict)  # filled by the ring writes
+    routes: route_plan.Wanted = field(default_factory=dict)  # server ids, pins, prefix VIPs, decaps, downs
 
 
 class Instance:
@@ -231,13 +239,17 @@ class Instance:
         """
         _check_fits(new, self.dp)
         plan = self._plan(new, down if down is not None else self.state.down)
+        plan.routes = route_plan.wanted(new, plan.vip_nums, plan.real_ids, plan.down,
+                                        {v.name: vip_flags(v) for v in new.vips})
         report = ApplyReport()
         with self.dp.transaction(crash_after_slots=_crash_after_slots()) as tx:
             self._write_settings(tx, plan, report)
             self._write_new_reals(tx, plan, report)
             self._write_vips(tx, plan, report)
             self._write_address_entries(tx, plan)
+            report.routes += route_plan.write(tx, self.dp, plan.routes)
             self._remove_vips(tx, plan, report)
+            report.routes += route_plan.remove_unwanted(tx, self.dp, plan.routes)
             self._clear_old_reals(tx, plan, report)
         report.sessions_flushed = self._flush_left_reals(plan)
         st = self.state
@@ -263,7 +275,8 @@ class Instance:
         for vname in new_vips:
             if vname not in vip_nums:
                 vip_nums[vname] = next(free_vip_nums)
-        wanted_reals = {str(r.address) for v in new.vips for r in v.reals}
+        wanted_reals = {str(r.address) for v in new.vips for r in v.reals} | \
+            {str(p.real) for v in new.vips for p in v.src_routes}
         real_ids = {addr: rid for addr, rid in st.real_ids.items() if addr in wanted_reals}
         free_real_ids = _free_numbers([*real_ids.values(), *st.real_ids.values()], 1)
         for addr in sorted(wanted_reals, key=_addr_sort):
@@ -282,11 +295,12 @@ class Instance:
                      new_down={k: sorted(v) for k, v in down_sets.items() if v and k in new_vips})
 
     def _write_settings(self, tx: Transaction, plan: _Plan, report: ApplyReport) -> None:
-        new, old = plan.new, plan.old
-        if self.state.config == "" or old.encap != new.encap or old.datapath.mtu != new.datapath.mtu:
-            tx.put_settings(nexthop_mac=new.encap.nexthop_mac, src4=str(new.encap.src4),
-                            src6=str(new.encap.src6), gue_port=new.encap.gue_port, mtu=new.datapath.mtu)
-            report.settings = 1
+        """Settings first: counts of prefix VIPs and decap addresses raised early only cost lookups that
+        miss, and dropped early only skip entries about to go."""
+        new = plan.new
+        want = settings_bytes(nexthop_mac=new.encap.nexthop_mac, src4=str(new.encap.src4), src6=str(new.encap.src6),
+                              gue_port=new.encap.gue_port, mtu=new.datapath.mtu, **route_plan.counts(plan.routes))
+        report.settings = int(tx.put_entry(("lb_settings", b"\0" * 4, want)))
 
     def _write_new_reals(self, tx: Transaction, plan: _Plan, report: ApplyReport) -> None:
         for addr, rid in plan.real_ids.items():
@@ -310,8 +324,8 @@ class Instance:
                     old_ring = self.dp.ring_array(num)
                 slots, _vals = maglev.ring_diff(old_ring, new_ring)
                 self._write_ring(tx, vname, num, slots, new_ring, plan, report)
-            if tx.put_vip(str(vip.address), vip.port, vip.proto, vip_num=num, flags=vip_flags(vip),
-                          encap=int(encaps.mode_of(vip.encap))):
+            if vip.prefix_len is None and tx.put_vip(str(vip.address), vip.port, vip.proto, vip_num=num,
+                                                     flags=vip_flags(vip), encap=int(encaps.mode_of(vip.encap))):
                 if vname in plan.old_vips:
                     report.vips_changed += 1
                 else:
@@ -329,10 +343,11 @@ class Instance:
         for ICMP echo and for the fragment / options / malformed drops."""
         addr_nums: dict[str, int] = {}
         for vname, vip in plan.new_vips.items():
-            addr_nums.setdefault(str(vip.address), plan.vip_nums[vname])
+            if vip.prefix_len is None:  # a prefix VIP's address-only entry is a prefix too (route_plan.py)
+                addr_nums.setdefault(str(vip.address), plan.vip_nums[vname])
         for address, num in addr_nums.items():
             tx.put_vip(address, 0, 0, vip_num=num)
-        for address in {str(v.address) for v in plan.old_vips.values()} - set(addr_nums):
+        for address in {str(v.address) for v in plan.old_vips.values() if v.prefix_len is None} - set(addr_nums):
             tx.del_vip(address, 0, 0)
 
     def _remove_vips(self, tx: Transaction, plan: _Plan, report: ApplyReport) -> None:
@@ -341,7 +356,8 @@ class Instance:
         for vname, vip in plan.old_vips.items():
             if vname in plan.new_vips:
                 continue
-            tx.del_vip(str(vip.address), vip.port, vip.proto)
+            if vip.prefix_len is None:
+                tx.del_vip(str(vip.address), vip.port, vip.proto)
             num = st.vip_nums[vname]
             old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size) \
                 if vname in st.ring_inputs else self.dp.ring_array(num)  # a crash's leftovers
@@ -365,7 +381,7 @@ class Instance:
                 left = {str(r.address) for r in plan.old_vips[vname].reals} - {str(r.address) for r in vip.reals}
                 for addr in sorted(left):
                     flushed += self.dp.flush_sessions(
-                        str(vip.address), vip.port, vip.proto, self.state.real_ids[addr])
+                        vip.address_text, vip.port, vip.proto, self.state.real_ids[addr])
         return flushed
 
     def _ring_unsure(self, vname: str, down: dict[str, list[str]]) -> None:
@@ -412,12 +428,16 @@ class Instance:
             num = self.state.vip_nums.get(v.name)
             down = set(self.state.down.get(v.name, []))
             reals = [{"address": str(r.address), "weight": r.weight,
-                      "id": self.state.real_ids.get(str(r.address)),
+                      "id": self.state.real_ids.get(str(r.address)), "server_id": r.server_id,
                       "healthy": str(r.address) not in down} for r in v.reals]
             vips.append({"vip": v.name, "vip_num": num, "encap": v.encap, "hash": v.hash, "lru": v.lru,
-                         "outer_src": v.outer_src, "reals": reals})
+                         "outer_src": v.outer_src, "server_id_from": v.server_id_from,
+                         "udp_flow_migration": v.udp_flow_migration,
+                         "src_routes": [{"prefix": str(p.prefix), "real": str(p.real)} for p in v.src_routes],
+                         "reals": reals})
         return {"instance": self.name, "object": self.state.object, "interfaces": self.attach_modes(),
-                "requested_modes": self.state.interfaces, "vips": vips}
+                "requested_modes": self.state.interfaces, "vips": vips,
+                "decap": [{"address": str(d.address), "action": d.action} for d in c.decap]}
 
     def stats(self) -> dict[str, Any]:
         c = self.config

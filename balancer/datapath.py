@@ -312,19 +312,23 @@ class Datapath:
                 yield table, key, session_flow(table, key), _abi.Session.from_buffer_copy(value)
 
     def flush_sessions(self, address: str, port: int, proto: str | int, real_id: int) -> int:
-        """Delete the sessions of a VIP (port 0: every port) that point at real_id, in every table.
+        """Delete the sessions of a VIP (port 0: every port; `address` may be a prefix VIP's prefix) that
+        point at real_id, in every table.
 
         Used when a real leaves a VIP, so that its flows re-hash at once (and fail fast at the
         real they now reach) whether or not the real still serves other VIPs. Returns the count.
         """
-        raw, fam = addr_words(address)
+        net = ipaddress.ip_network(address, strict=False)
+        fam = _abi.Family.INET if net.version == 4 else _abi.Family.INET6
         pnum, nport = proto_number(proto), socket.htons(port)
         removed = 0
         for table, key, flow, sess in list(self.sessions()):
-            if sess.real_id == real_id and bytes(flow.dst) == raw and flow.family == fam and \
-                    flow.proto == pnum and (port == 0 or flow.dport == nport):
+            if sess.real_id == real_id and flow.family == fam and flow.proto == pnum and \
+                    (port == 0 or flow.dport == nport) and \
+                    ipaddress.ip_address(bytes(flow.dst)[:4 if net.version == 4 else 16]) in net:
                 removed += self.maps[table].delete(key)
         return removed
+
     @classmethod
     def open_pinned(cls, pin_dir: str) -> Datapath:
         """Reopen a datapath that an earlier process loaded and pinned (maps and links)."""

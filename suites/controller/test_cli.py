@@ -411,3 +411,38 @@ def test_fresh_venv_install_runs_lbctl_without_the_source_tree(ctl: Ctl, tmp_pat
     assert status["object"] == str(site / "balancer" / "_build" / "bpf" / "balancer.o")
     assert (site / "balancer" / "_build" / "lib" / "libl4lab_maglev.so").is_file()
     assert ctl("unload").returncode == 0
+
+
+def test_server_ids_pins_prefix_vips_and_decap_through_the_cli(ctl: Ctl) -> None:
+    assert ctl("load", "-c", str(ctl.tmp / "lb.toml")).returncode == 0
+    steps = [
+        ("vip", "add", "198.51.100.100", "443", "udp", "--server-id-from", "quic", "--udp-flow-migration"),
+        ("real", "add", "198.51.100.100", "443", "udp", "203.0.113.18", "--server-id", "1024"),
+        ("vip", "add", "198.51.100.128/25", "80", "tcp", "--server-id-from", "tcp-option"),
+        ("real", "add", "198.51.100.128/25", "80", "tcp", "203.0.113.34", "--server-id", "197634"),
+        ("src-route", "add", "198.51.100.100", "443", "udp", "192.0.2.0/24", "203.0.113.34"),
+        ("decap", "add", "198.51.100.7", "--action", "local"),
+    ]
+    for step in steps:
+        r = ctl(*step)
+        assert r.returncode == 0, (step, r.stderr)
+    status = json.loads(ctl("status", "--json").stdout)
+    vips = {v["vip"]: v for v in status["vips"]}
+    assert vips["198.51.100.100:443/udp"]["server_id_from"] == "quic"
+    assert vips["198.51.100.100:443/udp"]["udp_flow_migration"] is True
+    assert vips["198.51.100.100:443/udp"]["reals"][0]["server_id"] == 1024
+    assert vips["198.51.100.100:443/udp"]["src_routes"] == [{"prefix": "192.0.2.0/24", "real": "203.0.113.34"}]
+    assert vips["198.51.100.128/25:80/tcp"]["reals"][0]["server_id"] == 197634
+    assert status["decap"] == [{"address": "198.51.100.7", "action": "local"}]
+    assert json.loads(ctl("decap", "list", "--json").stdout) == status["decap"]
+    assert "192.0.2.0/24 -> 203.0.113.34" in ctl("src-route", "list", "198.51.100.100", "443", "udp").stdout
+    clash = ctl("real", "add", "198.51.100.100", "443", "udp", "203.0.113.50", "--server-id", "1024")
+    assert clash.returncode == 2 and clash.stderr.count("\n") == 1
+    assert "server id 1024 names real 203.0.113.18" in clash.stderr
+    bad = ctl("vip", "add", "198.51.100.101", "80", "tcp", "--server-id-from", "quic")
+    assert bad.returncode == 2 and 'needs proto = "udp"' in bad.stderr
+    for step in (("src-route", "del", "198.51.100.100", "443", "udp", "192.0.2.0/24"),
+                 ("decap", "del", "198.51.100.7")):
+        assert ctl(*step).returncode == 0
+    status = json.loads(ctl("status", "--json").stdout)
+    assert status["decap"] == [] and not any(v["src_routes"] for v in status["vips"])

@@ -203,7 +203,7 @@ def test_normalisations() -> None:
         ("datapath = 3", "lb.toml: datapath must be a table but got 3"),
         (
             "[bgp]\nasn = 1",
-            "lb.toml: bgp is not a known key; known keys here: datapath, encap, metrics, vips",
+            "lb.toml: bgp is not a known key; known keys here: datapath, decap, encap, metrics, vips",
         ),
         # encap
         (
@@ -248,7 +248,8 @@ def test_normalisations() -> None:
         ("vips = [1]", "lb.toml: vips[0] must be a table but got 1"),
         (
             '[[vips]]\nport = 80\nproto = "tcp"',
-            "lb.toml: vips[0].address is missing; it must be an IPv4 or IPv6 address",
+            'lb.toml: vips[0].address is missing; it must be an IPv4 or IPv6 address, or a prefix such as '
+            '"10.200.0.0/24"',
         ),
         (
             '[[vips]]\naddress = "198.51.100.100"\nproto = "tcp"',
@@ -260,7 +261,8 @@ def test_normalisations() -> None:
         ),
         (
             '[[vips]]\naddress = "198.51.100.300"\nport = 80\nproto = "tcp"',
-            'lb.toml: vips[0].address must be an IPv4 or IPv6 address but got "198.51.100.300"',
+            'lb.toml: vips[0].address must be an IPv4 or IPv6 address, or a prefix such as "10.200.0.0/24" '
+            'but got "198.51.100.300"',
         ),
         (
             '[[vips]]\naddress = "198.51.100.100"\nport = 80\nproto = "sctp"',
@@ -285,7 +287,7 @@ def test_normalisations() -> None:
         (
             '[[vips]]\naddress = "198.51.100.100"\nport = 80\nprot = "tcp"',
             "lb.toml: vips[0].prot is not a known key; known keys here: address, encap, gue_csum, hash, "
-            "healthcheck, lru, outer_src, port, proto, reals",
+            "healthcheck, lru, outer_src, port, proto, reals, server_id_from, src_routes, udp_flow_migration",
         ),
     ],
 )
@@ -310,7 +312,7 @@ def test_error_messages(text: str, message: str) -> None:
         ),
         (
             '[{ address = "203.0.113.18", port = 8080 }]',
-            "vips[0].reals[0].port is not a known key; known keys here: address, weight",
+            "vips[0].reals[0].port is not a known key; known keys here: address, server_id, weight",
         ),
         ("[{ weight = 1 }]", "vips[0].reals[0].address is missing; it must be an IPv4 or IPv6 address"),
         ('["203.0.113.18"]', 'vips[0].reals[0] must be a table but got "203.0.113.18"'),
