@@ -140,12 +140,14 @@ static __always_inline __u32 tcp_server_id(struct xdp_md *ctx, const struct pack
 	if (bpf_xdp_load_bytes(ctx, pkt->l4_off + sizeof(struct tcphdr), opts, len))
 		return 0;
 	for (int i = 0; i < TCP_OPT_MAX; i++) {
-		if (i >= len || opts[i] == TCP_OPT_EOL)
+		if (i >= len)
 			break;
-		if (skip) {
+		if (skip) { /* inside the option before: its bytes are its own, zeros included */
 			skip--;
 			continue;
 		}
+		if (opts[i] == TCP_OPT_EOL)
+			break;
 		if (opts[i] == TCP_OPT_NOP)
 			continue;
 		if (i + 1 >= TCP_OPT_MAX || opts[i + 1] < 2 || i + opts[i + 1] > len)
