@@ -327,6 +327,8 @@ RODATA = {
     },
     "pass": {
     },
+    "tcp_sid_client": {
+    },
     "trafficgen": {
         "cfg_family": (0, 4),
         "cfg_flows": (4, 4),
@@ -372,6 +374,9 @@ MAPS = {
     ),
     "pass": (
     ),
+    "tcp_sid_client": (
+        "sid_ports",
+    ),
     "trafficgen": (
         "tg_egress",
         "tg_seq",
@@ -388,6 +393,7 @@ DIGESTS = {
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
     "healthcheck": "76c5f45728c5208ac348349bc9c9510b",
     "pass": "8f39d9f24e7339db28876547ef6a9879",
+    "tcp_sid_client": "5088f3887c2abec40debdcdd1261a43f",
     "trafficgen": "37e8064bdb28e3f638edcbfe03b2332f",
     "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",
 }
