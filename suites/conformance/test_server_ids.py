@@ -34,7 +34,7 @@ from balancer import config as cfg
 from balancer.encaps import IP4_GUE1, IP6_IP6IP6
 from lab.dut import Capability
 from lab.harness import Lab, LabBalancer
-from lab.lbconf import real_addresses
+from lab.lbconf import real_addresses, vip_binds
 from lab.nodes.quic_echo import QuicClient
 from lab.nodes.tcp_services import Services
 from lab.nodes.tcp_sid_client import TcpSidClient
@@ -55,10 +55,8 @@ def _vip(lab: Lab, family: int) -> str:
 @pytest.fixture(scope="module")
 def quic_servers(lab: Lab) -> Iterator[Services]:
     """A QUIC echo on every real, on QUIC_PORT of every VIP address, each with its SERVER_IDS id."""
-    binds = [f"[{v.address}]:{QUIC_PORT}" if v.address.version == 6 else f"{v.address}:{QUIC_PORT}"
-             for v in lab.topology.vips]
     nodes = sorted(real_addresses(lab.topology, 4))
-    with Services(lab, nodes, "serve", binds, module="lab.nodes.quic_echo",
+    with Services(lab, nodes, "serve", vip_binds(lab.topology, QUIC_PORT), module="lab.nodes.quic_echo",
                   node_args={n: ["--server-id", str(SERVER_IDS[n])] for n in nodes}) as servers:
         yield servers
 
@@ -66,9 +64,8 @@ def quic_servers(lab: Lab) -> Iterator[Services]:
 @pytest.fixture(scope="module")
 def echo_servers(lab: Lab) -> Iterator[Services]:
     """The line echo on every real, on ECHO_PORT of every VIP address."""
-    binds = [f"[{v.address}]:{ECHO_PORT}" if v.address.version == 6 else f"{v.address}:{ECHO_PORT}"
-             for v in lab.topology.vips]
-    with Services(lab, sorted(real_addresses(lab.topology, 4)), "echo", binds, cpu=0) as servers:
+    with Services(lab, sorted(real_addresses(lab.topology, 4)), "echo", vip_binds(lab.topology, ECHO_PORT),
+                  cpu=0) as servers:
         yield servers
 
 

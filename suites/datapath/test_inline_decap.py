@@ -105,9 +105,7 @@ def decap_world(b: RunBalancer, count: bool = True) -> None:
 
 @pytest.fixture
 def decapping(balancer_factory: BalancerFactory) -> RunBalancer:
-    b = balancer_factory(world=False)
-    decap_world(b)
-    return b
+    return balancer_factory(world=decap_world)
 
 
 @pytest.mark.parametrize("row", TABLE, ids=[r.description for r in TABLE])

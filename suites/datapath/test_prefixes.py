@@ -90,9 +90,7 @@ def prefix_world(b: RunBalancer, cidr_count: bool = True) -> None:
 
 @pytest.fixture
 def prefixes(balancer_factory: BalancerFactory) -> RunBalancer:
-    b = balancer_factory(world=False)
-    prefix_world(b)
-    return b
+    return balancer_factory(world=prefix_world)
 
 
 @pytest.mark.parametrize("row", PIN_TABLE + CIDR_TABLE, ids=[r.description for r in PIN_TABLE + CIDR_TABLE])

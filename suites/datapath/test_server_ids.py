@@ -123,9 +123,7 @@ def server_id_world(b: RunBalancer) -> None:
 
 @pytest.fixture
 def sid_balancer(balancer_factory: BalancerFactory) -> RunBalancer:
-    b = balancer_factory(world=False)
-    server_id_world(b)
-    return b
+    return balancer_factory(world=server_id_world)
 
 
 @pytest.mark.parametrize("row", TABLE, ids=[r.description for r in TABLE])
