@@ -257,7 +257,7 @@ class Tally(ctypes.Structure):
     """struct lb_tally (4 bytes)"""
 
     _pack_ = 1
-    _fields_ = [("events", ctypes.c_uint32)]
+    _fields_ = [("events", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
 
 
 class VipCidrKey(ctypes.Structure):
@@ -388,7 +388,7 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "a391c93ad5b22ddec44395d3a2444e4d",
+    "balancer": "eb3f7e722ce47502255bfd25a7318ecb",
     "decap": "c5a25d3c1b8e52f7e95ec62cf9af40b5",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
     "healthcheck": "76c5f45728c5208ac348349bc9c9510b",

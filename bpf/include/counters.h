@@ -7,7 +7,8 @@
 /* The events one packet met, gathered while it is processed and counted with its reason at the end
  * (one lookup of lb_counts per packet instead of one per counter). */
 struct lb_tally {
-	__u32 events;  /* up to four enum lb_event + 1, one per byte (0: none); a packet meets at most four */
+	__u16 events;  /* up to two enum lb_event + 1, one per byte (0: none); a packet meets at most two */
+	__u16 pad;
 };
 
 /* Shifts, not an index: clang turns a choice between two array slots into pointer arithmetic
@@ -53,6 +54,16 @@ static __always_inline void count_tallied(struct lb_counts *c, __u32 e)
 }
 
 /* Counts the packet's outcome and its events in this CPU's record. */
+/* Counts one event at once, for an event of a rare path (route.h), or of a packet whose program is
+ * about to be replaced (a tail call): the tally of the common path holds two. */
+static __always_inline void count_event_now(enum lb_event event)
+{
+	struct lb_counts *c = bpf_map_lookup_elem(&lb_counts, &lb_zero_key);
+
+	if (c)
+		count_tallied(c, event + 1);
+}
+
 static __always_inline void count_packet(enum lb_reason reason, __u32 bytes, const struct lb_tally *t)
 {
 	__u32 zero = 0, r = reason;
@@ -66,21 +77,8 @@ static __always_inline void count_packet(enum lb_reason reason, __u32 bytes, con
 	}
 	if (t->events) {
 		count_tallied(c, t->events & 0xff);
-		count_tallied(c, (t->events >> 8) & 0xff);
-		if (t->events >> 16) {
-			count_tallied(c, (t->events >> 16) & 0xff);
-			count_tallied(c, t->events >> 24);
-		}
+		count_tallied(c, t->events >> 8);
 	}
-}
-
-/* Counts one event at once, for a packet whose program is about to be replaced (a tail call). */
-static __always_inline void count_event_now(enum lb_event event)
-{
-	struct lb_counts *c = bpf_map_lookup_elem(&lb_counts, &lb_zero_key);
-
-	if (c)
-		count_tallied(c, event + 1);
 }
 
 #endif

@@ -17,7 +17,8 @@
  * - UDP flow migration: a UDP session pointing at a real that health checks took down for this VIP
  *   is chosen again from the ring (Katran's F_UDP_FLOW_MIGRATION); TCP sessions are never moved.
  * All of it lives in route_extra(), a global function that forward() calls only for VIPs with one of
- * these flags: the verifier walks it once, and other VIPs' packets pay one test of the flags.
+ * these flags: the verifier walks it once, and other VIPs' packets pay one test of the flags. Its
+ * events are counted as they happen (count_event_now): the tally of the common path keeps two.
  */
 #ifndef L4LAB_ROUTE_H
 #define L4LAB_ROUTE_H
@@ -195,11 +196,11 @@ static __always_inline void route_to(struct route_choice *rc, __u32 real_id)
  * on a VIP with one of the LB_VIP_ROUTE_EXTRA flags; updates *rc (see struct route_choice). A global
  * function: verified once, apart from forward()'s two inlined copies. */
 __noinline int route_extra(struct xdp_md *ctx, const struct packet *pkt, const struct lb_flow *flow,
-			   struct route_choice *rc, struct lb_tally *t)
+			   struct route_choice *rc)
 {
 	__u32 flags, sid, real_id;
 
-	if (!ctx || !pkt || !flow || !rc || !t)
+	if (!ctx || !pkt || !flow || !rc)
 		return 0; /* never: the caller passes its stack */
 	flags = rc->vip_flags;
 	if ((flags & LB_VIP_UDP_MIGRATE) && rc->real_id && flow->proto == IPPROTO_UDP) {
@@ -208,21 +209,21 @@ __noinline int route_extra(struct xdp_md *ctx, const struct packet *pkt, const s
 		if (bpf_map_lookup_elem(&lb_down_reals, &down)) {
 			route_to(rc, 0);
 			rc->insert = rc->may_insert;
-			tally_event(t, LB_EV_UDP_MIGRATED);
+			count_event_now(LB_EV_UDP_MIGRATED);
 		}
 	}
 	if (flags & (LB_VIP_SID_QUIC | LB_VIP_SID_TCP | LB_VIP_SID_STABLE)) {
 		sid = packet_server_id(ctx, pkt, flags);
 		if (!sid) {
-			tally_event(t, LB_EV_SID_NONE);
+			count_event_now(LB_EV_SID_NONE);
 		} else {
 			real_id = present_real(bpf_map_lookup_elem(&lb_server_ids, &sid));
 			if (real_id) {
-				tally_event(t, LB_EV_SID_ROUTED);
+				count_event_now(LB_EV_SID_ROUTED);
 				route_to(rc, real_id);
 				return 0;
 			}
-			tally_event(t, LB_EV_SID_UNKNOWN);
+			count_event_now(LB_EV_SID_UNKNOWN);
 		}
 	}
 	if (!rc->real_id && (flags & LB_VIP_SRC_ROUTES)) {
@@ -231,7 +232,7 @@ __noinline int route_extra(struct xdp_md *ctx, const struct packet *pkt, const s
 		__builtin_memcpy(key.addr, flow->src, sizeof(key.addr));
 		real_id = present_real(bpf_map_lookup_elem(&lb_src_routes, &key));
 		if (real_id) {
-			tally_event(t, LB_EV_SRC_PINNED);
+			count_event_now(LB_EV_SRC_PINNED);
 			route_to(rc, real_id);
 		}
 	}
