@@ -260,5 +260,12 @@ CASES: dict[int, Expectation] = {
     181: Match("PASS_NOT_ENCAP"),
     182: Match("PASS_NOT_ENCAP"),
     **_each(183, 188, Match("GUE")),
-    **_each(189, 193, TC_SRCMATCH),
+    # Katran's tc source-match program (case["program"] == "tc_srcmatch.bpf.c:tc_srcmatch")
+    189: TC_SRCMATCH,
+    190: TC_SRCMATCH,
+    191: TC_SRCMATCH,
+    192: TC_SRCMATCH,
+    193: TC_SRCMATCH,
 }
+# What a not-applicable row needs, by the case's program: the test holds every such row to it.
+NOT_APPLICABLE_PROGRAMS = {TC_SRCMATCH: "tc_srcmatch.bpf.c:tc_srcmatch"}
