@@ -45,6 +45,7 @@ def test_example_file_loads_with_the_default_lab() -> None:
         "198.51.100.100:80/tcp",
         "198.51.100.100:9000/udp",
         "[2001:db8:100::100]:80/tcp",
+        "198.51.100.100:443/udp",
     ]
     assert [str(r.address) for r in c.vips[0].reals] == ["203.0.113.18", "203.0.113.34", "203.0.113.50"]
     assert [str(r.address) for r in c.vips[1].reals] == ["203.0.113.18", "203.0.113.34", "203.0.113.50"]
@@ -52,6 +53,10 @@ def test_example_file_loads_with_the_default_lab() -> None:
     assert c.vips[1].encap == "gue1" and c.vips[1].outer_src == "fixed" and c.vips[1].gue_csum == "compute"
     assert c.vips[0].healthcheck == HealthCheck(port=80)
     assert c.datapath.interfaces == ("lb-rt",)
+    quic = c.vips[3]
+    assert (quic.server_id_from, quic.udp_flow_migration, [r.server_id for r in quic.reals]) == \
+        ("quic", True, [101, 102, 103])
+    assert [(d.address, d.action) for d in c.decap] == [(quic.address.__class__("198.51.100.2"), "balance")]
 
 
 def test_gue_checksum_zero_is_a_vip_flag() -> None:
