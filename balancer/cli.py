@@ -252,8 +252,15 @@ def _edit(args: argparse.Namespace, change: Callable[[cfg.Config], cfg.Config]) 
     return 0
 
 
+def _vip_net(address: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A VIP's address, or a prefix VIP's prefix, from the command line (ValueError names what is wrong)."""
+    if "/" in address:
+        return ipaddress.ip_network(address, strict=True)
+    return ipaddress.ip_network(ipaddress.ip_address(address))
+
+
 def _find_vip(c: cfg.Config, address: str, port: int, proto: str) -> int:
-    net = ipaddress.ip_network(address, strict=True)  # an address, or a prefix VIP's prefix
+    net = _vip_net(address)
     for i, v in enumerate(c.vips):
         if (v.address_text, v.port, v.proto) == (str(net) if net.num_addresses > 1 else str(net.network_address),
                                                  port, proto):
@@ -285,7 +292,7 @@ def cmd_vip(args: argparse.Namespace) -> int:
             try:
                 _find_vip(c, args.address, args.port, args.proto)
             except UsageError:
-                net = ipaddress.ip_network(args.address, strict=True)
+                net = _vip_net(args.address)
                 vip = cfg.Vip(address=net.network_address, port=args.port, proto=args.proto,
                               encap=args.encap, hash=args.hash, lru=not args.no_lru,
                               outer_src=args.outer_src or ("flow" if args.encap == "ipip" else "fixed"),
