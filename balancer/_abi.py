@@ -70,6 +70,7 @@ class Limits(IntEnum):
     DEFAULT_MTU = 1500
     VIP_INDEX_SLOTS = 4096
     VIP_INDEX_HASH = -1640531535
+    DEFAULT_KATRAN_MAX_VIPS = 512
 
 
 class Outer(IntEnum):
@@ -118,6 +119,8 @@ class VipFlag(IntFlag):
     NO_LRU = 4
     OUTER_SRC_FLOW = 8
     GUE_CSUM_ZERO = 16
+    HASH_KATRAN = 32
+    HASH_KATRAN_NO_DPORT = 64
 
 
 class VipMatch(IntEnum):
@@ -256,6 +259,7 @@ RODATA = {
         "cfg_udp_timeout_ns": (48, 8),
         "cfg_jiffy_ns": (56, 4),
         "cfg_jiffies_at_boot": (64, 8),
+        "cfg_katran_max_vips": (72, 4),
     },
     "decap": {
         "cfg_gue_port": (48, 2),
@@ -315,10 +319,10 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "922c142e9ab9bac6c1a576ff527f0602",
-    "decap": "5ff21603b6b9d29eb776b2e1ff02a80f",
+    "balancer": "78cf813723b34c79e48679df0b4f8055",
+    "decap": "1d18db559a388c02424dac6d1d63c441",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
-    "healthcheck": "8b5e44658a47be8dbb63f696ae9fa9fc",
+    "healthcheck": "e2a6a861832d7eb2530da8f185d50238",
     "pass": "8f39d9f24e7339db28876547ef6a9879",
     "trafficgen": "37e8064bdb28e3f638edcbfe03b2332f",
     "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",

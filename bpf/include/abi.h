@@ -22,6 +22,7 @@ enum lb_limits {
 	LB_DEFAULT_MTU = 1500,
 	LB_VIP_INDEX_SLOTS = 4096,        /* slots of lb_vip_index: lb_vips keys, hashed (a power of 2) */
 	LB_VIP_INDEX_HASH = 0x9e3779b1,   /* its multiplier (Fibonacci hashing of the folded key) */
+	LB_DEFAULT_KATRAN_MAX_VIPS = 512, /* Katran's MAX_VIPS: its flow hash's seeds (LB_VIP_HASH_KATRAN) */
 };
 
 enum lb_family {
@@ -43,6 +44,9 @@ enum lb_vip_flag {
 	LB_VIP_NO_LRU = 1 << 2,          /* bypass the session tables: the ring decides every packet */
 	LB_VIP_OUTER_SRC_FLOW = 1 << 3,  /* outer source derived from the flow hash inside the prefix */
 	LB_VIP_GUE_CSUM_ZERO = 1 << 4,   /* GUE outer UDP checksum 0 (default: computed), v4 and v6 alike */
+	LB_VIP_HASH_KATRAN = 1 << 5,     /* Katran's flow hash and slot (hash % ring size), for Katran's ring */
+	LB_VIP_HASH_KATRAN_NO_DPORT = 1 << 6, /* with HASH_KATRAN: zero the destination port (Katran does
+	                                       * for a port-0 VIP without F_HASH_SRC_DST_PORT) */
 };
 
 /* Per-real flags (bit set in lb_real.flags). */
