@@ -28,7 +28,7 @@ folly/hash/Hash.h, FnvHash.h, SpookyHashV2.cpp); no code is copied. The facts:
   credit reaches the largest weight (then pays it), so slots follow weights in proportion. One real
   owns every slot.
 
-:func:`flow_hash` and :func:`build_ring` are what the datapath's Katran mode (bpf/include/hash.h,
+:func:`flow_hash` and :func:`build_ring` are what the datapath's Katran mode (bpf/include/katran_hash.h,
 ``LB_VIP_HASH_KATRAN``) and the controller use; the rest is exposed for tests that check each step
 against Katran's vectors (``../shared/conformance/katran/maglev_vectors.json``).
 """
@@ -105,7 +105,7 @@ class FlowFields:
     zero_dport: bool = False  # a port-0 VIP without F_HASH_SRC_DST_PORT or F_HASH_DPORT_ONLY
 
 
-# ------------------------------------------------------------------------------------ jhash (lookup2/3)
+# ---------------------------------------------------------------------------------------- jhash (lookup3)
 
 
 def _rol32(x: int, r: int) -> int:

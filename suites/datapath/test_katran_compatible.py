@@ -213,7 +213,13 @@ def katran_numbers() -> dict[str, int]:
 @pytest.fixture(scope="module")
 def katran_balancer(katran_checkout: katran.Checkout, katran_ring_code: ctypes.CDLL,
                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[katran.Katran]:
-    """Katran's BPF balancer (IPIP build) with every case's VIP, its flags, and the rings Katran's code builds."""
+    """Name: katran_balancer. Scope: module. Depends: katran_checkout, katran_ring_code, root.
+
+    Katran's BPF balancer (IPIP build, not attached) with every case's VIP and its hash flags, the reals
+    under Katran's own numbers, and the rings Katran's ring code builds for them::
+
+        outer_dst(katran_balancer.program, frame)
+    """
     require_datapath()
     obj = katran.build(katran_checkout, "ipip", tmp_path_factory.mktemp("katran"))
     with ExitStack() as stack:
