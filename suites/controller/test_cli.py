@@ -309,9 +309,9 @@ def test_listings_and_apply_print_json(ctl: Ctl) -> None:
     report = json.loads(applied.stdout)
     assert report["file"] == str(more) and report["vips_added"] == 1 and report["vips_removed"] == 0, report
     vips = json.loads(ctl("vip", "list", "--json").stdout)
-    assert vips == [{"vip": "198.51.100.100:80/tcp", "encap": "ipip", "hash": "5tuple", "lru": True,
+    assert vips == [{"vip": "198.51.100.100:80/tcp", "encap": "ipip", "hash": "5tuple", "ring": "l4lab", "lru": True,
                      "outer_src": "flow", "reals": 2},
-                    {"vip": "198.51.100.101:53/udp", "encap": "gue1", "hash": "5tuple", "lru": True,
+                    {"vip": "198.51.100.101:53/udp", "encap": "gue1", "hash": "5tuple", "ring": "l4lab", "lru": True,
                      "outer_src": "fixed", "reals": 0}]
     reals = json.loads(ctl("real", "list", "198.51.100.100", "80", "tcp", "--json").stdout)
     assert [(r["address"], r["weight"]) for r in reals] == [("203.0.113.18", 1), ("203.0.113.34", 2)]
