@@ -2,8 +2,7 @@
 # setup.sh: installs everything l4lab needs on a Debian/Ubuntu machine, as root; idempotent.
 #
 #   scripts/setup.sh            system packages, the Python venv, bpffs/tracefs mounts
-#   scripts/setup.sh --extra X  also the packages of feature X (vm, frr, trace, browser, tools, vagrant, ssh, perf,
-#                               katran)
+#   scripts/setup.sh --extra X  also the packages of feature X (vm, frr, trace, browser, tools, vagrant, ssh, perf)
 #   scripts/setup.sh --all      every feature (what `make test` needs to run every suite)
 #
 # The VM's kernel is never installed on this host: `--extra vm` downloads the package that
@@ -25,7 +24,6 @@ declare -A extra_pkgs=(
   [vagrant]="vagrant vagrant-libvirt libvirt-daemon-system dnsmasq-base qemu-utils qemu-system-x86 debootstrap e2fsprogs shellcheck"
   [ssh]="openssh-client openssh-server"
   [perf]="linux-perf"
-  [katran]="g++"  # Katran's control-plane ring code, compiled from L4LAB_KATRAN_SRC (lab/dut/katran_ring.py)
 )
 
 log() { printf 'setup: %s\n' "$*"; }

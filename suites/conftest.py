@@ -50,7 +50,7 @@ def katran_checkout() -> katran.Checkout:
 
 @pytest.fixture(scope="session")
 def katran_ring_code(katran_checkout: katran.Checkout, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """Name: katran_ring_code. Scope: session. Depends: katran_checkout, g++.
+    """Name: katran_ring_code. Scope: session. Depends: katran_checkout, clang++.
 
     Katran's control-plane ring builder compiled from the checkout (lab/dut/katran_ring.py)::
 

@@ -32,9 +32,10 @@ LIB_NAME = "libkatran_ring.so"
 
 
 def build(checkout: Checkout, out_dir: Path = BUILD_DIR) -> ctypes.CDLL:
-    """Compile Katran's ring builder with our entry point (g++, C++17) and load it."""
-    if shutil.which("g++") is None:
-        raise LabError("building Katran's ring code needs g++; run `bash scripts/setup.sh --extra katran`")
+    """Compile Katran's ring builder with our entry point (clang++, C++17: Debian's clang brings the C++
+    library's headers) and load it."""
+    if shutil.which("clang++") is None:
+        raise LabError("building Katran's ring code needs clang++; run `make deps` (it installs clang)")
     lib_dir = checkout.root / "katran" / "lib"
     missing = [s for s in SOURCES if not (lib_dir / s).is_file()]
     if missing:
@@ -42,12 +43,12 @@ def build(checkout: Checkout, out_dir: Path = BUILD_DIR) -> ctypes.CDLL:
                        "this checkout's balancer is; use a checkout of github.com/facebookincubator/katran")
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / LIB_NAME
-    argv = ["g++", "-std=c++17", "-O2", "-shared", "-fPIC", "-w", "-I", str(checkout.root), "-o", str(out),
+    argv = ["clang++", "-std=c++17", "-O2", "-shared", "-fPIC", "-w", "-I", str(checkout.root), "-o", str(out),
             str(SHIM), *(str(lib_dir / s) for s in SOURCES)]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-        raise LabError(f"cannot build Katran's ring code from {checkout.root}: g++ failed: {tail}",
+        raise LabError(f"cannot build Katran's ring code from {checkout.root}: clang++ failed: {tail}",
                        step="build katran ring", command=" ".join(argv), stderr=done.stderr)
     lib = ctypes.CDLL(str(out))
     fn = lib.l4lab_katran_ring
