@@ -38,6 +38,7 @@ from lab.checksum import inet_checksum
 from lab.dut import katran, katran_ring
 from lab.harness import unique_name
 
+from . import packets as P
 from .rig import BALANCER_OBJ, require_datapath
 
 RING = katran_hash.DEFAULT_RING_SIZE
@@ -168,6 +169,18 @@ def test_katran_compatible_l4lab_program_follows_the_model(l4lab: Instance) -> N
         wrong = [(src.hex(), sp, dp) for src, sp, dp in flows(case, MODEL_FLOWS, seed=7)
                  if outer_dst(prog, syn(vip, src, sp, dp)) != model_real(case, ring, by_id, src, sp, dp)]
         assert wrong == [], f"{case.id}: {len(wrong)} of {MODEL_FLOWS} flows not where the model says: {wrong[:3]}"
+
+
+def test_katran_compatible_icmp_errors_follow_the_flows_real(l4lab: Instance) -> None:
+    """An ICMP error about a flow without a session is steered where Katran's hash sends the flow
+    (forward_steered, forward()'s second copy, hashes as the TCP path does)."""
+    prog = l4lab.dp.programs["balancer_xdp"]
+    by_id = {rid: addr for addr, rid in l4lab.state.real_ids.items()}
+    for case in CASES[:4]:  # IPv4, IPv6; V1, V2
+        ring = l4lab.dp.ring_array(l4lab.state.vip_nums[cfg_name(case)])
+        for src, sport, dport in flows(case, 200, seed=11):
+            err = P.icmp_error_about(case.vip, str(ipaddress.ip_address(src)), vport=dport, cport=sport)
+            assert outer_dst(prog, bytes(err)) == model_real(case, ring, by_id, src, sport, dport), (case.id, sport)
 
 
 def test_katran_compatible_seeds_follow_katran_max_vips() -> None:
