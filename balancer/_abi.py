@@ -88,6 +88,7 @@ class Limits(IntEnum):
     MAX_SRC_ROUTES = 65536
     MAX_DECAPS = 64
     MAX_DOWN_REALS = 65536
+    DEFAULT_KATRAN_MAX_VIPS = 512
 
 
 class Outer(IntEnum):
@@ -142,6 +143,8 @@ class VipFlag(IntFlag):
     NO_LRU = 4
     OUTER_SRC_FLOW = 8
     GUE_CSUM_ZERO = 16
+    HASH_KATRAN = 32
+    HASH_KATRAN_NO_DPORT = 64
     SID_QUIC = 256
     SID_TCP = 512
     SID_STABLE = 1024
@@ -317,6 +320,7 @@ RODATA = {
         "cfg_udp_timeout_ns": (56, 8),
         "cfg_jiffy_ns": (64, 4),
         "cfg_jiffies_at_boot": (72, 8),
+        "cfg_katran_max_vips": (80, 4),
     },
     "decap": {
         "cfg_gue_port": (56, 2),
@@ -388,12 +392,12 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "eb3f7e722ce47502255bfd25a7318ecb",
-    "decap": "c5a25d3c1b8e52f7e95ec62cf9af40b5",
+    "balancer": "e55c887b797eb760db78eb54558ab6ba",
+    "decap": "364f939613e0d3ed811f3c1d0d537a78",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
-    "healthcheck": "76c5f45728c5208ac348349bc9c9510b",
+    "healthcheck": "7005059c7d46d2a3ffc75f6b555477c5",
     "pass": "8f39d9f24e7339db28876547ef6a9879",
-    "tcp_sid_client": "5088f3887c2abec40debdcdd1261a43f",
+    "tcp_sid_client": "4e1423bd492ff7f325c1cdd663c38399",
     "trafficgen": "37e8064bdb28e3f638edcbfe03b2332f",
     "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",
 }

@@ -30,7 +30,7 @@ from typing import Any
 from balancer import cli_routes, controller, preflight
 from balancer import config as cfg
 from balancer.config_routes import SERVER_ID_FROMS, SERVER_ID_MAX
-from balancer.controller import DEFAULT_OBJECT, Instance
+from balancer.controller import DEFAULT_OBJECT, Instance, ring_kind
 from balancer.datapath import Datapath, xdp_link_ifindex
 from balancer.errors import ConfigError, LbError, crash_report
 from balancer.version import version
@@ -173,7 +173,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for v in st["vips"]:
         extra = (f"  server ids from {v['server_id_from']}" if v.get("server_id_from", "none") != "none" else "") + \
             ("  udp flow migration" if v.get("udp_flow_migration") else "")
-        print(f"  vip {v['vip']}  #{v['vip_num']}  encap {v['encap']}  hash {v['hash']}  "
+        print(f"  vip {v['vip']}  #{v['vip_num']}  encap {v['encap']}  hash {v['hash']}  ring {v['ring']}  "
               f"lru {'on' if v['lru'] else 'off'}  outer source {v['outer_src']}{extra}")
         for r in v["reals"]:
             health = "up" if r["healthy"] else "DOWN"
@@ -280,12 +280,15 @@ def cmd_vip(args: argparse.Namespace) -> int:
     if args.action == "list":
         inst = _instance(args)
         try:
-            vips = [{"vip": v.name, "encap": v.encap, "hash": v.hash, "lru": v.lru, "outer_src": v.outer_src,
-                     "reals": len(v.reals)} for v in inst.config.vips]
+            vips = [{"vip": v.name, "encap": v.encap, "hash": v.hash, "ring": ring_kind(v), "lru": v.lru,
+                     "outer_src": v.outer_src, "reals": len(v.reals)} for v in inst.config.vips]
             _print_rows(args, vips, lambda v: f"{v['vip']}  encap {v['encap']}  reals {v['reals']}")
         finally:
             inst.close()
         return 0
+
+    if args.katran_ring and not args.hash.startswith("katran"):
+        raise UsageError(f"--katran-ring applies only to a katran hash (--hash katran...), not --hash {args.hash}")
 
     def change(c: cfg.Config) -> cfg.Config:
         if args.action == "add":
@@ -297,7 +300,8 @@ def cmd_vip(args: argparse.Namespace) -> int:
                               encap=args.encap, hash=args.hash, lru=not args.no_lru,
                               outer_src=args.outer_src or ("flow" if args.encap == "ipip" else "fixed"),
                               prefix_len=net.prefixlen if net.num_addresses > 1 else None,
-                              server_id_from=args.server_id_from, udp_flow_migration=args.udp_flow_migration)
+                              server_id_from=args.server_id_from, udp_flow_migration=args.udp_flow_migration,
+                              katran_ring=args.katran_ring or "v1")
                 return dataclasses.replace(c, vips=c.vips + (vip,))
             raise UsageError(f"VIP {args.address}:{args.port}/{args.proto} exists already") from None
         i = _find_vip(c, args.address, args.port, args.proto)
@@ -455,7 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--encap", choices=cfg.ENCAPS, default="ipip",
                    help="how packets reach the reals (default %(default)s)")
     s.add_argument("--hash", choices=cfg.HASHES, default="5tuple",
-                   help="the fields that pick a real (default %(default)s)")
+                   help="the fields that pick a real (default %(default)s); katran...: as Katran nodes do")
+    s.add_argument("--katran-ring", choices=cfg.KATRAN_RINGS,
+                   help="with a katran hash: Katran's Maglev v1 (its default: weights are a head start) or v2")
     s.add_argument("--no-lru", action="store_true", help="no session table: every packet follows the ring")
     s.add_argument("--outer-src", choices=cfg.OUTER_SRCS,
                    help="the outer source address: per flow, or fixed (default flow for ipip, else fixed)")

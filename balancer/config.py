@@ -9,6 +9,12 @@ that edit the state (``lbctl vip add``) and commands that print it (``lbctl stat
 Defaults that depend on other keys are resolved at load time and written out by :func:`dump`:
 ``vips.outer_src`` is ``"flow"`` for IPIP and ``"fixed"`` for GUE; ``vips.healthcheck.port`` is
 the VIP's port (a wildcard VIP, port 0, must name one).
+
+A VIP whose ``hash`` starts with ``katran`` picks reals as Katran does (balancer/katran_hash.py),
+so that it can share an ECMP group with Katran nodes; ``katran_ring`` (only for those VIPs) names
+Katran's Maglev: ``"v1"``, Katran's default, where a weight is only a first-round head start (1:10
+gives about 1:1), or ``"v2"``, weights in proportion. ``datapath.katran_max_vips`` is the Katran
+build's MAX_VIPS (its flow hash's seeds), and ``datapath.ring_size`` must be its RING_SIZE.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast, get_args
 
-from balancer import _abi, encaps
+from balancer import _abi, encaps, katran_hash
 from balancer import config_routes as routing
 from balancer.config_routes import DecapAddress, ServerIdFrom, SrcRoute
 from balancer.errors import ConfigError, show_value
@@ -50,7 +56,11 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Mode = Literal["native", "generic", "auto"]
 Proto = Literal["tcp", "udp"]
 EncapName = encaps.ModeName  # the catalogue's (balancer/encaps.py)
-HashName = Literal["5tuple", "no-sport", "dport-only"]
+# The katran hashes are Katran's flow hash for its VIP flags: none (source address and port),
+# F_HASH_NO_SRC_PORT, F_HASH_DPORT_ONLY, F_HASH_SRC_DST_PORT.
+HashName = Literal["5tuple", "no-sport", "dport-only", "katran", "katran-no-sport", "katran-dport-only",
+                   "katran-src-dst-port"]
+KatranRing = katran_hash.RingKind
 OuterSrc = Literal["flow", "fixed"]
 GueCsum = Literal["compute", "zero"]
 CheckType = Literal["tcp", "http", "udp"]
@@ -60,6 +70,7 @@ MODES: Final[tuple[Mode, ...]] = get_args(Mode)
 PROTOS: Final[tuple[Proto, ...]] = get_args(Proto)
 ENCAPS: Final[tuple[EncapName, ...]] = get_args(EncapName)
 HASHES: Final[tuple[HashName, ...]] = get_args(HashName)
+KATRAN_RINGS: Final[tuple[KatranRing, ...]] = katran_hash.RING_KINDS
 OUTER_SRCS: Final[tuple[OuterSrc, ...]] = get_args(OuterSrc)
 GUE_CSUMS: Final[tuple[GueCsum, ...]] = get_args(GueCsum)
 CHECK_TYPES: Final[tuple[CheckType, ...]] = get_args(CheckType)
@@ -84,6 +95,7 @@ class DatapathConfig:
     fallback_size: int = 16384  # accepted and ignored: there is no fallback table since issue 11
     udp_timeout_s: int = int(_abi.Limits.DEFAULT_UDP_TIMEOUT_S)
     frags: bool = False
+    katran_max_vips: int = int(_abi.Limits.DEFAULT_KATRAN_MAX_VIPS)  # the Katran fleet's MAX_VIPS (hash seeds)
 
 
 @dataclass(frozen=True)
@@ -142,11 +154,17 @@ class Vip:
     server_id_from: ServerIdFrom = "none"
     udp_flow_migration: bool = False
     src_routes: tuple[SrcRoute, ...] = ()
+    katran_ring: KatranRing = "v1"  # Katran's Maglev, for the katran hashes only
 
     @property
     def family(self) -> int:
         """4 or 6."""
         return self.address.version
+
+    @property
+    def katran(self) -> bool:
+        """Whether the VIP hashes and rings as Katran does."""
+        return self.hash.startswith("katran")
 
     @property
     def key(self) -> tuple[IpAddress, int, Proto]:
@@ -268,6 +286,7 @@ def _datapath(t: _Table) -> DatapathConfig:
         fallback_size=t.integer("fallback_size", 1, U32_MAX, d.fallback_size),
         udp_timeout_s=t.integer("udp_timeout_s", 1, 86400, d.udp_timeout_s),
         frags=t.boolean("frags", d.frags),
+        katran_max_vips=t.integer("katran_max_vips", 1, U32_MAX, d.katran_max_vips),
     )
 
 
@@ -311,12 +330,18 @@ def _vip(t: _Table) -> Vip:
     check: HealthCheck | None = None
     if "healthcheck" in t.data:
         check = _healthcheck(t.table("healthcheck"), port)
+    hash_name = cast(HashName, t.choice("hash", HASHES, "5tuple"))
+    if "katran_ring" in t.data and not hash_name.startswith("katran"):
+        raise t.error("katran_ring", t.data["katran_ring"], "",
+                      message=f'{t.key("katran_ring")} applies only to a katran hash (hash = "katran"...), '
+                      f'not to hash = "{hash_name}"; remove it or set hash = "katran"')
     return Vip(
         address=address,
         port=port,
         proto=proto,
         encap=encap,
-        hash=cast(HashName, t.choice("hash", HASHES, "5tuple")),
+        hash=hash_name,
+        katran_ring=cast(KatranRing, t.choice("katran_ring", KATRAN_RINGS, "v1")),
         lru=t.boolean("lru", True),
         outer_src=cast(OuterSrc, t.choice("outer_src", OUTER_SRCS, "flow" if encap == "ipip" else "fixed")),
         gue_csum=cast(GueCsum, t.choice("gue_csum", GUE_CSUMS, "compute")),
@@ -515,10 +540,11 @@ _KNOWN: Final[dict[str, tuple[str, ...]]] = {
         "fallback_size",
         "udp_timeout_s",
         "frags",
+        "katran_max_vips",
     ),
     "encap": ("nexthop_mac", "gue_port", "src4", "src6"),
     "vips": ("address", "port", "proto", "encap", "hash", "lru", "outer_src", "gue_csum", "reals", "healthcheck",
-             "server_id_from", "udp_flow_migration", "src_routes"),
+             "server_id_from", "udp_flow_migration", "src_routes", "katran_ring"),
     "vips.reals": ("address", "weight", "server_id"),
     "vips.src_routes": ("prefix", "real"),
     "decap": ("address", "action"),
@@ -546,6 +572,7 @@ def dump(config: Config) -> str:
         f"fallback_size = {d.fallback_size}",
         f"udp_timeout_s = {d.udp_timeout_s}",
         f"frags = {_toml(d.frags)}",
+        f"katran_max_vips = {d.katran_max_vips}",
         "",
         "[encap]",
         f"nexthop_mac = {_toml(e.nexthop_mac)}",
@@ -570,6 +597,8 @@ def dump(config: Config) -> str:
             f"gue_csum = {_toml(vip.gue_csum)}",
             *routing.dump_vip(vip),
         ]
+        if vip.katran:
+            lines.append(f"katran_ring = {_toml(vip.katran_ring)}")
         if vip.reals:
             lines.append("reals = [")
             lines += [f"  {{ address = {_toml(str(r.address))}, weight = {r.weight}"

@@ -22,12 +22,12 @@ import socket
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from balancer import _abi, encaps, maglev, objects, route_plan
+from balancer import _abi, encaps, katran_hash, maglev, objects, route_plan
 from balancer import config as cfg
 from balancer.datapath import Datapath, Transaction, settings_bytes
 from balancer.errors import DatapathError, LbError
@@ -43,7 +43,13 @@ DEFAULT_OBJECT = "balancer.o"
 
 def vip_flags(vip: cfg.Vip) -> int:
     flags = 0
-    if vip.hash == "no-sport":
+    if vip.katran:
+        fields = katran_hash.fields_of(vip.hash, vip.port)
+        flags |= _abi.VipFlag.HASH_KATRAN
+        flags |= _abi.VipFlag.HASH_NO_SPORT if fields.no_sport else 0
+        flags |= _abi.VipFlag.HASH_DPORT_ONLY if fields.dport_only else 0
+        flags |= _abi.VipFlag.HASH_KATRAN_NO_DPORT if fields.zero_dport else 0
+    elif vip.hash == "no-sport":
         flags |= _abi.VipFlag.HASH_NO_SPORT
     elif vip.hash == "dport-only":
         flags |= _abi.VipFlag.HASH_DPORT_ONLY
@@ -60,6 +66,11 @@ def vip_flags(vip: cfg.Vip) -> int:
     if vip.src_routes:
         flags |= _abi.VipFlag.SRC_ROUTES
     return int(flags)
+
+
+def ring_kind(vip: cfg.Vip) -> str:
+    """How the VIP's ring is built: "l4lab" (weights in proportion), or Katran's "katran-v1" / "katran-v2"."""
+    return f"katran-{vip.katran_ring}" if vip.katran else "l4lab"
 
 
 @dataclass
@@ -156,7 +167,8 @@ class Instance:
                                     "check the name with `ip link`") from exc
         obj = objects.find(obj)  # the state file records the path, so `lbctl status` names the file
         dp = Datapath.load(obj, max_vips=d.max_vips, max_reals=d.max_reals, ring_size=d.ring_size,
-                           lru_size=d.lru_size, fallback_size=d.fallback_size, udp_timeout_s=d.udp_timeout_s)
+                           lru_size=d.lru_size, fallback_size=d.fallback_size, udp_timeout_s=d.udp_timeout_s,
+                           katran_max_vips=d.katran_max_vips)
         pin_dir = cls.pin_dir(name)
         try:
             dp.pin(pin_dir, exclusive=True)  # refuses a directory it did not make; undoes its own part
@@ -194,7 +206,8 @@ class Instance:
         and the session tables, rings and counters are the same maps before and after.
         """
         obj = objects.find(obj)
-        new = Datapath.load_reusing(obj, self.dp, self.config.datapath.udp_timeout_s)
+        new = Datapath.load_reusing(obj, self.dp, self.config.datapath.udp_timeout_s,
+                                    self.config.datapath.katran_max_vips)
         frags = self.config.datapath.frags
         prog = new.programs["balancer_xdp_frags" if frags else "balancer_xdp"]
         try:
@@ -237,7 +250,7 @@ class Instance:
         slots are written (see _ring_unsure), so a controller killed mid-ring is repaired by the
         next apply.
         """
-        _check_fits(new, self.dp)
+        _check_fits(new, self.dp, self.config if self.state.config else None)
         plan = self._plan(new, down if down is not None else self.state.down)
         plan.routes = route_plan.wanted(new, plan.vip_nums, plan.real_ids, plan.down,
                                         {v.name: vip_flags(v) for v in new.vips})
@@ -316,10 +329,12 @@ class Instance:
             down = plan.down.get(vname, set())
             inputs = [[str(r.address), 0 if str(r.address) in down else r.weight] for r in vip.reals]
             plan.ring_inputs[vname] = inputs
-            if not _same_ring(vname, num, inputs, plan.real_ids, st):
-                new_ring = _ring(inputs, plan.real_ids, self.dp.ring_size)
-                if vname in st.ring_inputs and st.vip_nums.get(vname) == num:
-                    old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size)
+            old_vip = plan.old_vips.get(vname)
+            same_kind = old_vip is not None and ring_kind(old_vip) == ring_kind(vip)
+            if not (same_kind and _same_ring(vname, num, inputs, plan.real_ids, st)):
+                new_ring = _ring(inputs, plan.real_ids, self.dp.ring_size, ring_kind(vip))
+                if old_vip is not None and vname in st.ring_inputs and st.vip_nums.get(vname) == num:
+                    old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size, ring_kind(old_vip))
                 else:  # a new or renumbered VIP: diff against what the slots hold now
                     old_ring = self.dp.ring_array(num)
                 slots, _vals = maglev.ring_diff(old_ring, new_ring)
@@ -359,7 +374,7 @@ class Instance:
             if vip.prefix_len is None:
                 tx.del_vip(str(vip.address), vip.port, vip.proto)
             num = st.vip_nums[vname]
-            old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size) \
+            old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size, ring_kind(vip)) \
                 if vname in st.ring_inputs else self.dp.ring_array(num)  # a crash's leftovers
             slots = np.flatnonzero(old_ring).astype(np.uint32)
             self._write_ring(tx, vname, num, slots, np.zeros(self.dp.ring_size, dtype=np.uint32),
@@ -430,8 +445,8 @@ class Instance:
             reals = [{"address": str(r.address), "weight": r.weight,
                       "id": self.state.real_ids.get(str(r.address)), "server_id": r.server_id,
                       "healthy": str(r.address) not in down} for r in v.reals]
-            vips.append({"vip": v.name, "vip_num": num, "encap": v.encap, "hash": v.hash, "lru": v.lru,
-                         "outer_src": v.outer_src, "server_id_from": v.server_id_from,
+            vips.append({"vip": v.name, "vip_num": num, "encap": v.encap, "hash": v.hash, "ring": ring_kind(v),
+                         "lru": v.lru, "outer_src": v.outer_src, "server_id_from": v.server_id_from,
                          "udp_flow_migration": v.udp_flow_migration,
                          "src_routes": [{"prefix": str(p.prefix), "real": str(p.real)} for p in v.src_routes],
                          "reals": reals})
@@ -460,9 +475,15 @@ def _crash_after_slots() -> int | None:
     return int(crash) if crash else None
 
 
-def _check_fits(c: cfg.Config, dp: Datapath) -> None:
+def _check_fits(c: cfg.Config, dp: Datapath, applied: cfg.Config | None) -> None:
+    """The load-time settings of `c` are those the datapath was loaded with (`applied`: the config
+    applied last, None before the first apply)."""
     if c.datapath.ring_size != dp.ring_size:
         raise LbError(f"cannot change ring_size from {dp.ring_size} to {c.datapath.ring_size} "
+                      "while loaded; run `lbctl unload` and `lbctl load` again")
+    was = applied.datapath.katran_max_vips if applied else c.datapath.katran_max_vips
+    if c.datapath.katran_max_vips != was:
+        raise LbError(f"cannot change katran_max_vips from {was} to {c.datapath.katran_max_vips} "
                       "while loaded; run `lbctl unload` and `lbctl load` again")
 
 
@@ -487,7 +508,11 @@ def _same_ring(vname: str, num: int, inputs: list[list[Any]], real_ids: Mapping[
             and all(real_ids.get(str(a)) == st.real_ids.get(str(a)) for a, _w in inputs))
 
 
-def _ring(inputs: list[list[Any]], real_ids: Mapping[str, int], size: int) -> maglev.Ring:
+def _ring(inputs: list[list[Any]], real_ids: Mapping[str, int], size: int, kind: str) -> maglev.Ring:
+    """The ring of a VIP's [[address, weight]] inputs, built as ring_kind() says."""
     reals = {real_ids[a]: (a, int(w)) for a, w in inputs if a in real_ids}
-    return maglev.build_ring(reals, size)
+    if kind == "l4lab":
+        return maglev.build_ring(reals, size)
+    backends = [maglev.Backend(rid, a, w) for rid, (a, w) in reals.items()]
+    return katran_hash.build_ring(backends, size, cast(katran_hash.RingKind, kind.removeprefix("katran-")))
 

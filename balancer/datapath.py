@@ -242,7 +242,8 @@ class Datapath:
     def load(cls, obj_path: str = "balancer.o", *, max_vips: int = _abi.Limits.DEFAULT_MAX_VIPS,
              max_reals: int = _abi.Limits.DEFAULT_MAX_REALS, ring_size: int = _abi.Limits.DEFAULT_RING_SIZE,
              lru_size: int = _abi.Limits.DEFAULT_LRU_SIZE, fallback_size: int | None = None,
-             udp_timeout_s: float = _abi.Limits.DEFAULT_UDP_TIMEOUT_S) -> Datapath:
+             udp_timeout_s: float = _abi.Limits.DEFAULT_UDP_TIMEOUT_S,
+             katran_max_vips: int = _abi.Limits.DEFAULT_KATRAN_MAX_VIPS) -> Datapath:
         """Load the balancer: `lru_size` session entries per possible CPU in each session table (IPv4
         flows, IPv6 flows), each one table for every CPU.
 
@@ -253,7 +254,7 @@ class Datapath:
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
         try:
-            _patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size,
+            _patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size, "cfg_katran_max_vips": katran_max_vips,
                                             "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), **kclock.rodata()})
             obj.set_max_entries("lb_vips", max_vips * VIP_ENTRIES_PER_VIP)
             obj.set_max_entries("lb_vip_stats", max_vips)
@@ -281,13 +282,14 @@ class Datapath:
             raise
 
     @classmethod
-    def load_reusing(cls, obj_path: str, running: Datapath, udp_timeout_s: float) -> Datapath:
+    def load_reusing(cls, obj_path: str, running: Datapath, udp_timeout_s: float,
+                     katran_max_vips: int = _abi.Limits.DEFAULT_KATRAN_MAX_VIPS) -> Datapath:
         """Load obj_path on top of running's maps (sessions, rings, counters all kept)."""
         obj_path = objects.find(obj_path)
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
         try:
-            _patch_rodata(obj, "balancer", {"cfg_ring_size": running.ring_size,
+            _patch_rodata(obj, "balancer", {"cfg_ring_size": running.ring_size, "cfg_katran_max_vips": katran_max_vips,
                                             "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), **kclock.rodata()})
             for name, m in running.maps.items():
                 obj.reuse_map(name, m.fd)

@@ -3,6 +3,7 @@
 #include "maps.h"
 #include "counters.h"
 #include "session.h"
+#include "katran_hash.h"
 #include "encap.h"
 #include "icmp.h"
 #include "route.h"
@@ -192,8 +193,14 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 	ring_size = cfg_ring_size;
 	if (!ring_size)
 		return LB_DROP_NO_REAL;
-	hash = hash_flow(key);
-	slot = vip_num * ring_size + ring_index(hash, ring_size);
+	if (vip_flags & LB_VIP_HASH_KATRAN) { /* a ring shared with Katran nodes: Katran's hash and slot */
+		hash = hash_flow_katran(key, vip_flags);
+		slot = hash % ring_size;
+	} else {
+		hash = hash_flow(key);
+		slot = ring_index(hash, ring_size);
+	}
+	slot += vip_num * ring_size;
 	ring_entry = bpf_map_lookup_elem(&lb_ring, &slot);
 	ring_real = ring_entry ? *ring_entry : 0;
 

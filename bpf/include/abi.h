@@ -25,6 +25,7 @@ enum lb_limits {
 	LB_MAX_SRC_ROUTES = 65536,        /* source prefixes pinned to reals, over every VIP (lb_src_routes) */
 	LB_MAX_DECAPS = 64,               /* addresses of this LB that inline decap serves (lb_decaps) */
 	LB_MAX_DOWN_REALS = 65536,        /* (VIP, real) pairs down for UDP flow migration (lb_down_reals) */
+	LB_DEFAULT_KATRAN_MAX_VIPS = 512, /* Katran's MAX_VIPS: its flow hash's seeds (LB_VIP_HASH_KATRAN) */
 };
 
 enum lb_family {
@@ -46,6 +47,9 @@ enum lb_vip_flag {
 	LB_VIP_NO_LRU = 1 << 2,          /* bypass the session tables: the ring decides every packet */
 	LB_VIP_OUTER_SRC_FLOW = 1 << 3,  /* outer source derived from the flow hash inside the prefix */
 	LB_VIP_GUE_CSUM_ZERO = 1 << 4,   /* GUE outer UDP checksum 0 (default: computed), v4 and v6 alike */
+	LB_VIP_HASH_KATRAN = 1 << 5,     /* Katran's flow hash and slot (hash % ring size), for Katran's ring */
+	LB_VIP_HASH_KATRAN_NO_DPORT = 1 << 6, /* with HASH_KATRAN: zero the destination port (Katran does
+	                                       * for a port-0 VIP without F_HASH_SRC_DST_PORT) */
 	LB_VIP_SID_QUIC = 1 << 8,        /* server id from the QUIC connection id (route.h) */
 	LB_VIP_SID_TCP = 1 << 9,         /* server id from the TCP header option kind 183 (Katran's TPR) */
 	LB_VIP_SID_STABLE = 1 << 10,     /* server id from Katran's UDP stable-routing header */

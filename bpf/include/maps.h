@@ -30,6 +30,8 @@ const volatile __u64 cfg_udp_timeout_ns = LB_DEFAULT_UDP_TIMEOUT_S * 1000000000U
  * and the idle clock is bpf_ktime_get_coarse_ns() instead. */
 const volatile __u32 cfg_jiffy_ns = 0;
 const volatile __u64 cfg_jiffies_at_boot = 0;
+/* The Katran fleet's MAX_VIPS, for the seeds of Katran's flow hash (hash.h, LB_VIP_HASH_KATRAN VIPs). */
+const volatile __u32 cfg_katran_max_vips = LB_DEFAULT_KATRAN_MAX_VIPS;
 
 /* (VIP address, port, proto, family) -> VIP number, flags, encap. Port 0 is the wildcard; proto 0
  * and port 0 is the address-only entry (LB_VIP_ADDR_ONLY) that marks an address as a VIP. */

@@ -53,7 +53,8 @@ def owners(instance: str, vip: str, port: int, client: str, sports: list[int], p
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
         try:
-            _patch_rodata(obj, "balancer", {"cfg_ring_size": inst.dp.ring_size})
+            _patch_rodata(obj, "balancer", {"cfg_ring_size": inst.dp.ring_size,
+                                            "cfg_katran_max_vips": inst.config.datapath.katran_max_vips})
             for table in SESSION_TABLES:  # its own tables: the running sessions are not consulted
                 obj.set_max_entries(table, 64)
             obj.set_autoload("balancer_xdp_frags", False)  # only balancer_xdp runs: half the verifier's work
