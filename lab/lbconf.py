@@ -41,6 +41,11 @@ def real_addresses(topo: Topology, family: int) -> dict[str, str]:
     return out
 
 
+def vip_binds(topo: Topology, port: int) -> list[str]:
+    """ADDR:PORT ([ADDR]:PORT for IPv6) of every VIP address of the topology, for services on the reals."""
+    return [f"[{v.address}]:{port}" if v.address.version == 6 else f"{v.address}:{port}" for v in topo.vips]
+
+
 def peer_mac(lab: str, node: str, ifname: str) -> str:
     with entered(netns_name(lab, node)), IPRoute() as ipr:
         idx = ipr.link_lookup(ifname=ifname)

@@ -436,11 +436,13 @@ def _u32(raw: bytes) -> memoryview:
 def _model_ring(instance: str, port: int) -> bytes:
     """The ring the controller's model builds from the instance's recorded inputs (its state)."""
     from balancer.controller import _ring as build
+    from balancer.controller import ring_kind
 
     inst = Instance.open(instance)
     try:
         name = next(n for n in inst.state.vip_nums if n.endswith(f":{port}/tcp"))
-        return bytes(build(inst.state.ring_inputs[name], inst.state.real_ids, inst.dp.ring_size).tobytes())
+        kind = ring_kind(next(v for v in inst.config.vips if v.name == name))
+        return bytes(build(inst.state.ring_inputs[name], inst.state.real_ids, inst.dp.ring_size, kind).tobytes())
     finally:
         inst.close()
 

@@ -618,7 +618,8 @@ def test_sighup_applies_a_changed_config_and_keeps_state_on_a_bad_one(world: Wor
     err = world.wait_event("reload_failed", mark, 10.0)
     assert err["level"] == "error"
     assert err["error"] == f"{config}: vips[0].bogus_key is not a known key; known keys here: address, " \
-        "encap, gue_csum, hash, healthcheck, lru, outer_src, port, proto, reals"
+        "encap, gue_csum, hash, healthcheck, katran_ring, lru, outer_src, port, proto, reals, server_id_from, " \
+        "src_routes, udp_flow_migration"
     world.write_config([*REALS, EXTRA_REAL, "2001:db8::5"], extra='via = "tunnel"\n')
     n_failed = len([r for r in world.logs() if r["event"] == "reload_failed"])
     world.daemon.send_signal(signal.SIGHUP)
