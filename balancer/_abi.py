@@ -6,6 +6,15 @@ import ctypes
 from enum import IntEnum, IntFlag
 
 
+class DecapAction(IntEnum):
+    """enum lb_decap_action"""
+
+    NONE = 0
+    BALANCE = 1
+    LOCAL = 2
+    EGRESS = 3
+
+
 class DecapReason(IntEnum):
     """enum lb_decap_reason"""
 
@@ -36,7 +45,13 @@ class Event(IntEnum):
     RST_NO_ENTRY = 3
     UDP_EXPIRED = 4
     ICMP_STEERED = 5
-    EVENT_COUNT = 6
+    SID_ROUTED = 6
+    SID_UNKNOWN = 7
+    SID_NONE = 8
+    SRC_PINNED = 9
+    UDP_MIGRATED = 10
+    DECAP_INLINE = 11
+    EVENT_COUNT = 12
 
 
 class Family(IntEnum):
@@ -70,6 +85,10 @@ class Limits(IntEnum):
     DEFAULT_MTU = 1500
     VIP_INDEX_SLOTS = 4096
     VIP_INDEX_HASH = -1640531535
+    MAX_SRC_ROUTES = 65536
+    MAX_DECAPS = 64
+    MAX_DOWN_REALS = 65536
+    DEFAULT_KATRAN_MAX_VIPS = 512
 
 
 class Outer(IntEnum):
@@ -107,7 +126,13 @@ class Reason(IntEnum):
     DROP_NO_SETTINGS = 17
     DROP_ICMP_UNSUPPORTED = 18
     DROP_VLAN_STACKED = 19
-    REASON_COUNT = 20
+    DROP_ICMP_CHECKSUM = 20
+    PASS_DECAP_LOCAL = 21
+    TX_DECAP_EGRESS = 22
+    DROP_DECAP_MALFORMED = 23
+    DROP_DECAP_FAILED = 24
+    DROP_TTL_EXPIRED = 25
+    REASON_COUNT = 26
 
 
 class VipFlag(IntFlag):
@@ -118,6 +143,13 @@ class VipFlag(IntFlag):
     NO_LRU = 4
     OUTER_SRC_FLOW = 8
     GUE_CSUM_ZERO = 16
+    HASH_KATRAN = 32
+    HASH_KATRAN_NO_DPORT = 64
+    SID_QUIC = 256
+    SID_TCP = 512
+    SID_STABLE = 1024
+    SRC_ROUTES = 2048
+    UDP_MIGRATE = 4096
 
 
 class VipMatch(IntEnum):
@@ -125,6 +157,12 @@ class VipMatch(IntEnum):
 
     ANY_PORT = 0
     ADDR_ONLY = 0
+
+
+class VipRouteMask(IntEnum):
+    """enum lb_vip_route_mask"""
+
+    EXTRA = 7936
 
 
 class VipSlotState(IntEnum):
@@ -149,10 +187,17 @@ class Counter(ctypes.Structure):
 
 
 class Counts(ctypes.Structure):
-    """struct lb_counts (368 bytes)"""
+    """struct lb_counts (512 bytes)"""
 
     _pack_ = 1
-    _fields_ = [("events", ctypes.c_uint64 * 6), ("reasons", Counter * 20)]
+    _fields_ = [("events", ctypes.c_uint64 * 12), ("reasons", Counter * 26)]
+
+
+class DownKey(ctypes.Structure):
+    """struct lb_down_key (8 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [("vip_num", ctypes.c_uint32), ("real_id", ctypes.c_uint32)]
 
 
 class Flow(ctypes.Structure):
@@ -195,12 +240,20 @@ class Session(ctypes.Structure):
 
 
 class Settings(ctypes.Structure):
-    """struct lb_settings (56 bytes)"""
+    """struct lb_settings (64 bytes)"""
 
     _pack_ = 1
     _fields_ = [("nexthop_mac", ctypes.c_uint8 * 6), ("gue_port", ctypes.c_uint16), ("src4", ctypes.c_uint32),
                 ("src4_mask", ctypes.c_uint32), ("src6", ctypes.c_uint32 * 4), ("src6_mask", ctypes.c_uint32 * 4),
-                ("mtu", ctypes.c_uint16), ("pad", ctypes.c_uint16), ("configured", ctypes.c_uint32)]
+                ("mtu", ctypes.c_uint16), ("pad", ctypes.c_uint16), ("configured", ctypes.c_uint32),
+                ("cidr_vips", ctypes.c_uint32), ("decaps", ctypes.c_uint32)]
+
+
+class SrcKey(ctypes.Structure):
+    """struct lb_src_key (24 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [("prefixlen", ctypes.c_uint32), ("vip_num", ctypes.c_uint32), ("addr", ctypes.c_uint32 * 4)]
 
 
 class SynWindow(ctypes.Structure):
@@ -215,6 +268,14 @@ class Tally(ctypes.Structure):
 
     _pack_ = 1
     _fields_ = [("events", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
+
+
+class VipCidrKey(ctypes.Structure):
+    """struct lb_vip_cidr_key (24 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [("prefixlen", ctypes.c_uint32), ("port", ctypes.c_uint16), ("proto", ctypes.c_uint8),
+                ("family", ctypes.c_uint8), ("addr", ctypes.c_uint32 * 4)]
 
 
 class VipKey(ctypes.Structure):
@@ -243,15 +304,18 @@ class VipSlot(ctypes.Structure):
 SIZES = {
     "AddrKey": 20,
     "Counter": 16,
-    "Counts": 368,
+    "Counts": 512,
+    "DownKey": 8,
     "Flow": 40,
     "Flow4": 16,
     "HcTarget": 24,
     "Real": 20,
     "Session": 16,
-    "Settings": 56,
+    "Settings": 64,
+    "SrcKey": 24,
     "SynWindow": 16,
     "Tally": 4,
+    "VipCidrKey": 24,
     "VipKey": 20,
     "VipMeta": 12,
     "VipSlot": 32,
@@ -260,20 +324,23 @@ SIZES = {
 # Offsets and sizes of each object's load-time constants in its .rodata image.
 RODATA = {
     "balancer": {
-        "cfg_ring_size": (40, 4),
-        "cfg_udp_timeout_ns": (48, 8),
-        "cfg_jiffy_ns": (56, 4),
-        "cfg_jiffies_at_boot": (64, 8),
-        "cfg_syn_lookups": (72, 8),
+        "cfg_ring_size": (48, 4),
+        "cfg_udp_timeout_ns": (56, 8),
+        "cfg_jiffy_ns": (64, 4),
+        "cfg_jiffies_at_boot": (72, 8),
+        "cfg_katran_max_vips": (80, 4),
+        "cfg_syn_lookups": (88, 8),
     },
     "decap": {
-        "cfg_gue_port": (48, 2),
+        "cfg_gue_port": (56, 2),
     },
     "floor": {
     },
     "healthcheck": {
     },
     "pass": {
+    },
+    "tcp_sid_client": {
     },
     "trafficgen": {
         "cfg_family": (0, 4),
@@ -291,14 +358,21 @@ RODATA = {
 MAPS = {
     "balancer": (
         "lb_counts",
+        "lb_decaps",
+        "lb_down_reals",
+        "lb_progs",
+        "lb_progs_frags",
         "lb_real_stats",
         "lb_reals",
         "lb_ring",
         "lb_scratch",
+        "lb_server_ids",
         "lb_sessions",
         "lb_sessions4",
         "lb_settings",
+        "lb_src_routes",
         "lb_syn_window",
+        "lb_vip_cidrs",
         "lb_vip_index",
         "lb_vip_stats",
         "lb_vips",
@@ -315,6 +389,9 @@ MAPS = {
     ),
     "pass": (
     ),
+    "tcp_sid_client": (
+        "sid_ports",
+    ),
     "trafficgen": (
         "tg_egress",
         "tg_seq",
@@ -326,11 +403,12 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "64796bf363c4a78468baef8b996424ae",
-    "decap": "5ff21603b6b9d29eb776b2e1ff02a80f",
+    "balancer": "3ed40c21f7d4a294b43c74edf5682aa7",
+    "decap": "364f939613e0d3ed811f3c1d0d537a78",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
-    "healthcheck": "8b5e44658a47be8dbb63f696ae9fa9fc",
+    "healthcheck": "7005059c7d46d2a3ffc75f6b555477c5",
     "pass": "8f39d9f24e7339db28876547ef6a9879",
+    "tcp_sid_client": "4e1423bd492ff7f325c1cdd663c38399",
     "trafficgen": "e5191253edb60fffbc753f2293e2f2d7",
     "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",
 }

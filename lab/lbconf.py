@@ -2,7 +2,9 @@
 
 The topology already says everything the LB needs: its interface towards the router, the VIPs and
 their ports, the reals' addresses (per family) and the outer source prefixes. The next-hop MAC is
-the router's interface MAC, read from the running lab.
+left to the balancer (``nexthop_mac = "auto"``): it finds the router's MAC in the LB node's kernel,
+as it would on any host, through the LB node's default route. `peer_mac` reads a MAC from the
+running lab for checks that want to know it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ def real_addresses(topo: Topology, family: int) -> dict[str, str]:
     return out
 
 
+def vip_binds(topo: Topology, port: int) -> list[str]:
+    """ADDR:PORT ([ADDR]:PORT for IPv6) of every VIP address of the topology, for services on the reals."""
+    return [f"[{v.address}]:{port}" if v.address.version == 6 else f"{v.address}:{port}" for v in topo.vips]
+
+
 def peer_mac(lab: str, node: str, ifname: str) -> str:
     with entered(netns_name(lab, node)), IPRoute() as ipr:
         idx = ipr.link_lookup(ifname=ifname)
@@ -55,9 +62,9 @@ def balancer_config(topo: Topology, lab: str, *, encaps: dict[int, str], lb: str
     """A balancer config for node lb: every VIP of a family in encaps, with that family's encap,
     served by every real node (or those named in `reals`) at weight 1 or as `weights` says.
 
-    `ifname` and `nexthop_mac` replace the topology's interface name and the MAC read from the
-    running netns lab, for a lab built elsewhere (lab/remote/target.py)."""
-    lb_if, peer, peer_if = lb_link(topo, lb)
+    `ifname` and `nexthop_mac` replace the topology's interface name and the next hop the balancer
+    finds itself, for a lab built elsewhere (lab/remote/target.py)."""
+    lb_if = lb_link(topo, lb)[0]
     src4 = next((p for p in topo.lb_source_prefixes if p.version == 4), ipaddress.IPv4Network("0.0.0.0/32"))
     src6 = next((p for p in topo.lb_source_prefixes if p.version == 6), ipaddress.IPv6Network("::/128"))
     vips = []
@@ -76,6 +83,6 @@ def balancer_config(topo: Topology, lab: str, *, encaps: dict[int, str], lb: str
     return cfg.Config(
         datapath=cfg.DatapathConfig(interfaces=(ifname or lb_if,), mode=mode, mtu=mtu,  # type: ignore[arg-type]
                                     lru_size=4096, fallback_size=4096),
-        encap=cfg.EncapConfig(nexthop_mac=nexthop_mac or peer_mac(lab, peer, peer_if), src4=src4, src6=src6),
+        encap=cfg.EncapConfig(nexthop_mac=nexthop_mac or "auto", src4=src4, src6=src6),
         vips=tuple(vips),
     )

@@ -112,16 +112,19 @@ L = TypeVar("L", Datapath, Decap)
 _PoolKey = tuple[str, str, tuple[tuple[str, object], ...]]
 
 # What a fresh load holds in each kind of map: hashes are empty, arrays (per-CPU too) are zeros.
-_EMPTY_AT_LOAD = {MapType.HASH, MapType.PERCPU_HASH, MapType.LRU_HASH, MapType.LRU_PERCPU_HASH}
+_EMPTY_AT_LOAD = {MapType.HASH, MapType.PERCPU_HASH, MapType.LRU_HASH, MapType.LRU_PERCPU_HASH, MapType.LPM_TRIE}
 _ZERO_AT_LOAD = {MapType.ARRAY, MapType.PERCPU_ARRAY}
+_FILLED_AT_LOAD = {MapType.PROG_ARRAY}  # the loader puts the programs there: left as they are
 
 
 def as_loaded(dp: Loaded) -> bool:
     """Put every map of dp back as the load left it (hashes emptied, arrays zeroed) and check that it
     is so; False, touching nothing, if a map is of a kind this does not know how to put back."""
-    if any(m.type not in _EMPTY_AT_LOAD | _ZERO_AT_LOAD for m in dp.maps.values()):
+    if any(m.type not in _EMPTY_AT_LOAD | _ZERO_AT_LOAD | _FILLED_AT_LOAD for m in dp.maps.values()):
         return False
     for m in dp.maps.values():
+        if m.type in _FILLED_AT_LOAD:
+            continue
         if m.type in _EMPTY_AT_LOAD:
             for key in list(m.keys()):
                 m.delete(key)
