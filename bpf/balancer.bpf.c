@@ -205,7 +205,7 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 	ring_real = ring_entry ? *ring_entry : 0;
 
 	if (!(vip_flags & LB_VIP_NO_LRU)) {
-		real_id = session_lookup(&sc, key, pkt, steering, t, ring_real, hash);
+		real_id = session_lookup(&sc, key, pkt, steering, t);
 		if (real_id) {
 			real = bpf_map_lookup_elem(&lb_reals, &real_id);
 			if (!real || !real->family) { /* the real left since: choose again */

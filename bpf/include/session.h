@@ -83,8 +83,7 @@ struct session_ctx {
  * against timeouts of a second or more: session_now_ns), and written back only when the tick has moved:
  * the session's line is not dirtied by every packet. */
 static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct lb_flow *key,
-					    const struct packet *pkt, int steering, struct lb_tally *t,
-					    __u32 ring_real, __u32 hash)
+					    const struct packet *pkt, int steering, struct lb_tally *t)
 {
 	int tcp = pkt->flow.proto == IPPROTO_TCP;
 	int rst = tcp && (pkt->tcp_flags & TCPF_BYTE_RST);
@@ -93,19 +92,17 @@ static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct
 	sc->may_insert = !rst && !steering;
 	sc->insert = sc->may_insert;
 	if (tcp && !steering && (pkt->tcp_flags & (TCPF_BYTE_SYN | TCPF_BYTE_ACK)) == TCPF_BYTE_SYN) {
-		/* The handshake's first non-SYN packet creates the session, to the real the ring gave the
-		 * SYN: spoofed SYNs insert nothing and evict no one (docs/architecture.md, decisions). A
-		 * session the flow already has (a reused tuple) is pointed at the ring's choice, except in
-		 * a flood, where that lookup would be most of a SYN's cost. */
+		/* The handshake's first non-SYN packet creates the session, to the real the ring (or a pin)
+		 * gave the SYN: spoofed SYNs insert nothing and evict no one (docs/architecture.md,
+		 * decisions). A SYN writes only over a session its tuple still has (a client reusing its
+		 * port), with its final choice, so the ACK follows it; in a flood it skips even that lookup,
+		 * most of a SYN's cost. */
 		tally_event(t, LB_EV_SYN_REHASH);
-		sc->insert = 0;
+		sc->insert = sc->may_insert = 0;
 		if (syn_flood())
 			return 0;
-		sess = session_find(key);
-		if (sess && ring_real && sess->real_id != ring_real) {
-			sess->real_id = ring_real;
-			sess->hash = hash;
-		}
+		if (session_find(key))
+			sc->insert = sc->may_insert = 1;
 		return 0;
 	}
 	sess = session_find(key);
