@@ -36,6 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from lab.errors import LabError
 from lab.nsexec import nsenter_argv
 from lab.state import netns_name
 
@@ -276,8 +277,8 @@ class ChurnClient:
         stderr = ""
         if self.proc.poll() is not None and self.proc.stderr is not None:
             stderr = self.proc.stderr.read()[-2000:]
-        raise AssertionError(f"{self.where} did not report '{event}' within {timeout:g} s "
-                             f"(exit {self.proc.poll()}): {stderr or 'no stderr'}")
+        raise LabError(f"{self.where} did not report '{event}' within {timeout:g} s "
+                       f"(exit {self.proc.poll()}): {stderr or 'no stderr'}")
 
     def _send(self, line: str) -> None:
         assert self.proc.stdin is not None
