@@ -590,19 +590,26 @@ class ConformanceFigure:
 
 @dataclass(frozen=True)
 class ConformancePayload:
-    """The outcome of one conformance test in one encap, on one device under test (lab/dut/__init__.py).
+    """The verdict of one conformance check in one encap, on one device under test (lab/dut/verdict.py).
 
-    `not-applicable` means the DUT lacks a capability the test needs (`detail` names it); a
-    `fail` of a foreign DUT is a finding about it, with its evidence in `detail`.
+    `pass`; `finding` (the DUT contradicts the check: its evidence in `detail`); `not-applicable`
+    (the DUT lacks a capability the check needs: `detail` names it, `reference` cites the DUT's own
+    documentation or source, from its data file lab/dut/<dut>.toml); `error` (the harness, the lab or
+    the adapter failed). `fail` and `skip` are the outcomes results written before the four
+    verdicts carry. `run` names the `l4lab conform` run the result belongs to ("" outside one);
+    `build` says what exactly ran (version, build flags).
     """
 
     test: str = field(metadata=_rule(_non_empty))
     encap: EncapId | None
-    outcome: Literal["pass", "fail", "skip", "not-applicable"]
+    outcome: Literal["pass", "finding", "not-applicable", "error", "fail", "skip"]
     duration_s: float = field(metadata=_rule(_at_least(0)))
     dut: str = "l4lab"
     detail: str = ""
     figures: list[ConformanceFigure] = field(default_factory=list)
+    run: str = ""
+    reference: str = ""
+    build: str = ""
 
 
 # --- demo ---------------------------------------------------------------------------------------
