@@ -920,6 +920,9 @@ def _failover(results: list[Result]) -> Section:
     return section
 
 
+_OUTCOME_CSS = {"finding": "fail", "error": "fail", "not-applicable": "skip"}  # the four verdicts, as cells
+
+
 def _conformance(results: list[Result]) -> Section:
     section = Section(
         "conformance",
@@ -943,69 +946,20 @@ def _conformance(results: list[Result]) -> Section:
             if row is None:
                 cells.append(Cell("–", "missing", "not run"))
             else:
-                cells.append(Cell(row.outcome, row.outcome, f"{row.duration:.2f} s"))
+                cells.append(Cell(row.outcome, _OUTCOME_CSS.get(row.outcome, row.outcome), f"{row.duration:.2f} s"))
         table_rows.append(cells)
     counts = frame["outcome"].value_counts()
-    section.notes.append(
-        f"{counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, {counts.get('skip', 0)} skipped "
-        f"of {len(frame)} test × encap cases."
-    )
+    shown = ", ".join(f"{counts[o]} {o}" for o in counts.index)
+    section.notes.append(f"{shown} of {len(frame)} test × encap cases (l4lab).")
     section.tables.append(Table("Outcome per test and encap", ["test", *ENCAP_IDS], table_rows))
     return section
 
 
-_DUT_CELL = {"pass": "pass", "fail": "fail", "finding": "warn", "not-applicable": "skip", "skip": "skip"}
-
-
 def _duts(results: list[Result]) -> Section:
-    """The conformance matrix: each core check × encap against each device under test (l4lab conform)."""
-    section = Section(
-        "duts",
-        "Devices under test",
-        "The same conformance checks against each load balancer (l4lab conform). A foreign DUT's "
-        "failure is a finding about it; 'n/a' names the capability it lacks. Hover a cell for its evidence.",
-    )
-    newest: dict[tuple[str, str, str], ConformancePayload] = {}
-    for _r, p in sorted(of_kind(results, ConformancePayload), key=lambda rp: rp[0].time):
-        newest[(p.test, p.encap or "-", p.dut)] = p
-    duts = sorted({d for _, _, d in newest}, key=lambda d: (d != "l4lab", d))
-    if len(duts) < 2 and not any(d != "l4lab" for d in duts):
-        section.empty = True
-        return section
-    keys = sorted({(t, e) for t, e, _ in newest}, key=lambda k: (k[0], _encap_rank(k[1])))
-    rows: list[list[Cell]] = []
-    for test, encap in keys:
-        cells = [Cell(test, "key"), Cell(encap, "key")]
-        for dut in duts:
-            got = newest.get((test, encap, dut))
-            if got is None:
-                cells.append(Cell("not run", "missing"))
-                continue
-            outcome = "finding" if got.outcome == "fail" and dut != "l4lab" else got.outcome
-            label = ("n/a: " + got.detail.removeprefix("not applicable: ")) if outcome == "not-applicable" else outcome
-            cells.append(Cell(label, _DUT_CELL.get(outcome, ""), got.detail[:1500]))
-        rows.append(cells)
-    section.tables.append(Table("Outcome per check, encap and DUT", ["check", "encap", *duts], rows))
-    figure_rows: list[list[Cell]] = []
-    names = sorted({(t, e, f.name, f.unit) for (t, e, _), p in newest.items() for f in p.figures},
-                   key=lambda k: (k[0], _encap_rank(k[1]), k[2]))
-    for test, encap, name, unit in names:
-        cells = [Cell(test, "key"), Cell(encap, "key"), Cell(f"{name}" + (f" ({unit})" if unit else ""), "key")]
-        for dut in duts:
-            got = newest.get((test, encap, dut))
-            value = next((f.value for f in got.figures if f.name == name), None) if got else None
-            cells.append(Cell("–" if value is None else f"{value:g}", "" if value is not None else "missing"))
-        figure_rows.append(cells)
-    if figure_rows:
-        section.tables.append(Table("Figures each DUT's checks measured and asserted",
-                                    ["check", "encap", "figure", *duts], figure_rows))
-    counts = {d: sum(1 for (_, _, dd), p in newest.items() if dd == d and p.outcome == "pass") for d in duts}
-    section.notes.append("Passed: " + ", ".join(f"{d} {n} of {sum(1 for k in newest if k[2] == d)}"
-                                                 for d, n in counts.items()) + ".")
-    section.notes.append("Throughput is compared only between DUTs on the same substrate: l4lab and Katran "
-                         "run in XDP on the lab's veth; IPVS runs in a TCG-emulated VM, so its speed is not "
-                         "comparable and is not shown.")
-    return section
+    """The conformance matrix of the newest `l4lab conform` run (reports/conformance.py)."""
+    from reports import conformance
+
+    return conformance.section(results)
 
 
 # --- figures, history and comparison ------------------------------------------------------------
