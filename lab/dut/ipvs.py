@@ -60,6 +60,7 @@ class IpvsDut(Dut):
         self.index, self.steer = index, steer
         self.tap = "vm-ipvs" if index == 0 else f"vm-ipvs{index}"
         self.vm: Any = None
+        self._build = ""
         self._stack = contextlib.ExitStack()
 
     @classmethod
@@ -101,10 +102,16 @@ class IpvsDut(Dut):
         finally:
             self._stack = contextlib.ExitStack()
             self.vm = None
+            self._build = ""
 
     def build_info(self) -> str:
         if self.vm is None:
             return self.spec().product
+        if not self._build:
+            self._build = self._ask_build()
+        return self._build
+
+    def _ask_build(self) -> str:
         kernel = self.vm.sh("uname -r")[1].strip()
         ipvsadm = self.vm.sh("ipvsadm --version")[1].strip().splitlines()[:1]
         daemon = self.vm.sh("keepalived --version 2>&1 | head -n 1")[1].strip() if self.control == "keepalived" else ""
