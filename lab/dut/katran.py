@@ -33,8 +33,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from balancer import encaps
+from balancer.katran_hash import RingKind
 from lab.dut.base import Capability, Dut, HealthCheck, LabLike, LbLink
 from lab.errors import LabError
 from lab.topology import Topology
@@ -255,12 +257,14 @@ class Katran:
 # ---- Katran as a device under test ------------------------------------------------------------
 
 ETH_HEADER = 14
+RING_KIND: RingKind = "v1"  # KatranConfig's hashFunction default: Maglev (V1)
 
 
 class KatranDut(Dut):
     """Katran's XDP balancer built from the user's checkout ($L4LAB_KATRAN_SRC), in native XDP on a
     lab LB node's link like l4lab; its maps programmed by our code (Katran's control plane is a C++
-    library, not part of its BPF program), its ring l4lab's Maglev ring for the same reals.
+    library with folly, not built here), each VIP's ring written by Katran's own ring code
+    (lab/dut/katran_ring.py: katran::Vip with Maglev V1, its control plane's default).
 
     Built per check where Katran has the feature behind a build flag (lab/dut/katran.toml): GUE
     (`GUE_ENCAP`) for a GUE encap, and for a check that needs the LB to answer too-big,
@@ -278,6 +282,7 @@ class KatranDut(Dut):
         self.node = node
         self.checkout = Checkout.find(None)
         self.objects: dict[tuple[str, ...], Path] = {}
+        self.ring_code: Any = None  # Katran's ring builder, compiled from the checkout
         self.katran: Katran | None = None
         self.flags: tuple[str, ...] = ()  # this check's build: (flavour, -D flags...)
         self._vips: list[tuple[str, int, int]] = []
@@ -285,7 +290,10 @@ class KatranDut(Dut):
         self._announced: list[str] = []
 
     def start(self) -> None:
+        from lab.dut import katran_ring
+
         self._object(("ipip",))  # a checkout that does not build fails here, before any check runs
+        self.ring_code = katran_ring.build(self.checkout, self.workdir / "katran")
 
     def stop(self) -> None:
         if self.katran is not None:
@@ -362,10 +370,12 @@ class KatranDut(Dut):
         self._write_rings(kt)
 
     def _write_rings(self, kt: Katran) -> None:
+        """Every VIP's ring as Katran's control plane writes it for the reals and their weights."""
         from balancer import maglev
+        from lab.dut import katran_ring
 
-        members = {self._index[n]: (self.reals()[n], w) for n, w in self.weights.items()}
-        ring = [int(r) for r in maglev.build_ring(members, RING_SIZE)]
+        members = [maglev.Backend(self._index[n], self.reals()[n], w) for n, w in self.weights.items()]
+        ring = [int(r) for r in katran_ring.ring(self.ring_code, members, RING_SIZE, RING_KIND)]
         for num in range(len(self._vips)):
             kt.set_ring(num, ring)
 
