@@ -61,6 +61,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "needs(*capabilities): the DUT capabilities a test needs (lab/dut/base.py)")
+    config.addinivalue_line("markers", "l4lab_only(why): takes the DUT, yet runs beside l4lab only and is no "
+                                       "row of the matrix (a figure of another program on l4lab's lab)")
 
 
 def dut_options(config: pytest.Config) -> dict[str, str]:
@@ -69,8 +71,10 @@ def dut_options(config: pytest.Config) -> dict[str, str]:
 
 
 def is_check(item: pytest.Item) -> bool:
-    """A check grades the DUT from outside: it takes `dut` or `dut_fleet` (a row of the matrix)."""
-    return any(f in getattr(item, "fixturenames", ()) for f in CHECK_FIXTURES)
+    """A check grades the DUT from outside: it takes `dut` or `dut_fleet` (a row of the matrix),
+    unless it says it runs beside l4lab only (`l4lab_only`)."""
+    return (any(f in getattr(item, "fixturenames", ()) for f in CHECK_FIXTURES)
+            and item.get_closest_marker("l4lab_only") is None)
 
 
 def graded(item: pytest.Item) -> bool:
@@ -106,7 +110,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if missing:
                 item.stash[_NOT_APPLICABLE] = NOT_APPLICABLE + missing[0]
             keep.append(item)
-        elif config.getoption("--conform") or (name != "l4lab" and item.get_closest_marker("needs")):
+        elif config.getoption("--conform") or (name != "l4lab" and (item.get_closest_marker("needs")
+                                                                     or item.get_closest_marker("l4lab_only"))):
             dropped.append(item)
         else:
             keep.append(item)
@@ -200,6 +205,8 @@ def _phase(item: pytest.Item, call: pytest.CallInfo[None], rep: pytest.TestRepor
     if rep.skipped:
         reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
         reason = reason.removeprefix("Skipped: ")
+        if not is_check(item) and not reason.startswith(NOT_APPLICABLE):
+            return "skip", f"did not run: {reason}"  # type: ignore[return-value]  # an extra: no verdict of a DUT
         return skip_verdict(reason), reason if reason.startswith(NOT_APPLICABLE) else f"did not run: {reason}"
     if not rep.failed:
         return "pass", ""
