@@ -41,6 +41,7 @@ _NOT_APPLICABLE = pytest.StashKey[str]()
 _FIGURES = pytest.StashKey[list[ConformanceFigure]]()
 _PHASES = pytest.StashKey[dict[str, tuple[Verdict, str]]]()
 _T0 = pytest.StashKey[float]()
+_EVIDENCE = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -225,6 +226,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return rep
     verdict, text = _phase(item, call, rep)
     phases[rep.when] = (verdict, text)
+    device = item.stash.get(_DEVICE, None)
+    if verdict in ("finding", "error") and device is not None and _EVIDENCE not in item.stash:
+        item.stash[_EVIDENCE] = _evidence(device)  # now: a module's last check sees its DUT stopped at teardown
     name = str(item.config.getoption("--dut")) if is_check(item) else "l4lab"
     if verdict == "finding" and name != "l4lab":
         # A finding about a foreign DUT is its grade, not a failure of the run: an expected failure.
@@ -243,7 +247,8 @@ def _write(item: pytest.Item, name: str, phases: dict[str, tuple[Verdict, str]])
     detail = "\n".join(text for _, text in phases.values() if text)
     device = item.stash.get(_DEVICE, None)
     if verdict in ("finding", "error") and device is not None:
-        detail += f"\n--- {name} says ---\n{_evidence(device)[:2500]}"
+        said = item.stash[_EVIDENCE] if _EVIDENCE in item.stash else _evidence(device)
+        detail += f"\n--- {name} says ---\n{said[:2500]}"
     encap_id = _encap_param(item)
     if encap_id not in SAME_FAMILY:
         encap_id = None
