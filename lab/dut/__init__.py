@@ -64,6 +64,8 @@ class Capability(StrEnum):
     SERVER_ID_ROUTING = "server-id-routing"  # a real's id in a QUIC connection id / TCP option picks the real
     SOURCE_PINNING = "source-pinning"        # client prefixes pinned to a real (longest prefix match)
     INLINE_DECAP = "inline-decap"            # tunnels addressed to the LB itself stripped and balanced
+    CIDR_VIPS = "cidr-vips"                  # a VIP that is a prefix: every address in it served by one ring
+    UDP_FLOW_MIGRATION = "udp-flow-migration"  # UDP flows leave a real health checks took down; TCP stays
 
 
 def encap_capability(encap_id: str) -> str:
@@ -192,6 +194,7 @@ class L4labDut(Dut):
         Capability.OUTER_SOURCE_CHOICE, Capability.PACKET_TEST_RUN, Capability.MULTI_LB,
         Capability.NEXTHOP_FOLLOW,
         Capability.SERVER_ID_ROUTING, Capability.SOURCE_PINNING, Capability.INLINE_DECAP,
+        Capability.CIDR_VIPS, Capability.UDP_FLOW_MIGRATION,
     })
     node = "lb"
 
