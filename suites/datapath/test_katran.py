@@ -38,7 +38,15 @@ from lab.checksum import inet_checksum
 from reports.schema import CorpusPayload, write_result
 from suites.corpus import corpus_file
 
-from .frames import decode_encap, icmp4_checksum_ok, ip_packet_of, ipv4_header_ok, l4_checksum_ok_v4, l4_checksum_ok_v6
+from .frames import (
+    decode_encap,
+    icmp4_checksum_ok,
+    ip_packet_of,
+    ipv4_header_ok,
+    l4_checksum_ok_v4,
+    l4_checksum_ok_v6,
+    pseudo6,
+)
 from .katran_cases import CASES, NOT_APPLICABLE_PROGRAMS, Deviation, Expectation, Match, NotApplicable, SameReal
 from .katran_world import KATRAN_GUE_PORT, KATRAN_RING, Build, KatranWorld
 from .rig import BALANCER_OBJ, DECAP_OBJ, OBJ_DIR, TC_VERDICTS, XDP_VERDICTS, BalancerFactory, RunBalancer
@@ -391,7 +399,7 @@ def with_valid_checksums(frame: bytes) -> bytes:
     if out[ETH + (6 if v6 else 9)] == 17:
         out[udp + 6: udp + 8] = bytes(2)
         segment = bytes(out[udp:])
-        pseudo = (bytes(out[ETH + 8: ETH + 40]) + struct.pack("!I3xB", len(segment), 17) if v6 else
+        pseudo = (pseudo6(bytes(out[ETH:]), 17, len(segment)) if v6 else
                   bytes(out[ETH + 12: ETH + 20]) + struct.pack("!BBH", 0, 17, len(segment)))
         out[udp + 6: udp + 8] = struct.pack("!H", inet_checksum(pseudo + segment) or 0xFFFF)
     return bytes(out)
@@ -436,7 +444,7 @@ def print_same_real(t: Tally, katran: bool) -> None:
     if katran:
         print(f"  same real (VIPs in Katran's hash and ring): {t.asserted_katran} of {t.same_real} assert Katran's own "
               f"real, {sid} decided by a server id, a pinned prefix or a session one of them wrote, {t.by_hash} by "
-              "Katran's hash")
+              "Katran's hash and ring or a session they wrote")
         for cid, why in t.not_asserted.items():
             print(f"  same real #{cid}, not Katran's: {why}")
         return
