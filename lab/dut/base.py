@@ -58,6 +58,8 @@ class Capability(StrEnum):
     SERVER_ID_ROUTING = "server-id-routing"  # a real's id in a QUIC connection id / TCP option picks the real
     SOURCE_PINNING = "source-pinning"        # client prefixes pinned to a real (longest prefix match)
     INLINE_DECAP = "inline-decap"            # tunnels addressed to the LB itself stripped and balanced
+    CIDR_VIPS = "cidr-vips"                  # a VIP that is a prefix: every address in it served by one ring
+    UDP_FLOW_MIGRATION = "udp-flow-migration"  # UDP flows leave a real health checks took down; TCP stays
 
 
 def encap_capability(encap_id: str) -> str:

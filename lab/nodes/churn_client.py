@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -210,6 +211,15 @@ class Client:
 def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
+
+
+def answer_rounds(ask: Callable[[], Mapping[int, str]]) -> None:
+    """The round channel of the clients that speak as lab.nodes.quic_echo's does: each "round" line on
+    stdin is answered {"event": "round", "answers": ask()}; any other line, or the input's end, ends it."""
+    for line in sys.stdin:
+        if line.strip() != "round":
+            return
+        _emit({"event": "round", "answers": dict(ask())})
 
 
 def main(argv: list[str] | None = None) -> int:

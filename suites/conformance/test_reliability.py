@@ -48,6 +48,7 @@ from lab.lbconf import lb_link, real_addresses
 from lab.nodes.churn_client import ChurnClient
 from lab.nodes.tcp_services import Services
 from suites.conformance._counters import changed, counters
+from suites.conformance._daemon import Daemon, start_daemon
 from suites.conformance._owners import owner_changed, ring_owners
 
 pytestmark = [pytest.mark.topology("default")]
@@ -160,59 +161,7 @@ def _verdict(scenario: str, report: dict[str, Any], *, moved_ok: bool = False, l
     return figures
 
 
-# ---- the daemon
-
-
-class Daemon:
-    """`lbctl run --config FILE` in the LB node; its JSON log lines in a file."""
-
-    def __init__(self, b: LabBalancer, config: Path, log: Path) -> None:
-        self.log_path = log
-        self.log = log.open("a")
-        self.offset = log.stat().st_size
-        self.proc = subprocess.Popen(b.lab.python_argv(b.node, "balancer.cli", "--instance", b.instance,
-                                                       "run", "--config", str(config)),
-                                     cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
-
-    def events(self) -> list[dict[str, Any]]:
-        with self.log_path.open() as f:
-            f.seek(self.offset)
-            return [json.loads(line) for line in f if line.startswith("{")]
-
-    def wait(self, event: str, timeout: float = 30.0) -> dict[str, Any]:
-        def first() -> dict[str, Any] | None:
-            found = [e for e in self.events() if e.get("event") == event]
-            if found:
-                return found[0]
-            assert self.proc.poll() is None, \
-                f"lbctl run exited {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
-            return None
-
-        got = poll(timeout, first, f"'{event}' logged by lbctl run", check=False, interval_s=0.02)
-        assert got is not None, \
-            f"lbctl run logged no '{event}' within {timeout:g} s: {self.log_path.read_text()[-2000:]}"
-        return got
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            code = self.proc.wait(timeout=15)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self.log.close()
-        return code
-
-
-def _daemon(stack: contextlib.ExitStack, b: LabBalancer, tmp_path: Path) -> Daemon:
-    """`lbctl run` of b's config file, logging to tmp_path, stopped when stack closes."""
-    log = tmp_path / "lbctl-run.log"
-    log.touch()
-    daemon = Daemon(b, b.config_path, log)
-    stack.callback(daemon.stop)
-    return daemon
+# ---- the daemon (suites/conformance/_daemon.py)
 
 
 @pytest.mark.needs(Capability.HITLESS_RESTART)
@@ -282,7 +231,7 @@ def test_upgrade_through_the_daemon_under_traffic(lab: Lab, lb: LabBalancer, tmp
     check = cfg.HealthCheck(port=PORT_A, type="tcp", interval_s=0.5, timeout_s=0.4, via="tunnel")
     lb.config_path.write_text(cfg.dump(replace(conf, vips=tuple(replace(v, healthcheck=check) for v in conf.vips))))
     with contextlib.ExitStack() as stack:
-        daemon = _daemon(stack, lb, tmp_path)
+        daemon = start_daemon(stack, lb, tmp_path)
         assert daemon.wait("running")["health_targets"] == 3
         client = stack.enter_context(_client(lab, PORT_A))
         progs, checks = [_prog_id(lb)], [_checks_ok(lb)]
@@ -335,7 +284,7 @@ def test_router_mac_replaced_traffic_resumes_within_a_second(lab: Lab, lb: LabBa
     lb.config_path.write_text(cfg.dump(_config(lb, {PORT_A: None})))
     assert cfg.load(lb.config_path).encap.nexthop_mac == "auto"
     with contextlib.ExitStack() as stack:
-        daemon = _daemon(stack, lb, tmp_path)
+        daemon = start_daemon(stack, lb, tmp_path)
         daemon.wait("running")
         assert _settings_mac(lb.instance) == old_mac
         client = stack.enter_context(_client(lab, PORT_A))
