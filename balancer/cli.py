@@ -11,6 +11,9 @@ a state file) and commands that write take the instance's lock. A running daemon
 the write is handed to it or refused naming the command that works (balancer/handover.py). A
 refusal is one line, exit 1, and nothing has changed. Any other failure prints one line naming
 the log file that holds its traceback.
+
+Add a verb as `l4lab`'s are added (lab/cli.py): `add_<verb>(parser)` in balancer/cli_args.py,
+`cmd_<verb>(args) -> int` here, one row in VERBS.
 """
 
 from __future__ import annotations
@@ -25,13 +28,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from balancer import cli_routes, controller, preflight
+from balancer import cli_args, cli_routes, controller, preflight
 from balancer import config as cfg
-from balancer.config_routes import SERVER_ID_FROMS, SERVER_ID_MAX
-from balancer.controller import DEFAULT_OBJECT, Instance, ring_kind
+from balancer.controller import Instance, ring_kind
 from balancer.datapath import Datapath, xdp_link_ifindex
 from balancer.errors import ConfigError, InstanceOwnedError, LbError, crash_report
 from balancer.version import version
@@ -367,40 +370,10 @@ def cmd_decap(args: argparse.Namespace) -> int:
     return cli_routes.decap(args, _edit, _listing, UsageError)
 
 
-def _server_id(text: str) -> int:
-    n = int(text)
-    if not 1 <= n <= SERVER_ID_MAX:
-        raise argparse.ArgumentTypeError(f"server id must be 1..{SERVER_ID_MAX} but got {n}")
-    return n
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from balancer.daemon import run  # the daemon pulls in sockets and threads; only `run` needs it
     return run(args.config, args.instance, interfaces=args.interface, mode=args.mode, obj=args.object,
                force_reload=args.force_reload)
-
-
-def _weight(text: str) -> int:
-    w = int(text)
-    if not 0 <= w <= 65535:
-        raise argparse.ArgumentTypeError(f"weight must be 0..65535 but got {w}")
-    return w
-
-
-def _port(text: str) -> int:
-    p = int(text)
-    if not 0 <= p <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0..65535 but got {p}")
-    return p
-
-
-_FORCE_HELP = ("load although a state file names a datapath whose pins are not visible (check first that "
-               "no XDP program is attached to the interfaces; refused if one is)")
-_OBJECT_HELP = ("the balancer's BPF object: a path, or a file name searched in $L4LAB_BUILD_DIR/bpf, the "
-                "installed package and the source tree's build/bpf (default %(default)s)")
-_RUN_OBJECT_HELP = _OBJECT_HELP.replace("(default %(default)s)",
-                                        f"(default the config's datapath.object, else {DEFAULT_OBJECT})")
-_MODE_HELP = "XDP attach mode: native (driver), generic (skb, slow) or auto (native, else generic)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -408,12 +381,15 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _verb(sub: Any, name: str, help: str, *examples: str) -> argparse.ArgumentParser:
-    """A verb's parser with its help and an epilog of example command lines."""
-    epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
-    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, epilog=epilog,
-                                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    return parser
+@dataclass(frozen=True)
+class Verb:
+    """One `lbctl` verb: its one-line help, its arguments (balancer/cli_args.py), what runs it and
+    example command lines (the epilog of its --help; suites/controller/test_cli.py parses each)."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    examples: tuple[str, ...]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -423,93 +399,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instance", default=os.environ.get("LBCTL_INSTANCE", "default"),
                    help="instance name (pins under /sys/fs/bpf/lbctl/NAME); env LBCTL_INSTANCE")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="VERB")
-
-    s = _verb(sub, "load", "load and attach the balancer",
-              "lbctl load --interface eth0 --config /etc/l4lab/lb.toml",
-              "lbctl --instance edge load -i eth0 -i eth1 --mode generic")
-    s.add_argument("--interface", "-i", action="append", default=[], metavar="IF",
-                   help="attach to IF (repeat for more); default the config's datapath.interfaces")
-    s.add_argument("--mode", choices=("native", "generic", "auto"), help=_MODE_HELP + "; default native")
-    s.add_argument("--config", "-c", metavar="FILE", help="apply this TOML config once loaded")
-    s.add_argument("--object", default=DEFAULT_OBJECT, metavar="OBJECT", help=_OBJECT_HELP)
-    s.add_argument("--force-reload", action="store_true", help=_FORCE_HELP)
-    s.set_defaults(fn=cmd_load)
-    s = _verb(sub, "apply", "reconcile the datapath with a config file", "lbctl apply /etc/l4lab/lb.toml",
-              "lbctl apply lb.toml --json")
-    s.add_argument("file", metavar="FILE", help="the TOML config to apply (VIPs, reals, encap, limits)")
-    s.add_argument("--json", action="store_true", help="print what changed as JSON")
-    s.set_defaults(fn=cmd_apply)
-    s = _verb(sub, "upgrade", "replace the running program without dropping a flow (through `lbctl run` "
-              "when it owns the instance)", "lbctl upgrade", "lbctl upgrade --object /opt/l4lab/balancer.o")
-    s.add_argument("--object", default=DEFAULT_OBJECT, metavar="OBJECT", help=_OBJECT_HELP)
-    s.set_defaults(fn=cmd_upgrade)
-    s = _verb(sub, "unload", "detach and remove the instance", "lbctl unload", "lbctl --instance edge unload")
-    s.set_defaults(fn=cmd_unload)
-    s = _verb(sub, "status", "interfaces, attach modes, VIPs and reals", "lbctl status", "lbctl status --json")
-    s.add_argument("--json", action="store_true", help="print the status as JSON")
-    s.set_defaults(fn=cmd_status)
-    s = _verb(sub, "stats", "counters per VIP, real and reason", "lbctl stats --json",
-              "lbctl stats --watch 1 --count 10")
-    s.add_argument("--json", action="store_true", help="print the counters as JSON")
-    s.add_argument("--watch", type=float, metavar="SECONDS", help="print the table every SECONDS, with rates")
-    s.add_argument("--count", type=int, default=0, help="with --watch: stop after N intervals")
-    s.set_defaults(fn=cmd_stats)
-
-    s = _verb(sub, "vip", "add, delete or list VIPs", "lbctl vip add 198.51.100.10 80 tcp --encap gue1",
-              "lbctl vip del 198.51.100.10 80 tcp", "lbctl vip list --json")
-    s.add_argument("action", choices=("add", "del", "list"), help="what to do: add, del or list")
-    s.add_argument("address", nargs="?", help="the VIP's address (IPv4 or IPv6); add and del only")
-    s.add_argument("port", nargs="?", type=_port, help="the VIP's port, 0 for every port; add and del only")
-    s.add_argument("proto", nargs="?", choices=("tcp", "udp"), help="tcp or udp; add and del only")
-    s.add_argument("--encap", choices=cfg.ENCAPS, default="ipip",
-                   help="how packets reach the reals (default %(default)s)")
-    s.add_argument("--hash", choices=cfg.HASHES, default="5tuple",
-                   help="the fields that pick a real (default %(default)s); katran...: as Katran nodes do")
-    s.add_argument("--katran-ring", choices=cfg.KATRAN_RINGS,
-                   help="with a katran hash: Katran's Maglev v1 (its default: weights are a head start) or v2")
-    s.add_argument("--no-lru", action="store_true", help="no session table: every packet follows the ring")
-    s.add_argument("--outer-src", choices=cfg.OUTER_SRCS,
-                   help="the outer source address: per flow, or fixed (default flow for ipip, else fixed)")
-    s.add_argument("--server-id-from", choices=SERVER_ID_FROMS, default="none",
-                   help="where packets carry their real's server id: QUIC connection ids, Katran's UDP "
-                        "stable-routing header or TCP option 183 (default %(default)s)")
-    s.add_argument("--udp-flow-migration", action="store_true",
-                   help="UDP sessions to a real that health checks take down are moved to another")
-    s.add_argument("--json", action="store_true", help="with list: print the VIPs as JSON")
-    s.set_defaults(fn=cmd_vip)
-
-    s = _verb(sub, "real", "add, delete, reweight or list the reals of a VIP",
-              "lbctl real add 198.51.100.10 80 tcp 203.0.113.18 --weight 2",
-              "lbctl real set-weight 198.51.100.10 80 tcp 203.0.113.18 --weight 0",
-              "lbctl real list 198.51.100.10 80 tcp --json")
-    s.add_argument("action", choices=("add", "del", "set-weight", "list"),
-                   help="what to do: add, del, set-weight or list")
-    s.add_argument("vip", help="VIP address")
-    s.add_argument("port", type=_port, help="VIP port")
-    s.add_argument("proto", choices=("tcp", "udp"), help="VIP protocol")
-    s.add_argument("real", nargs="?", help="real address (all actions but list)")
-    s.add_argument("--weight", type=_weight, default=1, help="the real's weight, 0..65535 (default %(default)s)")
-    s.add_argument("--server-id", type=_server_id, metavar="N",
-                   help="with add: the real's server id (what QUIC connection ids or TCP option 183 carry)")
-    s.add_argument("--json", action="store_true", help="with list: print the reals as JSON")
-    s.set_defaults(fn=cmd_real)
-
-    cli_routes.add_parsers(sub, _verb, _port, cmd_src_route, cmd_decap)
-
-    s = _verb(sub, "run", "daemon: health checks, metrics, reload on SIGHUP",
-              "lbctl run --config /etc/l4lab/lb.toml", "lbctl run -c lb.toml -i eth0 --mode auto")
-    s.add_argument("--config", "-c", required=True, metavar="FILE", help="the TOML config (reread on SIGHUP)")
-    s.add_argument("--interface", "-i", action="append", default=[], metavar="IF",
-                   help="attach to IF (repeat for more); default the config's datapath.interfaces")
-    s.add_argument("--mode", choices=("native", "generic", "auto"), help=_MODE_HELP)
-    s.add_argument("--object", default="", metavar="OBJECT", help=_RUN_OBJECT_HELP)
-    s.add_argument("--force-reload", action="store_true", help=_FORCE_HELP)
-    s.set_defaults(fn=cmd_run)
-
-    s = _verb(sub, "completion", "print a shell completion script", "source <(lbctl completion bash)",
-              "lbctl completion bash >/etc/bash_completion.d/lbctl")
-    s.add_argument("shell", choices=("bash",), help="the shell (bash)")
-    s.set_defaults(fn=cmd_completion)
+    for name, verb in VERBS.items():
+        epilog = "examples:\n" + "\n".join(f"  {e}" for e in verb.examples)
+        s = sub.add_parser(name, help=verb.help, description=verb.help, epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        verb.add_arguments(s)
+        s.set_defaults(fn=verb.run)
     return p
 
 
@@ -518,6 +413,43 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
     print(completion.bash(build_parser()), end="")
     return 0
+
+
+VERBS: dict[str, Verb] = {
+    "load": Verb("load and attach the balancer", cli_args.add_load, cmd_load,
+                 ("lbctl load --interface eth0 --config /etc/l4lab/lb.toml",
+                  "lbctl --instance edge load -i eth0 -i eth1 --mode generic")),
+    "apply": Verb("reconcile the datapath with a config file", cli_args.add_apply, cmd_apply,
+                  ("lbctl apply /etc/l4lab/lb.toml", "lbctl apply lb.toml --json")),
+    "upgrade": Verb("replace the running program without dropping a flow (through `lbctl run` when it owns "
+                    "the instance)", cli_args.add_upgrade, cmd_upgrade,
+                    ("lbctl upgrade", "lbctl upgrade --object /opt/l4lab/balancer.o")),
+    "unload": Verb("detach and remove the instance", cli_args.add_nothing, cmd_unload,
+                   ("lbctl unload", "lbctl --instance edge unload")),
+    "status": Verb("interfaces, attach modes, VIPs and reals", cli_args.add_status, cmd_status,
+                   ("lbctl status", "lbctl status --json")),
+    "stats": Verb("counters per VIP, real and reason", cli_args.add_stats, cmd_stats,
+                  ("lbctl stats --json", "lbctl stats --watch 1 --count 10")),
+    "vip": Verb("add, delete or list VIPs", cli_args.add_vip, cmd_vip,
+                ("lbctl vip add 198.51.100.10 80 tcp --encap gue1", "lbctl vip del 198.51.100.10 80 tcp",
+                 "lbctl vip list --json")),
+    "real": Verb("add, delete, reweight or list the reals of a VIP", cli_args.add_real, cmd_real,
+                 ("lbctl real add 198.51.100.10 80 tcp 203.0.113.18 --weight 2",
+                  "lbctl real set-weight 198.51.100.10 80 tcp 203.0.113.18 --weight 0",
+                  "lbctl real list 198.51.100.10 80 tcp --json")),
+    "src-route": Verb("pin client prefixes of a VIP to a real (new flows; the longest prefix wins)",
+                      cli_args.add_src_route, cmd_src_route,
+                      ("lbctl src-route add 198.51.100.10 443 udp 192.0.2.0/24 203.0.113.18",
+                       "lbctl src-route del 198.51.100.10 443 udp 192.0.2.0/24",
+                       "lbctl src-route list 198.51.100.10 443 udp")),
+    "decap": Verb("addresses of this LB whose IPIP / GUE packets it decapsulates", cli_args.add_decap, cmd_decap,
+                  ("lbctl decap add 198.51.100.7 --action balance", "lbctl decap del 198.51.100.7",
+                   "lbctl decap list")),
+    "run": Verb("daemon: health checks, metrics, reload on SIGHUP", cli_args.add_run, cmd_run,
+                ("lbctl run --config /etc/l4lab/lb.toml", "lbctl run -c lb.toml -i eth0 --mode auto")),
+    "completion": Verb("print a shell completion script", cli_args.add_completion, cmd_completion,
+                       ("source <(lbctl completion bash)", "lbctl completion bash >/etc/bash_completion.d/lbctl")),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

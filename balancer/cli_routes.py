@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 from balancer import config as cfg
-from balancer.config_routes import DECAP_ACTIONS
 
 Edit = Callable[[argparse.Namespace, Callable[[cfg.Config], cfg.Config]], int]
 Listing = Callable[[argparse.Namespace, Callable[[cfg.Config], list[dict[str, Any]]], Callable[[dict[str, Any]], str]],
@@ -69,30 +68,3 @@ def decap(args: argparse.Namespace, edit: Edit, listing: Listing, usage: Callabl
         return dataclasses.replace(c, decap=(*others, cfg.DecapAddress(address=address, action=args.action_name)))
 
     return edit(args, change)
-
-
-Verb = Callable[[argparse.Namespace], int]
-
-
-def add_parsers(sub: Any, verb: Callable[..., argparse.ArgumentParser], port: Callable[[str], int],
-                fn_src_route: Verb, fn_decap: Verb) -> None:
-    s = verb(sub, "src-route", "pin client prefixes of a VIP to a real (new flows; the longest prefix wins)",
-             "lbctl src-route add 198.51.100.10 443 udp 192.0.2.0/24 203.0.113.18",
-             "lbctl src-route del 198.51.100.10 443 udp 192.0.2.0/24", "lbctl src-route list 198.51.100.10 443 udp")
-    s.add_argument("action", choices=("add", "del", "list"), help="what to do: add, del or list")
-    s.add_argument("vip", help="VIP address (or prefix)")
-    s.add_argument("port", type=port, help="VIP port")
-    s.add_argument("proto", choices=("tcp", "udp"), help="VIP protocol")
-    s.add_argument("prefix", nargs="?", help="the client prefix (add and del)")
-    s.add_argument("real", nargs="?", help="the real its new flows go to (add)")
-    s.add_argument("--json", action="store_true", help="with list: print the pins as JSON")
-    s.set_defaults(fn=fn_src_route)
-
-    s = verb(sub, "decap", "addresses of this LB whose IPIP / GUE packets it decapsulates",
-             "lbctl decap add 198.51.100.7 --action balance", "lbctl decap del 198.51.100.7", "lbctl decap list")
-    s.add_argument("action", choices=("add", "del", "list"), help="what to do: add, del or list")
-    s.add_argument("address", nargs="?", help="an address of this LB (add and del)")
-    s.add_argument("--action", dest="action_name", choices=DECAP_ACTIONS, default="balance",
-                   help="the inner packet is balanced, handed to this host, or sent back out (default %(default)s)")
-    s.add_argument("--json", action="store_true", help="with list: print the addresses as JSON")
-    s.set_defaults(fn=fn_decap)
