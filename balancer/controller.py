@@ -29,8 +29,10 @@ import numpy.typing as npt
 
 from balancer import _abi, encaps, katran_hash, maglev, nexthop, objects, route_plan
 from balancer import config as cfg
-from balancer.datapath import Datapath, Transaction, settings_bytes
+from balancer.datapath import Datapath
 from balancer.errors import DatapathError, HostError, LbError
+from balancer.maplayout import settings_bytes
+from balancer.transaction import Transaction
 
 PIN_ROOT = os.environ.get("LBCTL_PIN_ROOT", "/sys/fs/bpf/lbctl")
 STATE_ROOT = os.environ.get("LBCTL_STATE_ROOT", "/run/lbctl")

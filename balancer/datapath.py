@@ -2,9 +2,10 @@
 
 `Datapath` owns one loaded balancer object: load-time settings go into `.rodata` and map sizes,
 the session table is sized per possible CPU, then VIPs, reals, rings,
-settings and counters are read and written through the generated `_abi` structures. `Decap` does
-the same for the real-server decap program. Both can pin their maps and links under a bpffs
-directory and be reopened from it by a later process (`Datapath.open_pinned`).
+settings and counters are read and written through the generated `_abi` structures (their bytes:
+balancer/maplayout.py); it can pin its maps and links under a bpffs directory and be reopened from
+it by a later process (`Datapath.open_pinned`). Writes that must land together or not at all go
+through a Transaction (balancer/transaction.py); the reals' decap program is balancer/decap.py's.
 """
 
 from __future__ import annotations
@@ -13,13 +14,10 @@ import contextlib
 import ctypes
 import errno as _errno
 import ipaddress
-import os
 import re
 import shutil
-import signal
 import socket
-import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,13 +38,28 @@ from balancer.libbpf import (
     num_possible_cpus,
     wait_for_bpf_programs,
 )
+from balancer.maplayout import (
+    META_WORDS,
+    SESSION_TABLES,
+    SLOT_SHARED,
+    proto_number,
+    real_entry,
+    session_flow,
+    settings_bytes,
+    slot_family,
+    vip_entry,
+    vip_index_from,
+    vip_key,
+    vip_slot,
+    words_addr,
+)
+from balancer.transaction import Transaction
 
 Encap = _abi.Encap
 Reason = _abi.Reason
 Event = _abi.Event
 VipFlag = _abi.VipFlag
 
-PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
 XDP_ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
 BALANCER_MAPS = _abi.MAPS["balancer"]  # every map the object defines, read from its BTF by abigen
 DECAP_MAPS = _abi.MAPS["decap"]
@@ -57,134 +70,6 @@ VIP_ENTRIES_PER_VIP = 4
 SIZE_HINT = ("the kernel refused the map sizes: lower datapath.lru_size, fallback_size, max_reals or "
              "max_vips × ring_size; or raise the memory cgroup's limit (RLIMIT_MEMLOCK, `ulimit -l`, "
              "on kernels before 5.11)")
-
-
-def addr_words(address: str) -> tuple[bytes, int]:
-    """16 bytes in network order (IPv4 in the first 4) and the lb_family of an address."""
-    ip = ipaddress.ip_address(address)
-    fam = _abi.Family.INET if ip.version == 4 else _abi.Family.INET6
-    return ip.packed.ljust(16, b"\0"), int(fam)
-
-
-# The session tables: IPv4 flows keyed by struct lb_flow4 (16 bytes), IPv6 flows by struct lb_flow.
-SESSION_TABLES = ("lb_sessions4", "lb_sessions")
-
-
-def session_key(flow: _abi.Flow) -> tuple[str, bytes]:
-    """The session table of a flow (struct lb_flow) and the flow's key in it."""
-    if flow.family == _abi.Family.INET:
-        return "lb_sessions4", bytes(_abi.Flow4(src=flow.src[0], dst=flow.dst[0], sport=flow.sport,
-                                                dport=flow.dport, proto=flow.proto))
-    return "lb_sessions", bytes(flow)
-
-
-def session_flow(table: str, key: bytes) -> _abi.Flow:
-    """A session table's key as the flow (struct lb_flow) it stands for."""
-    if table == "lb_sessions":
-        return _abi.Flow.from_buffer_copy(key)
-    k = _abi.Flow4.from_buffer_copy(key)
-    return _abi.Flow(src=(ctypes.c_uint32 * 4)(k.src), dst=(ctypes.c_uint32 * 4)(k.dst), sport=k.sport,
-                     dport=k.dport, proto=k.proto, family=int(_abi.Family.INET))
-
-
-def words_addr(raw: bytes, family: int) -> str:
-    if family == _abi.Family.INET:
-        return str(ipaddress.IPv4Address(raw[:4]))
-    return str(ipaddress.IPv6Address(raw[:16]))
-
-
-def _u32x4(raw16: bytes) -> ctypes.Array[ctypes.c_uint32]:
-    return (ctypes.c_uint32 * 4).from_buffer_copy(raw16)
-
-
-def proto_number(proto: str | int) -> int:
-    if isinstance(proto, int):
-        return proto
-    if proto not in PROTOS:
-        raise DatapathError(f"use protocol '{proto}'", _errno.EINVAL, "use tcp or udp")
-    return PROTOS[proto]
-
-
-INDEX_SLOTS = int(_abi.Limits.VIP_INDEX_SLOTS)
-INDEX_HASH = int(_abi.Limits.VIP_INDEX_HASH) & 0xFFFFFFFF  # BTF hands the enum member back signed
-INDEX_SHIFT = 32 - (INDEX_SLOTS - 1).bit_length()  # the product's top bits are the slot
-SLOT_WORDS = ctypes.sizeof(_abi.VipSlot) // 4  # meta (3 words), then the key (5): the last is port/proto/family
-META_WORDS = ctypes.sizeof(_abi.VipMeta) // 4
-SLOT_SHARED = int(_abi.VipSlotState.SHARED) << 24  # a slot's last word when keys share it (family = SHARED)
-
-
-def vip_slot(key: bytes) -> int:
-    """The lb_vip_index slot of an lb_vips key (struct lb_vip_slot in bpf/include/abi.h; find_vip)."""
-    w0, w1, w2, w3, w4 = (int(w) for w in struct.unpack_from("<5I", key))
-    return (((w0 ^ w1 ^ w2 ^ w3 ^ w4) * INDEX_HASH) & 0xFFFFFFFF) >> INDEX_SHIFT
-
-
-def _family(tail: int) -> int:
-    return (int(tail) >> 24) & 0xFF
-
-
-def vip_index_from(entries: Sequence[tuple[bytes, bytes]]) -> npt.NDArray[np.uint32]:
-    """lb_vip_index as lb_vips' (key, meta) entries make it: (INDEX_SLOTS, SLOT_WORDS) words, a slot
-    empty (zero), the one key that has it with its meta, or SHARED (zero but the family)."""
-    index = np.zeros((INDEX_SLOTS, SLOT_WORDS), dtype="<u4")
-    seen: set[int] = set()
-    for key, meta in entries:
-        i = vip_slot(key)
-        if i in seen:
-            index[i] = 0
-            index[i, -1] = SLOT_SHARED
-        else:
-            seen.add(i)
-            index[i] = np.frombuffer(meta + key, dtype="<u4")
-    return index
-
-
-def vip_key(address: str, port: int, proto: str | int) -> bytes:
-    raw, fam = addr_words(address)
-    key = _abi.VipKey(addr=_u32x4(raw), port=socket.htons(port), proto=proto_number(proto), family=fam)
-    return bytes(key)
-
-
-def settings_bytes(*, nexthop_mac: str, src4: str = "0.0.0.0/32", src6: str = "::/128",
-                   gue_port: int = _abi.Limits.DEFAULT_GUE_PORT, mtu: int = _abi.Limits.DEFAULT_MTU,
-                   cidr_vips: int = 0, decaps: int = 0) -> bytes:
-    """struct lb_settings: next-hop MAC, outer source prefixes (host bits = flow-derived), GUE port, MTU,
-    and how many entries lb_vip_cidrs and lb_decaps hold (0 spares other packets their lookups)."""
-    s = _abi.Settings()
-    ctypes.memmove(ctypes.addressof(s) + _abi.Settings.nexthop_mac.offset,
-                   bytes.fromhex(nexthop_mac.replace(":", "")), 6)
-    s.gue_port = socket.htons(gue_port)
-    net4 = ipaddress.IPv4Network(src4, strict=False)
-    net6 = ipaddress.IPv6Network(src6, strict=False)
-    s.src4 = int.from_bytes(net4.network_address.packed, "little")
-    s.src4_mask = int.from_bytes(net4.hostmask.packed, "little")
-    s.src6 = _u32x4(net6.network_address.packed)
-    s.src6_mask = _u32x4(net6.hostmask.packed)
-    s.mtu = mtu
-    s.configured = 1
-    s.cidr_vips = cidr_vips
-    s.decaps = decaps
-    return bytes(s)
-
-
-def real_bytes(address: str, flags: int = _abi.RealFlag.PRESENT) -> bytes:
-    raw, fam = addr_words(address)
-    return bytes(_abi.Real(addr=_u32x4(raw), family=fam, flags=int(flags)))
-
-
-def _vip_entry(address: str, port: int, proto: str | int, vip_num: int, flags: int, encap: int
-               ) -> tuple[bytes, bytes]:
-    """lb_vips' key and value for a VIP."""
-    meta = _abi.VipMeta(vip_num=vip_num, flags=int(flags), encap=int(encap))
-    return vip_key(address, port, proto), bytes(meta)
-
-
-def _real_entry(real_id: int, address: str, flags: int = _abi.RealFlag.PRESENT) -> tuple[bytes, bytes]:
-    """lb_reals' key and value for a real; id 0 is refused (it means 'no real')."""
-    if real_id <= 0:
-        raise DatapathError(f"store real {address} under id {real_id}", _errno.EINVAL,
-                            "real id 0 is reserved for 'no real'")
-    return real_id.to_bytes(4, "little"), real_bytes(address, flags)
 
 
 def verify_abi(path: str, kind: str = "") -> None:
@@ -198,7 +83,7 @@ def verify_abi(path: str, kind: str = "") -> None:
                                f"({want})", 0, "run `make abi` and commit balancer/_abi.py, or `make bpf`")
 
 
-def _patch_rodata(obj: BpfObject, name: str, values: dict[str, int]) -> None:
+def patch_rodata(obj: BpfObject, name: str, values: dict[str, int]) -> None:
     table = _abi.RODATA[name]
     image = obj.rodata()
     for var, value in values.items():
@@ -217,7 +102,7 @@ def fill_prog_arrays(maps: dict[str, Map], progs: dict[str, Program]) -> None:
         maps[array].update(b"\0" * 4, progs[prog].fd.to_bytes(4, "little"))
 
 
-def _sum_counters(m: Map, index: int) -> tuple[int, int]:
+def sum_counters(m: Map, index: int) -> tuple[int, int]:
     vals = m.lookup_percpu(index.to_bytes(4, "little")) or []
     packets = sum(_abi.Counter.from_buffer_copy(v).packets for v in vals)
     nbytes = sum(_abi.Counter.from_buffer_copy(v).bytes for v in vals)
@@ -255,7 +140,7 @@ class Datapath:
         verify_abi(obj_path, "balancer")
         obj = BpfObject(obj_path)
         try:
-            _patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size, "cfg_katran_max_vips": katran_max_vips,
+            patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size, "cfg_katran_max_vips": katran_max_vips,
                                             "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), **kclock.rodata()})
             obj.set_max_entries("lb_vips", max_vips * VIP_ENTRIES_PER_VIP)
             obj.set_max_entries("lb_vip_stats", max_vips)
@@ -290,7 +175,7 @@ class Datapath:
         verify_abi(obj_path, "balancer")
         obj = BpfObject(obj_path)
         try:
-            _patch_rodata(obj, "balancer", {"cfg_ring_size": running.ring_size, "cfg_katran_max_vips": katran_max_vips,
+            patch_rodata(obj, "balancer", {"cfg_ring_size": running.ring_size, "cfg_katran_max_vips": katran_max_vips,
                                             "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), **kclock.rodata()})
             for name, m in running.maps.items():
                 obj.reuse_map(name, m.fd)
@@ -461,7 +346,7 @@ class Datapath:
 
     def put_vip(self, address: str, port: int, proto: str | int, *, vip_num: int, flags: int = 0,
                 encap: int = Encap.IPIP) -> None:
-        key, meta = _vip_entry(address, port, proto, vip_num, flags, encap)
+        key, meta = vip_entry(address, port, proto, vip_num, flags, encap)
         self.maps["lb_vips"].update(key, meta)
         self.sync_vip_index()  # after lb_vips: a reader sent there by a SHARED slot finds the entry
 
@@ -495,7 +380,7 @@ class Datapath:
     def _unpublish_slots(self, slots: set[int] | Sequence[int]) -> None:
         view = self.vip_index()
         empty, shared = int(_abi.VipSlotState.EMPTY), int(_abi.VipSlotState.SHARED)
-        single = sorted(int(i) for i in slots if _family(view[i, -1]) not in (empty, shared))
+        single = sorted(int(i) for i in slots if slot_family(view[i, -1]) not in (empty, shared))
         if single:
             view[single, -1] = SLOT_SHARED
             wait_for_bpf_programs()
@@ -526,7 +411,7 @@ class Datapath:
         return out
 
     def put_real(self, real_id: int, address: str, flags: int = _abi.RealFlag.PRESENT) -> None:
-        self.maps["lb_reals"].update(*_real_entry(real_id, address, flags))
+        self.maps["lb_reals"].update(*real_entry(real_id, address, flags))
 
     def del_real(self, real_id: int) -> None:
         self.maps["lb_reals"].update(real_id.to_bytes(4, "little"), bytes(_abi.Real()))
@@ -589,10 +474,10 @@ class Datapath:
         return {e.name: sum(c.events[e.value] for c in per_cpu) for e in Event if not e.name.endswith("COUNT")}
 
     def vip_stats(self, vip_num: int) -> tuple[int, int]:
-        return _sum_counters(self.maps["lb_vip_stats"], vip_num)
+        return sum_counters(self.maps["lb_vip_stats"], vip_num)
 
     def real_stats(self, real_id: int) -> tuple[int, int]:
-        return _sum_counters(self.maps["lb_real_stats"], real_id)
+        return sum_counters(self.maps["lb_real_stats"], real_id)
 
     # -- test runs ----------------------------------------------------------------------------
 
@@ -604,181 +489,6 @@ class Datapath:
     def run_result(self, frame: bytes, repeat: int = 1, frags: bool = False) -> RunResult:
         prog = self.programs["balancer_xdp_frags" if frags else "balancer_xdp"]
         return prog.test_run(frame, repeat=repeat)
-
-
-class Decap:
-    """The real-server decap program (XDP and tc variants) and its local-address table."""
-
-    def __init__(self, obj: BpfObject, maps: dict[str, Map], programs: dict[str, Program]) -> None:
-        self._obj = obj
-        self.maps = maps
-        self.programs = programs
-        self.links: list[Link] = []
-
-    @classmethod
-    def load(cls, obj_path: str = "decap.o", gue_port: int = _abi.Limits.DEFAULT_GUE_PORT) -> Decap:
-        obj_path = objects.find(obj_path)
-        verify_abi(obj_path)
-        obj = BpfObject(obj_path)
-        try:
-            _patch_rodata(obj, "decap", {"cfg_gue_port": gue_port})
-            obj.load()
-            maps = {n: obj.map(n) for n in DECAP_MAPS}
-            progs = {n: obj.program(n) for n in ("decap_xdp", "decap_tc")}
-            return cls(obj, maps, progs)
-        except BaseException:
-            obj.close()
-            raise
-
-    def add_local(self, address: str) -> None:
-        raw, fam = addr_words(address)
-        key = _abi.AddrKey(addr=_u32x4(raw), family=fam)
-        self.maps["dc_local"].update(bytes(key), (1).to_bytes(4, "little"))
-
-    def attach_tc(self, ifname: str) -> Link:
-        link = self.programs["decap_tc"].attach_tcx(socket.if_nametoindex(ifname), "ingress", ifname)
-        self.links.append(link)
-        return link
-
-    def attach_xdp(self, ifname: str, mode: str = "native") -> Link:
-        link = self.programs["decap_xdp"].attach_xdp(socket.if_nametoindex(ifname), mode, ifname)
-        self.links.append(link)
-        return link
-
-    def pin(self, pin_dir: str) -> None:
-        d = Path(pin_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        for name, m in self.maps.items():
-            m.pin(str(d / name))
-        for i, link in enumerate(self.links):
-            link.pin(str(d / f"link_{i}"))
-
-    def reasons(self) -> dict[str, int]:
-        m = self.maps["dc_reasons"]
-        return {r.name: _sum_counters(m, r.value)[0] for r in _abi.DecapReason
-                if not r.name.endswith("COUNT")}
-
-    def run_xdp(self, frame: bytes) -> tuple[int, bytes]:
-        res = self.programs["decap_xdp"].test_run(frame)
-        return res.retval, res.data
-
-    def run_tc(self, frame: bytes) -> tuple[int, bytes]:
-        res = self.programs["decap_tc"].test_run(frame)
-        return res.retval, res.data
-
-    def close(self) -> None:
-        for link in self.links:
-            link.close()
-        self._obj.close()
-
-
-class Transaction:
-    """An undo log over one Datapath's writes; made by :meth:`Datapath.transaction`.
-
-    Each undo is recorded before its write, so a write that fails halfway is undone too.
-    ``crash_after_slots``: the process kills itself (SIGKILL) once that many ring slots are written,
-    leaving a ring half-written as a crash would (suites/conformance/test_reliability.py).
-    """
-
-    def __init__(self, dp: Datapath, *, crash_after_slots: int | None = None) -> None:
-        self._dp = dp
-        self._undo: list[Callable[[], None]] = []
-        self._crash_after = crash_after_slots
-        self.ring_slots = 0  # ring slots written so far
-
-    def put_settings(self, **kwargs: Any) -> None:
-        """Write lb_settings (see settings_bytes for the arguments)."""
-        self._put(self._dp.maps["lb_settings"], b"\0" * 4, settings_bytes(**kwargs))
-
-    def put_real(self, real_id: int, address: str) -> None:
-        self._put(self._dp.maps["lb_reals"], *_real_entry(real_id, address))
-
-    def put_entry(self, entry: tuple[str, bytes, bytes]) -> bool:
-        """Write one (map, key, value) entry (balancer/routes.py) unless it holds it; whether it wrote."""
-        name, key, value = entry
-        m = self._dp.maps[name]
-        if m.lookup(key) == value:
-            return False
-        self._put(m, key, value)
-        return True
-
-    def delete_entry(self, name: str, key: bytes) -> bool:
-        m = self._dp.maps[name]
-        old = m.lookup(key)
-        if old is None:
-            return False
-        self._undo.append(lambda: _restore(m, key, old))
-        m.delete(key)
-        return True
-
-    def del_real(self, real_id: int) -> None:
-        """Mark a real id empty (lb_reals is an array: the entry stays, zeroed)."""
-        self._put(self._dp.maps["lb_reals"], real_id.to_bytes(4, "little"), bytes(_abi.Real()))
-
-    def put_vip(self, address: str, port: int, proto: str | int, *, vip_num: int, flags: int = 0,
-                encap: int = Encap.IPIP) -> bool:
-        """Write a VIP entry unless it holds that value already; whether it wrote."""
-        key, meta = _vip_entry(address, port, proto, vip_num, flags, encap)
-        if self._dp.maps["lb_vips"].lookup(key) == meta:
-            return False
-        self._index_undo()
-        self._put(self._dp.maps["lb_vips"], key, meta)
-        self._undo.append(lambda: self._dp.unpublish_vips([key]))
-        self._dp.sync_vip_index()
-        return True
-
-    def del_vip(self, address: str, port: int, proto: str | int) -> None:
-        m = self._dp.maps["lb_vips"]
-        key = vip_key(address, port, proto)
-        old = m.lookup(key)
-        if old is not None:
-            self._index_undo()
-            self._dp.unpublish_vips([key])
-            self._undo.append(lambda: _restore(m, key, old))
-            m.delete(key)
-            self._undo.append(lambda: self._dp.unpublish_vips([key]))
-            self._dp.sync_vip_index()
-
-    def _index_undo(self) -> None:
-        """Before an lb_vips write: its undo re-syncs lb_vip_index after lb_vips is restored. The write
-        adds an undo that unpublishes the key's slot, so the rollback runs: unpublish, restore, re-sync."""
-        def resync() -> None:
-            self._dp.sync_vip_index()
-
-        self._undo.append(resync)
-
-    def write_ring_slots(self, vip_num: int, slots: npt.NDArray[Any], new_ring: npt.NDArray[Any]) -> None:
-        """Set ``slots`` of a VIP's ring to their values in ``new_ring`` (a whole ring)."""
-        dp = self._dp
-        before = dp.ring_array(vip_num)[slots]
-        self._undo.append(lambda: dp.write_ring_slots(vip_num, slots, before))
-        if self._crash_after is not None and self.ring_slots + len(slots) > self._crash_after:
-            part = slots[:self._crash_after - self.ring_slots]
-            dp.write_ring_slots(vip_num, part, new_ring[part])
-            os.kill(os.getpid(), signal.SIGKILL)
-        dp.write_ring_slots(vip_num, slots, new_ring[slots])
-        self.ring_slots += len(slots)
-
-    def rollback(self) -> None:
-        """Restore every replaced value, newest first; best effort past a failing restore."""
-        for undo in reversed(self._undo):
-            try:
-                undo()
-            except DatapathError:
-                continue
-        self._undo.clear()
-
-    def _put(self, m: Map, key: bytes, value: bytes) -> None:
-        old = m.lookup(key)
-        self._undo.append(lambda: _restore(m, key, old))
-        m.update(key, value)
-
-
-def _restore(m: Map, key: bytes, old: bytes | None) -> None:
-    if old is None:
-        m.delete(key)
-    else:
-        m.update(key, old)
 
 
 def xdp_link_ifindex(link: Link) -> int:

@@ -33,9 +33,10 @@ from dataclasses import dataclass, replace
 
 from balancer import _abi, encaps
 from balancer import config as cfg
-from balancer.datapath import real_bytes, verify_abi
+from balancer.datapath import verify_abi
 from balancer.errors import ConfigError, DatapathError
 from balancer.libbpf import BpfObject, Link, Map
+from balancer.maplayout import real_bytes
 
 __all__ = [
     "Monitor",

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 
 from balancer import config as cfg
 from balancer import encaps, routes
-from balancer.datapath import Datapath, Transaction
+from balancer.datapath import Datapath
+from balancer.transaction import Transaction
 
 DECAP_ACTIONS = {"balance": routes.DecapAction.BALANCE, "local": routes.DecapAction.LOCAL,
                  "egress": routes.DecapAction.EGRESS}

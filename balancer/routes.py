@@ -16,7 +16,7 @@ import socket
 from typing import NamedTuple
 
 from balancer import _abi
-from balancer.datapath import addr_words, proto_number
+from balancer.maplayout import addr_words, proto_number
 
 DecapAction = _abi.DecapAction
 LPM_DATA_BITS = 32  # the bits of an LPM key before the address: VIP number, or port / proto / family

@@ -84,7 +84,7 @@ def attach_decap(
     journal: Journal,
 ) -> Program:
     """Load the decap object told the real's own addresses, attach it to `decap.ifname`, pin maps and link."""
-    from balancer.datapath import Decap as DecapProgram
+    from balancer.decap import Decap as DecapProgram
 
     path = object_path(DECAP_OBJECT)
     pins = node_dir / "decap"

@@ -24,8 +24,9 @@ import sys
 from typing import Any
 
 from balancer.controller import Instance
-from balancer.datapath import BALANCER_MAPS, SESSION_TABLES, XDP_ACTIONS, Datapath, _patch_rodata, verify_abi
+from balancer.datapath import BALANCER_MAPS, XDP_ACTIONS, Datapath, patch_rodata, verify_abi
 from balancer.libbpf import BpfObject
+from balancer.maplayout import SESSION_TABLES
 from lab.emitted import ETH, XDP_TX, _frame, _template
 from lab.lbconf import real_addresses
 
@@ -53,7 +54,7 @@ def owners(instance: str, vip: str, port: int, client: str, sports: list[int], p
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
         try:
-            _patch_rodata(obj, "balancer", {"cfg_ring_size": inst.dp.ring_size,
+            patch_rodata(obj, "balancer", {"cfg_ring_size": inst.dp.ring_size,
                                             "cfg_katran_max_vips": inst.config.datapath.katran_max_vips})
             for table in SESSION_TABLES:  # its own tables: the running sessions are not consulted
                 obj.set_max_entries(table, 64)

@@ -56,8 +56,8 @@ from pyroute2 import IPRoute
 from balancer import _abi
 from balancer import config as cfg
 from balancer.controller import Instance
-from balancer.datapath import addr_words
 from balancer.encaps import IP4_IPIP, IP6_IP6IP6
+from balancer.maplayout import addr_words
 from lab.bench.gen.base import Endpoints
 from lab.bench.gen.xdplive import OBJECT as TRAFFICGEN
 from lab.bench.gen.xdplive import XdpLiveGenerator

@@ -16,9 +16,10 @@ import pytest
 from balancer import _abi, controller, maglev
 from balancer import config as cfg
 from balancer.controller import Instance
-from balancer.datapath import Datapath, addr_words, session_key, vip_index_from, vip_key, vip_slot
+from balancer.datapath import Datapath
 from balancer.errors import DatapathError, LbError
 from balancer.libbpf import Map
+from balancer.maplayout import addr_words, session_key, vip_index_from, vip_key, vip_slot
 from lab.harness import unique_name
 
 REPO = Path(__file__).resolve().parents[2]

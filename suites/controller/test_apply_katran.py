@@ -12,8 +12,8 @@ import pytest
 from balancer import _abi, controller, katran_hash, maglev
 from balancer import config as cfg
 from balancer.controller import Instance
-from balancer.datapath import vip_key
 from balancer.errors import LbError
+from balancer.maplayout import vip_key
 from lab.harness import unique_name
 
 REPO = Path(__file__).resolve().parents[2]

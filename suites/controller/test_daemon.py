@@ -34,7 +34,7 @@ from pyroute2 import NetNS
 from balancer import config as cfg
 from balancer import controller, health
 from balancer.controller import Instance
-from balancer.datapath import Decap
+from balancer.decap import Decap
 from lab.harness import poll
 
 from ._daemon_rig import (

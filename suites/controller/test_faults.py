@@ -472,12 +472,14 @@ def test_a_damaged_state_file_is_one_line(lb: Lb) -> None:
 def test_an_unexpected_error_is_one_line_and_a_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """A bug (here: a verb that raises RuntimeError) prints one line naming the log of its traceback."""
+    import dataclasses
+
     from balancer import cli
 
     def broken(_args: object) -> int:
         raise RuntimeError("a bug\nover two lines")
 
-    monkeypatch.setattr(cli, "cmd_vip", broken)
+    monkeypatch.setitem(cli.VERBS, "vip", dataclasses.replace(cli.VERBS["vip"], run=broken))
     monkeypatch.setattr(controller, "STATE_ROOT", str(tmp_path))
     assert cli.main(["--instance", "nobody", "vip", "list"]) == 1
     line = one_line(capsys.readouterr().err)

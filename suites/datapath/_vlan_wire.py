@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 
-from balancer.datapath import Decap
+from balancer.decap import Decap
 from lab.harness import poll
 
 DEADLINE_S = 5.0

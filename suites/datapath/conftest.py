@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from balancer.datapath import Datapath, Decap
+from balancer.datapath import Datapath
+from balancer.decap import Decap
 from lab.harness import pinned_cpu
 
 from . import packets as P

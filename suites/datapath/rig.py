@@ -18,7 +18,8 @@ import pytest
 from scapy.packet import Packet
 
 from balancer import _abi
-from balancer.datapath import Datapath, Decap
+from balancer.datapath import Datapath
+from balancer.decap import Decap
 from balancer.libbpf import MapType
 
 from . import packets as P

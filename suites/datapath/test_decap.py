@@ -20,7 +20,7 @@ from scapy.layers.ipsec import AH
 from scapy.layers.l2 import Ether
 from scapy.packet import NoPayload, Packet, Raw
 
-from balancer.datapath import Decap
+from balancer.decap import Decap
 from lab.packets.gue import GUE
 
 from . import packets as P

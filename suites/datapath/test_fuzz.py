@@ -27,7 +27,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Packet
 
 from balancer import _abi
-from balancer.datapath import Decap
+from balancer.decap import Decap
 from reports.schema import FuzzPayload, FuzzReason, case_id, write_result
 
 from . import packets as P

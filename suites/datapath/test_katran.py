@@ -31,7 +31,8 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
 from balancer import _abi, katran_hash
-from balancer.datapath import Datapath, Decap, verify_abi
+from balancer.datapath import Datapath, verify_abi
+from balancer.decap import Decap
 from balancer.health import hc_target_bytes
 from balancer.libbpf import BpfObject, Program
 from lab.checksum import inet_checksum

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from balancer import _abi
-from balancer.datapath import session_key, words_addr
+from balancer.maplayout import session_key, words_addr
 from lab.harness import poll
 
 from . import packets as P

@@ -15,7 +15,7 @@ from scapy.layers.inet import ICMP, IP
 from scapy.packet import Packet
 
 from balancer import _abi
-from balancer.datapath import SLOT_SHARED, vip_index_from, vip_key, vip_slot
+from balancer.maplayout import SLOT_SHARED, vip_index_from, vip_key, vip_slot
 
 from . import packets as P
 from .frames import decode_encap

@@ -1,0 +1,150 @@
+"""maplayout.py: the bytes of the balancer's map keys and values, from addresses, ports and flags.
+
+The structs are bpf/include/abi.h's, generated into balancer/_abi.py; these functions fill them the
+way the datapath reads them (network order where the packet has it, families, the VIP index's hash).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+import ipaddress
+import socket
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from balancer import _abi
+from balancer.errors import DatapathError
+
+PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
+
+
+def addr_words(address: str) -> tuple[bytes, int]:
+    """16 bytes in network order (IPv4 in the first 4) and the lb_family of an address."""
+    ip = ipaddress.ip_address(address)
+    fam = _abi.Family.INET if ip.version == 4 else _abi.Family.INET6
+    return ip.packed.ljust(16, b"\0"), int(fam)
+
+
+# The session tables: IPv4 flows keyed by struct lb_flow4 (16 bytes), IPv6 flows by struct lb_flow.
+SESSION_TABLES = ("lb_sessions4", "lb_sessions")
+
+
+def session_key(flow: _abi.Flow) -> tuple[str, bytes]:
+    """The session table of a flow (struct lb_flow) and the flow's key in it."""
+    if flow.family == _abi.Family.INET:
+        return "lb_sessions4", bytes(_abi.Flow4(src=flow.src[0], dst=flow.dst[0], sport=flow.sport,
+                                                dport=flow.dport, proto=flow.proto))
+    return "lb_sessions", bytes(flow)
+
+
+def session_flow(table: str, key: bytes) -> _abi.Flow:
+    """A session table's key as the flow (struct lb_flow) it stands for."""
+    if table == "lb_sessions":
+        return _abi.Flow.from_buffer_copy(key)
+    k = _abi.Flow4.from_buffer_copy(key)
+    return _abi.Flow(src=(ctypes.c_uint32 * 4)(k.src), dst=(ctypes.c_uint32 * 4)(k.dst), sport=k.sport,
+                     dport=k.dport, proto=k.proto, family=int(_abi.Family.INET))
+
+
+def words_addr(raw: bytes, family: int) -> str:
+    if family == _abi.Family.INET:
+        return str(ipaddress.IPv4Address(raw[:4]))
+    return str(ipaddress.IPv6Address(raw[:16]))
+
+
+def u32x4(raw16: bytes) -> ctypes.Array[ctypes.c_uint32]:
+    return (ctypes.c_uint32 * 4).from_buffer_copy(raw16)
+
+
+def proto_number(proto: str | int) -> int:
+    if isinstance(proto, int):
+        return proto
+    if proto not in PROTOS:
+        raise DatapathError(f"use protocol '{proto}'", _errno.EINVAL, "use tcp or udp")
+    return PROTOS[proto]
+
+
+INDEX_SLOTS = int(_abi.Limits.VIP_INDEX_SLOTS)
+INDEX_HASH = int(_abi.Limits.VIP_INDEX_HASH) & 0xFFFFFFFF  # BTF hands the enum member back signed
+INDEX_SHIFT = 32 - (INDEX_SLOTS - 1).bit_length()  # the product's top bits are the slot
+SLOT_WORDS = ctypes.sizeof(_abi.VipSlot) // 4  # meta (3 words), then the key (5): the last is port/proto/family
+META_WORDS = ctypes.sizeof(_abi.VipMeta) // 4
+SLOT_SHARED = int(_abi.VipSlotState.SHARED) << 24  # a slot's last word when keys share it (family = SHARED)
+
+
+def vip_slot(key: bytes) -> int:
+    """The lb_vip_index slot of an lb_vips key (struct lb_vip_slot in bpf/include/abi.h; find_vip)."""
+    w0, w1, w2, w3, w4 = (int(w) for w in struct.unpack_from("<5I", key))
+    return (((w0 ^ w1 ^ w2 ^ w3 ^ w4) * INDEX_HASH) & 0xFFFFFFFF) >> INDEX_SHIFT
+
+
+def slot_family(tail: int) -> int:
+    return (int(tail) >> 24) & 0xFF
+
+
+def vip_index_from(entries: Sequence[tuple[bytes, bytes]]) -> npt.NDArray[np.uint32]:
+    """lb_vip_index as lb_vips' (key, meta) entries make it: (INDEX_SLOTS, SLOT_WORDS) words, a slot
+    empty (zero), the one key that has it with its meta, or SHARED (zero but the family)."""
+    index = np.zeros((INDEX_SLOTS, SLOT_WORDS), dtype="<u4")
+    seen: set[int] = set()
+    for key, meta in entries:
+        i = vip_slot(key)
+        if i in seen:
+            index[i] = 0
+            index[i, -1] = SLOT_SHARED
+        else:
+            seen.add(i)
+            index[i] = np.frombuffer(meta + key, dtype="<u4")
+    return index
+
+
+def vip_key(address: str, port: int, proto: str | int) -> bytes:
+    raw, fam = addr_words(address)
+    key = _abi.VipKey(addr=u32x4(raw), port=socket.htons(port), proto=proto_number(proto), family=fam)
+    return bytes(key)
+
+
+def settings_bytes(*, nexthop_mac: str, src4: str = "0.0.0.0/32", src6: str = "::/128",
+                   gue_port: int = _abi.Limits.DEFAULT_GUE_PORT, mtu: int = _abi.Limits.DEFAULT_MTU,
+                   cidr_vips: int = 0, decaps: int = 0) -> bytes:
+    """struct lb_settings: next-hop MAC, outer source prefixes (host bits = flow-derived), GUE port, MTU,
+    and how many entries lb_vip_cidrs and lb_decaps hold (0 spares other packets their lookups)."""
+    s = _abi.Settings()
+    ctypes.memmove(ctypes.addressof(s) + _abi.Settings.nexthop_mac.offset,
+                   bytes.fromhex(nexthop_mac.replace(":", "")), 6)
+    s.gue_port = socket.htons(gue_port)
+    net4 = ipaddress.IPv4Network(src4, strict=False)
+    net6 = ipaddress.IPv6Network(src6, strict=False)
+    s.src4 = int.from_bytes(net4.network_address.packed, "little")
+    s.src4_mask = int.from_bytes(net4.hostmask.packed, "little")
+    s.src6 = u32x4(net6.network_address.packed)
+    s.src6_mask = u32x4(net6.hostmask.packed)
+    s.mtu = mtu
+    s.configured = 1
+    s.cidr_vips = cidr_vips
+    s.decaps = decaps
+    return bytes(s)
+
+
+def real_bytes(address: str, flags: int = _abi.RealFlag.PRESENT) -> bytes:
+    raw, fam = addr_words(address)
+    return bytes(_abi.Real(addr=u32x4(raw), family=fam, flags=int(flags)))
+
+
+def vip_entry(address: str, port: int, proto: str | int, vip_num: int, flags: int, encap: int
+               ) -> tuple[bytes, bytes]:
+    """lb_vips' key and value for a VIP."""
+    meta = _abi.VipMeta(vip_num=vip_num, flags=int(flags), encap=int(encap))
+    return vip_key(address, port, proto), bytes(meta)
+
+
+def real_entry(real_id: int, address: str, flags: int = _abi.RealFlag.PRESENT) -> tuple[bytes, bytes]:
+    """lb_reals' key and value for a real; id 0 is refused (it means 'no real')."""
+    if real_id <= 0:
+        raise DatapathError(f"store real {address} under id {real_id}", _errno.EINVAL,
+                            "real id 0 is reserved for 'no real'")
+    return real_id.to_bytes(4, "little"), real_bytes(address, flags)
