@@ -120,7 +120,7 @@ static __always_inline const struct lb_vip_meta *lookup_vip(const __u32 *addr, _
 			return vip;
 		tail.port = port;
 	}
-	if (!cidr_vips_counted()) /* the call and its return cost non-VIP packets 25-30 ns here */
+	if (!cidr_vips_counted()) /* spares non-VIP packets the call (architecture.md, decisions) */
 		return NULL;
 	return find_vip_cidr((const struct vip_addr *)addr, tail.word, cidr) ? cidr : NULL;
 }
@@ -153,8 +153,7 @@ static __always_inline const struct lb_flow *flow_key(struct lb_flow *copy, cons
 }
 
 /* The ring slot of a flow hash: hash x size / 2^32, each slot taking 2^32 / size hashes (rounded down
- * or up) as hash % size does, for a multiply where the division waited on the live path (5 ns of a
- * GUE frame, `l4lab bench --profile ip4-gue1`). */
+ * or up) as hash % size does; a multiply, as the division waited on the live path (architecture.md). */
 static __always_inline __u32 ring_index(__u32 hash, __u32 size)
 {
 	return ((__u64)hash * size) >> 32;
@@ -263,10 +262,8 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 }
 
 /* forward() for an ICMP error steered along the flow it quotes. A global function: the verifier checks
- * it once, apart from the TCP / UDP path, where forward() is inlined. There the call and its return
- * cost 13-15 ns a frame on the live path here (one A/B run: ip4-ipip 301 -> 286 ns, ip4-gue1
- * 315 -> 302; returns go through the kernel's return thunk). With one inlined copy for both paths the
- * verifier walked 262,134 instructions instead of 59,571. The two frames (balancer_xdp's, with the
+ * it once, apart from the TCP / UDP path, where forward() is inlined, as a call there costs every frame
+ * (architecture.md, decisions: "forward() inlined"). The two frames (balancer_xdp's, with the
  * inlined copy, and this one's) and its callees' share the verifier's 512 bytes of stack: hence the
  * headers written in place (encap.h), the .rodata keys (maps.h) and the rolled IPv6 hash (hash.h). */
 __noinline int forward_steered(struct xdp_md *ctx, const struct packet *pkt, const struct lb_flow *flow,

@@ -21,10 +21,8 @@ static __always_inline void tally_event(struct lb_tally *t, enum lb_event event)
 /* Brings a per-CPU traffic counter (its lookup's pointer and its value's line) into the cache before
  * the work it will count, so that count_into afterwards finds both there: fetched early they come
  * while the ring and the session table do, where after the session insert they wait behind its
- * locks. Side-by-side bench with both objects in one run, 2 runs in both load orders: a session hit
- * 0.06-0.13 less x Katran's above the floor, a new SYN 0.01-0.05 less, a new ACK 0.01 less to 0.04
- * more (within the runs' noise); `l4lab bench --katran` runs before and after did not separate them.
- * (Keeping the pointer for the count instead costs the verifier 87,598 instructions, not 59,571.) */
+ * locks (architecture.md, decisions: "counters touched before the session insert"). The pointer is
+ * looked up again for the count: kept, it costs the verifier far more instructions. */
 static __always_inline void counter_touch(void *map, __u32 index)
 {
 	struct lb_counter *c = bpf_map_lookup_elem(map, &index);

@@ -53,8 +53,8 @@ struct {
 LB_MAP(BPF_MAP_TYPE_ARRAY, LB_DEFAULT_MAX_REALS, __u32, struct lb_real) lb_reals SEC(".maps");
 
 /* Maglev rings, one per VIP number, cfg_ring_size slots each: slot -> real id. Memory-mappable:
- * the controller reads and writes rings as plain memory (aligned 32-bit stores, each atomic),
- * where batch syscalls cost ~250 ns a slot. */
+ * the controller reads and writes rings as plain memory (aligned 32-bit stores, each atomic), far
+ * cheaper than a syscall per batch of slots (architecture.md, decisions). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
@@ -66,11 +66,10 @@ struct {
 LB_MAP(BPF_MAP_TYPE_ARRAY, 1, __u32, struct lb_settings) lb_settings SEC(".maps");
 
 /* The IPv6 session table (struct lb_flow -> struct lb_session): one LRU hash for every CPU, sized by the
- * controller to lru_size entries per possible CPU. A direct map, so the verifier inlines its lookup;
- * Katran's array of per-CPU LRU hashes calls through the map's operations because the inner map is
- * unknown at load: measured here (test run, session hit) 271-281 ns against 330-360 ns. The common
- * LRU (no BPF_F_NO_COMMON_LRU): its per-CPU local free lists refill 128 entries at a time, where the
- * per-CPU LRU rotates its lists on every insert, measured 150-170 ns more per new flow here. */
+ * controller to lru_size entries per possible CPU. A direct map, so the verifier inlines its lookup
+ * (Katran's array of per-CPU LRU hashes calls through the map's operations: the inner map is unknown at
+ * load). The common LRU (no BPF_F_NO_COMMON_LRU): its per-CPU free lists refill 128 entries at a time
+ * where the per-CPU LRU rotates its lists on every insert. Both measured: architecture.md, decisions. */
 LB_MAP(BPF_MAP_TYPE_LRU_HASH, LB_DEFAULT_LRU_SIZE, struct lb_flow, struct lb_session) lb_sessions SEC(".maps");
 
 /* The IPv4 flows' session table, alike but keyed by struct lb_flow4 (16 bytes): a shorter key to hash,

@@ -36,8 +36,7 @@ static __always_inline struct lb_session *session_find(const struct lb_flow *key
 
 /* Now on the coarse monotonic clock, in nanoseconds to a tick: (jiffies since boot) x (ns per jiffy).
  * The verifier inlines bpf_jiffies64() as one load of jiffies; bpf_ktime_get_coarse_ns() is a helper
- * call, measured 6-7 ns a packet more on the live path (`l4lab bench --profile ip4-ipip`: the call
- * and its return, under this machine's return-thunk mitigation). The two clocks agree within a tick
+ * call (architecture.md, decisions: "UDP idle times from jiffies"). The two clocks agree within a tick
  * or so, and with 1-second timeouts at the least, sessions written by either read alike. */
 static __always_inline __u64 session_now_ns(void)
 {
@@ -46,7 +45,7 @@ static __always_inline __u64 session_now_ns(void)
 	return (bpf_jiffies64() - cfg_jiffies_at_boot) * cfg_jiffy_ns;
 }
 
-/* Each CPU's SYNs in its current window of the coarse clock (2^30 ns, about a second). */
+/* Each CPU's SYNs in its current window of the coarse clock (2^30 nanoseconds, about a second). */
 LB_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, 1, __u32, struct lb_syn_window) lb_syn_window SEC(".maps");
 
 /* SYNs a CPU looks up per window; past them the window is a flood and its SYNs skip the lookup (Katran's
