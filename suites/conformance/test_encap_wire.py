@@ -319,7 +319,6 @@ def _check_wire(t: Traffic, balancer: LabBalancer, config: cfg.Config, encap: st
     """Every assertion of the module's docstring, on one round of captured traffic."""
     sent = t.client_packets()
     to_lb, emitted, other = t.lb_link()
-    served = t.served_by()
     flows = {e.inner.flow() for e in emitted}
     evidence = f"(captures in {tmp_path}; --lab-keep=failed keeps the lab)"
 
@@ -333,7 +332,19 @@ def _check_wire(t: Traffic, balancer: LabBalancer, config: cfg.Config, encap: st
     protos = counts_by(e.inner.proto for e in emitted)
     assert protos.get(PROTO_TCP) and protos.get(PROTO_UDP), f"inner protocols seen: {protos}"
 
-    # Outer headers, frame by frame.
+    _check_outer_headers(t, emitted, config, encap, outer_src)
+    _check_outer_dst_is_the_real(t, emitted, flows)
+    _check_per_flow_constants(emitted, encap, outer_src)
+    _check_inner_is_the_clients(sent, emitted)
+    sys.stdout.write(f"\n{encap} outer_src={outer_src}: {len(emitted)} frames, {len(flows)} flows, "
+                     f"{len({e.outer.src for e in emitted})} outer sources, "
+                     f"{len({e.udp_sport for e in emitted if e.udp})} GUE source ports, "
+                     f"reals {sorted(counts_by(e.outer.dst for e in emitted).items())}\n")
+    _check_dissected(t, encap)
+
+
+def _check_outer_headers(t: Traffic, emitted: list[Encapsulated], config: cfg.Config, encap: str,
+                         outer_src: str) -> None:
     bad = []
     for e in emitted:
         problems = _header_problems(e, encap, t) + _source_problems(e, outer_src, config.encap)
@@ -342,7 +353,9 @@ def _check_wire(t: Traffic, balancer: LabBalancer, config: cfg.Config, encap: st
         bad.append(f"frame {e.frame.index} ({'; '.join(problems)}):\n{show(e.frame.raw)}")
     assert not bad, f"{len(bad)} of {len(emitted)} emitted frames are wrong:{first(bad, 2)}"
 
-    # The outer destination is the real that answered.
+
+def _check_outer_dst_is_the_real(t: Traffic, emitted: list[Encapsulated], flows: set[FlowKey]) -> None:
+    served = t.served_by()
     wrong_real = []
     for e in emitted:
         node = served.get(e.inner.flow())
@@ -353,7 +366,9 @@ def _check_wire(t: Traffic, balancer: LabBalancer, config: cfg.Config, encap: st
     assert not unanswered, f"no real's link carried a reply for flows:{first(unanswered)}"
     assert not wrong_real, f"outer destination is not the real that served the flow:{first(wrong_real)}"
 
-    # Per-flow constants, varying between flows where the flow hash decides.
+
+def _check_per_flow_constants(emitted: list[Encapsulated], encap: str, outer_src: str) -> None:
+    """Per-flow constants, varying between flows where the flow hash decides."""
     case = by_id(encap)
     varying = ["dst"] + (["src"] if outer_src == "flow" else []) + (["udp_sport"] if case.gue else [])
     varying += ["flow_label"] if case.outer_family == 6 else []
@@ -368,7 +383,9 @@ def _check_wire(t: Traffic, balancer: LabBalancer, config: cfg.Config, encap: st
     if outer_src == "fixed":
         assert len({e.outer.src for e in emitted}) == 1
 
-    # The inner packet is the client's packet, byte for byte (TTL aside).
+
+def _check_inner_is_the_clients(sent: list[IpPacket], emitted: list[Encapsulated]) -> None:
+    """The inner packet is the client's packet, byte for byte (TTL aside)."""
     by_bytes: dict[bytes, list[IpPacket]] = {}
     for ip in sent:
         by_bytes.setdefault(normalised(ip), []).append(ip)
@@ -393,13 +410,10 @@ def _check_wire(t: Traffic, balancer: LabBalancer, config: cfg.Config, encap: st
     left = sum(len(v) for v in by_bytes.values())
     assert left == 0, f"{left} client packets never appeared inside an encapsulated frame"
 
-    sys.stdout.write(f"\n{encap} outer_src={outer_src}: {len(emitted)} frames, {len(flows)} flows, "
-                     f"{len({e.outer.src for e in emitted})} outer sources, "
-                     f"{len({e.udp_sport for e in emitted if e.udp})} GUE source ports, "
-                     f"reals {sorted(counts_by(e.outer.dst for e in emitted).items())}\n")
 
-    # tshark's dissectors agree: nothing malformed, no error-level expert note (checksums included).
-    # Without tshark this check cannot run: the test skips saying so (fails under CI), never passes.
+def _check_dissected(t: Traffic, encap: str) -> None:
+    """tshark's dissectors agree: nothing malformed, no error-level expert note (checksums included).
+    Without tshark this check cannot run: the test skips saying so (fails under CI), never passes."""
     if shutil.which("tshark") is None:
         why = ("tshark is not installed, so the capture was not dissected (every other check held): "
                "run bash scripts/setup.sh --extra tools")

@@ -267,14 +267,7 @@ def test_counters_equal_the_wire(lab: Lab, balancer: LabBalancer, encap: str, qu
                 capturing.close()
             else:
                 raise AssertionError(f"frames kept reaching the LB while a capture started ({START_ATTEMPTS} tries)")
-            answers = json.loads(lab.python("client", "lab.nodes.traffic", "udp", "--vip", vip, "--port", "9000",
-                                            "--count", str(UDP_DATAGRAMS), *sources).stdout)
-            answers += json.loads(lab.python("client", "lab.nodes.traffic", "http", "--vip", vip, "--port", "80",
-                                             "--count", str(TCP_CONNECTIONS), *sources).stdout)
-            for target, count in ((vip, ECHOS_TO_VIP), (lb_addr, ECHOS_TO_LB)):
-                echoed = json.loads(lab.python("client", "lab.nodes.echo", "--count", str(count),
-                                               target).stdout)
-                assert echoed["answered"] == count, f"echo requests to {target}: {echoed}"
+            answers = _send_the_traffic(lab, vip, lb_addr, sources)
             wait_client_quiet(lab, vip, QUIET_DEADLINE_S)
 
             def behind() -> list[str]:
@@ -311,17 +304,7 @@ def test_counters_equal_the_wire(lab: Lab, balancer: LabBalancer, encap: str, qu
         assert counted == taken_in, f"reason deltas sum to {counted} but {lb_if} took in {taken_in} frames{evidence}"
         assert wire.to_lb == taken_in, f"the capture holds {wire.to_lb} frames to the LB, {lb_if} took in {taken_in}"
 
-        vip_moves = _delta(after, before, "vips")
-        want_vips = {k: (v[0], v[1]) for k, v in wire.vips.items()}
-        assert vip_moves == want_vips, f"per-VIP counters {vip_moves} differ from the wire {want_vips}{evidence}"
-
-        real_moves = {addr: v for addr, v in _delta(after, before, "reals").items()}
-        want_reals = {reals[n]: c for n, c in wire.real_frames.items() if c}
-        got_reals = {addr: v[0] for addr, v in real_moves.items()}
-        assert got_reals == want_reals, (f"per-real packet counters {got_reals} differ from the encapsulated "
-                                         f"frames on the wire per outer destination {want_reals}{evidence}")
-        assert sum(v[1] for v in real_moves.values()) == want_reasons["TX_ENCAP"][1], \
-            "per-real bytes (input frame lengths) do not add up to the TX_ENCAP bytes"
+        vip_moves, real_moves = _check_vips_and_reals(before, after, wire, reals, want_reasons, evidence)
 
         events = {k: after["events"][k] - before["events"][k] for k in after["events"]}
         sys.stdout.write(f"\n{encap}: {to_lb} frames to the LB (its {lb_if} took in {taken_in}), reasons {reasons}, "
@@ -329,6 +312,37 @@ def test_counters_equal_the_wire(lab: Lab, balancer: LabBalancer, encap: str, qu
                          f"reals {real_moves}, events {events}, retransmissions {len(wire.retransmissions())}, "
                          f"uncontrolled frames {len(wire.unexpected)}; reals seen "
                          f"{sorted(counts_by(a.get('node') for a in answers).items(), key=str)}\n")
+
+
+def _send_the_traffic(lab: Lab, vip: str, lb_addr: str, sources: list[str]) -> list[dict[str, Any]]:
+    """UDP datagrams and HTTP requests to the VIP, echo requests to the VIP and to the LB's own address."""
+    answers: list[dict[str, Any]] = json.loads(lab.python(
+        "client", "lab.nodes.traffic", "udp", "--vip", vip, "--port", "9000", "--count", str(UDP_DATAGRAMS),
+        *sources).stdout)
+    answers += json.loads(lab.python("client", "lab.nodes.traffic", "http", "--vip", vip, "--port", "80",
+                                     "--count", str(TCP_CONNECTIONS), *sources).stdout)
+    for target, count in ((vip, ECHOS_TO_VIP), (lb_addr, ECHOS_TO_LB)):
+        echoed = json.loads(lab.python("client", "lab.nodes.echo", "--count", str(count), target).stdout)
+        assert echoed["answered"] == count, f"echo requests to {target}: {echoed}"
+    return answers
+
+
+def _check_vips_and_reals(before: dict[str, Any], after: dict[str, Any], wire: Wire, reals: dict[str, str],
+                          want_reasons: dict[str, tuple[int, int]], evidence: str
+                          ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Per-VIP counters against the frames to each VIP, per-real against the frames to each real."""
+    vip_moves = _delta(after, before, "vips")
+    want_vips = {k: (v[0], v[1]) for k, v in wire.vips.items()}
+    assert vip_moves == want_vips, f"per-VIP counters {vip_moves} differ from the wire {want_vips}{evidence}"
+
+    real_moves = dict(_delta(after, before, "reals"))
+    want_reals = {reals[n]: c for n, c in wire.real_frames.items() if c}
+    got_reals = {addr: v[0] for addr, v in real_moves.items()}
+    assert got_reals == want_reals, (f"per-real packet counters {got_reals} differ from the encapsulated "
+                                     f"frames on the wire per outer destination {want_reals}{evidence}")
+    assert sum(v[1] for v in real_moves.values()) == want_reasons["TX_ENCAP"][1], \
+        "per-real bytes (input frame lengths) do not add up to the TX_ENCAP bytes"
+    return vip_moves, real_moves
 
 
 def test_wire_model_counts_every_frame_the_lb_takes_in() -> None:

@@ -17,8 +17,10 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,86 +98,108 @@ def test_unit_under_systemd(tmp_path: Path) -> None:
             assert not check or done.returncode == 0, f"curl exited {done.returncode}: {done.stderr}"
             return done.stdout.strip()
 
-        t = time.monotonic()
-        vm.sh(f"python3 -m venv --without-pip /opt/l4lab && /opt/l4lab/bin/python {MOUNT}/pip.whl/pip install -q "
-              f"--no-index --no-compile --find-links {MOUNT}/wheels l4lab", timeout=900)
-        installed = time.monotonic() - t
-        print(f"pip install of the checkout's wheel and its dependencies in the VM: {installed:.1f} s")
-        vm.sh(f"bash {MOUNT}/packaging/install.sh --lbctl /opt/l4lab/bin/lbctl && "
-              f"cp {MOUNT}/lb.toml /etc/l4lab/lb.toml")
-        vm.sh(f"ip addr add {VM_ADDR}/{PREFIX} dev eth0 && ip link set eth0 up && ip route add default via {ROUTER}")
-
-        # start: Type=notify, so `systemctl start` returns once READY=1 came (the config applied).
-        t = time.monotonic()
-        vm.sh("systemctl start lbctl", timeout=300)
-        print(f"systemctl start lbctl returned (READY=1) after {time.monotonic() - t:.1f} s")
-        state = _show(vm, "ActiveState", "SubState", "StatusText", "Type", "WatchdogUSec")
-        assert state["ActiveState"] == "active" and state["SubState"] == "running", state
-        assert state["StatusText"].startswith("forwarding 1 VIPs; metrics at 127.0.0.1:9100"), state
-        assert state["Type"] == "notify" and state["WatchdogUSec"] == "30s", state
-        status = json.loads(vm.sh("/opt/l4lab/bin/lbctl status --json"))
-        assert status["object"].startswith("/opt/l4lab/lib/") and status["object"].endswith("/_build/bpf/balancer.o")
-        router_mac = json.loads(_router(name, ["ip", "-j", "link", "show", vm.tap]))[0]["address"]
-        assert (status["nexthop"]["mac"], status["nexthop"]["source"], status["nexthop"]["address"]) == \
-            (router_mac, "default route", ROUTER), status["nexthop"]
-        print(f"XDP on the VM's eth0: {status['interfaces']['eth0']}; next hop {status['nexthop']['describe']}")
-
+        _install(vm)
+        status = _start(vm, name)
         _router(name, ["ip", "route", "replace", f"{VIP}/32", "via", VM_ADDR])
         assert client() == "real1"
 
-        # reload: the changed file is applied (a second real joins the ring) and the object it names
-        # replaces the program behind the link.
-        prog = _prog(vm)
-        vm.sh(f"cp {status['object']} {NEXT}")
-        t = time.monotonic()
-        vm.sh("cp /mnt/l4lab/lb-changed.toml /etc/l4lab/lb.toml && systemctl reload lbctl")
-        poll(90.0, lambda: json.loads(vm.sh("/opt/l4lab/bin/lbctl status --json"))["object"] == NEXT,
-             "the reload's upgrade to the object the config names")
-        assert len(json.loads(vm.sh("/opt/l4lab/bin/lbctl status --json"))["vips"][0]["reals"]) == 2
-        print(f"systemctl reload lbctl: the changed config applied and {NEXT} running within "
-              f"{time.monotonic() - t:.1f} s")
-        events = _events(vm)
-        assert any(e.get("event") == "applied" and e.get("trigger") == "reload" for e in events)
-        assert [(e["trigger"], e["object"]) for e in events if e.get("event") == "upgraded"] == [("reload", NEXT)]
-        assert _prog(vm) != prog
-        answered = {client() for _ in range(12)}
-        assert answered <= {"real1", "real2"} and answered, answered
-
-        # `lbctl upgrade` while the unit runs: handed to the daemon on its control socket, in its sandbox.
-        prog, t = _prog(vm), time.monotonic()
-        done = vm.sh(f"/opt/l4lab/bin/lbctl upgrade --object {NEXT}", timeout=300)
-        assert done.startswith(f"replaced the program behind 1 link(s) with {NEXT}"), done
-        assert _prog(vm) != prog and client() in {"real1", "real2"}
-        print(f"lbctl upgrade through the unit's daemon: XDP program {prog} -> {_prog(vm)} in "
-              f"{time.monotonic() - t:.1f} s")
-
-        # the watchdog: systemd records each WATCHDOG=1 (WatchdogSec=30s: one at least every 15 s).
-        def last_ping() -> int:
-            return int(_show(vm, "WatchdogTimestampMonotonic")["WatchdogTimestampMonotonic"])
-
-        first = last_ping()
-        later = poll(40.0, lambda: (now if (now := last_ping()) != first else None), "a second watchdog ping",
-                     interval_s=1.0)
-        print(f"watchdog: systemd recorded pings {(later - first) / 1e6:.1f} s apart (WatchdogSec=30s)")
-
-        # stop: the pinned datapath keeps forwarding; the next start adopts it.
-        vm.sh("systemctl stop lbctl", timeout=120)
-        assert _show(vm, "ActiveState")["ActiveState"] == "inactive"
-        prog = _prog(vm)
-        assert prog, f"no XDP program on eth0 after the stop: {vm.sh('ip -d link show eth0')}"
-        print(f"systemctl stop lbctl: XDP program {prog} still on eth0, the VIP answered by {client()}")
-        since = vm.sh("date '+%Y-%m-%d %H:%M:%S'").strip()
-        vm.sh("systemctl start lbctl", timeout=300)
-        events = [e.get("event") for e in _events(vm, since)]
-        assert "adopted" in events and "loaded" not in events and "upgraded" not in events, events
-        assert _prog(vm) == prog
-        print(f"systemctl start lbctl again: adopted XDP program {prog}; the VIP answered by {client()}")
+        _reload(vm, client, status["object"])
+        _upgrade_through_the_daemon(vm, client)
+        _watchdog(vm)
+        _stop_and_adopt(vm, client)
 
         security = vm.sh("systemd-analyze security --no-pager lbctl", check=False)
         print("systemd-analyze security lbctl: " + next(
             (line.strip() for line in security.splitlines() if "Overall exposure level" in line), security[-300:]))
         vm.sh("systemctl stop lbctl && /opt/l4lab/bin/lbctl unload", timeout=120)
     print(f"test_unit_under_systemd: {time.monotonic() - start:.0f} s in all")
+
+
+def _install(vm: UnitVm) -> None:
+    """The checkout's wheel and its dependencies into a venv, the unit by packaging/install.sh, the VM's address."""
+    t = time.monotonic()
+    vm.sh(f"python3 -m venv --without-pip /opt/l4lab && /opt/l4lab/bin/python {MOUNT}/pip.whl/pip install -q "
+          f"--no-index --no-compile --find-links {MOUNT}/wheels l4lab", timeout=900)
+    installed = time.monotonic() - t
+    print(f"pip install of the checkout's wheel and its dependencies in the VM: {installed:.1f} s")
+    vm.sh(f"bash {MOUNT}/packaging/install.sh --lbctl /opt/l4lab/bin/lbctl && "
+          f"cp {MOUNT}/lb.toml /etc/l4lab/lb.toml")
+    vm.sh(f"ip addr add {VM_ADDR}/{PREFIX} dev eth0 && ip link set eth0 up && ip route add default via {ROUTER}")
+
+
+def _start(vm: UnitVm, name: str) -> dict[str, Any]:
+    """Type=notify: `systemctl start` returns once READY=1 came (the config applied)."""
+    t = time.monotonic()
+    vm.sh("systemctl start lbctl", timeout=300)
+    print(f"systemctl start lbctl returned (READY=1) after {time.monotonic() - t:.1f} s")
+    state = _show(vm, "ActiveState", "SubState", "StatusText", "Type", "WatchdogUSec")
+    assert state["ActiveState"] == "active" and state["SubState"] == "running", state
+    assert state["StatusText"].startswith("forwarding 1 VIPs; metrics at 127.0.0.1:9100"), state
+    assert state["Type"] == "notify" and state["WatchdogUSec"] == "30s", state
+    status = json.loads(vm.sh("/opt/l4lab/bin/lbctl status --json"))
+    assert status["object"].startswith("/opt/l4lab/lib/") and status["object"].endswith("/_build/bpf/balancer.o")
+    router_mac = json.loads(_router(name, ["ip", "-j", "link", "show", vm.tap]))[0]["address"]
+    assert (status["nexthop"]["mac"], status["nexthop"]["source"], status["nexthop"]["address"]) == \
+        (router_mac, "default route", ROUTER), status["nexthop"]
+    print(f"XDP on the VM's eth0: {status['interfaces']['eth0']}; next hop {status['nexthop']['describe']}")
+    return status
+
+
+def _reload(vm: UnitVm, client: Callable[[], str], running: str) -> None:
+    """The changed file is applied (a second real joins the ring) and the object it names replaces the
+    program behind the link."""
+    prog = _prog(vm)
+    vm.sh(f"cp {running} {NEXT}")
+    t = time.monotonic()
+    vm.sh("cp /mnt/l4lab/lb-changed.toml /etc/l4lab/lb.toml && systemctl reload lbctl")
+    poll(90.0, lambda: json.loads(vm.sh("/opt/l4lab/bin/lbctl status --json"))["object"] == NEXT,
+         "the reload's upgrade to the object the config names")
+    assert len(json.loads(vm.sh("/opt/l4lab/bin/lbctl status --json"))["vips"][0]["reals"]) == 2
+    print(f"systemctl reload lbctl: the changed config applied and {NEXT} running within "
+          f"{time.monotonic() - t:.1f} s")
+    events = _events(vm)
+    assert any(e.get("event") == "applied" and e.get("trigger") == "reload" for e in events)
+    assert [(e["trigger"], e["object"]) for e in events if e.get("event") == "upgraded"] == [("reload", NEXT)]
+    assert _prog(vm) != prog
+    answered = {client() for _ in range(12)}
+    assert answered <= {"real1", "real2"} and answered, answered
+
+
+def _upgrade_through_the_daemon(vm: UnitVm, client: Callable[[], str]) -> None:
+    """`lbctl upgrade` while the unit runs: handed to the daemon on its control socket, in its sandbox."""
+    prog, t = _prog(vm), time.monotonic()
+    done = vm.sh(f"/opt/l4lab/bin/lbctl upgrade --object {NEXT}", timeout=300)
+    assert done.startswith(f"replaced the program behind 1 link(s) with {NEXT}"), done
+    assert _prog(vm) != prog and client() in {"real1", "real2"}
+    print(f"lbctl upgrade through the unit's daemon: XDP program {prog} -> {_prog(vm)} in "
+          f"{time.monotonic() - t:.1f} s")
+
+
+def _watchdog(vm: UnitVm) -> None:
+    """systemd records each WATCHDOG=1 (WatchdogSec=30s: one at least every 15 s)."""
+    def last_ping() -> int:
+        return int(_show(vm, "WatchdogTimestampMonotonic")["WatchdogTimestampMonotonic"])
+
+    first = last_ping()
+    later = poll(40.0, lambda: (now if (now := last_ping()) != first else None), "a second watchdog ping",
+                 interval_s=1.0)
+    assert later is not None
+    print(f"watchdog: systemd recorded pings {(later - first) / 1e6:.1f} s apart (WatchdogSec=30s)")
+
+
+def _stop_and_adopt(vm: UnitVm, client: Callable[[], str]) -> None:
+    """Stopped, the pinned datapath keeps forwarding; the next start adopts it."""
+    vm.sh("systemctl stop lbctl", timeout=120)
+    assert _show(vm, "ActiveState")["ActiveState"] == "inactive"
+    prog = _prog(vm)
+    assert prog, f"no XDP program on eth0 after the stop: {vm.sh('ip -d link show eth0')}"
+    print(f"systemctl stop lbctl: XDP program {prog} still on eth0, the VIP answered by {client()}")
+    since = vm.sh("date '+%Y-%m-%d %H:%M:%S'").strip()
+    vm.sh("systemctl start lbctl", timeout=300)
+    events = [e.get("event") for e in _events(vm, since)]
+    assert "adopted" in events and "loaded" not in events and "upgraded" not in events, events
+    assert _prog(vm) == prog
+    print(f"systemctl start lbctl again: adopted XDP program {prog}; the VIP answered by {client()}")
 
 
 def _evidence(vm: UnitVm) -> None:
