@@ -11,20 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from reports.render import FILLED_BY, NO_RESULTS, gbps, main, render
+from reports.bench import gbps
+from reports.demo import DemoEncap, DemoPayload
+from reports.payload import ENCAP_IDS, FRAME_SIZES
+from reports.render import FILLED_BY, NO_RESULTS, main, render
 from reports.sample import SAMPLE_COMMIT, SAMPLE_MACHINE, SAMPLE_OLDER_COMMIT, demo_payload, write_sample
-from reports.schema import (
-    ENCAP_IDS,
-    FRAME_SIZES,
-    BenchPayload,
-    BenchPoint,
-    ConformancePayload,
-    DemoEncap,
-    DemoPayload,
-    Floor,
-    Kind,
-    write_result,
-)
+from reports.schema import BenchPayload, BenchPoint, ConformancePayload, Floor, Kind, write_result
 from suites.reports._page import Page
 
 SECTIONS = ["summary", "demo", "bench", "rss", "pmtu", "churn", "failover", "conformance", "corpus", "fuzz", "history"]

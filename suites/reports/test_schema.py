@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reports.payload import ENCAP_IDS
 from reports.sample import SAMPLE_COMMIT, SAMPLE_MACHINE, SAMPLE_OLDER_COMMIT, write_sample
 from reports.schema import (
-    ENCAP_IDS,
     SCHEMA_VERSION,
     BenchPayload,
     ConformancePayload,
@@ -412,6 +412,6 @@ def test_bad_latency_is_refused_naming_the_field(tmp_path: Path, change: dict[st
 
 def test_imix_mean_matches_the_generators_mix() -> None:
     from lab.bench.gen.base import IMIX
-    from reports.schema import IMIX_MEAN_FRAME_BYTES
+    from reports.payload import IMIX_MEAN_FRAME_BYTES
 
     assert sum(size * n for size, n in IMIX) / sum(n for _, n in IMIX) == IMIX_MEAN_FRAME_BYTES

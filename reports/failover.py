@@ -1,0 +1,67 @@
+"""failover.py: the failover timelines result and its section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from reports import svg
+from reports.page import (
+    Cell,
+    Section,
+    Table,
+    chart,
+    fmt,
+    newest,
+)
+from reports.payload import (
+    at_least,
+    non_empty,
+    of_kind,
+    rule,
+)
+
+if TYPE_CHECKING:
+    from reports.schema import Result
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One thing that happened, in seconds since the test's start."""
+
+    t: float = field(metadata=rule(at_least(0)))
+    event: str = field(metadata=rule(non_empty))
+
+
+@dataclass(frozen=True)
+class FailoverPayload:
+    """A failover: its timeline and how long traffic was interrupted."""
+
+    timeline: list[TimelineEvent] = field(metadata=rule(non_empty))
+    failover_seconds: float = field(metadata=rule(at_least(0)))
+
+
+def section(results: list[Result]) -> Section:
+    section = Section(
+        "failover",
+        "Failover timelines",
+        "What happened, and when, in each failover test; the failover time is how long traffic was "
+        "interrupted.",
+    )
+    found = newest(of_kind(results, FailoverPayload), lambda r, p: (r.machine.hostname, r.id))
+    if not found:
+        section.empty = True
+        return section
+    table_rows = []
+    for result, payload in sorted(found, key=lambda rp: rp[0].id):
+        events = sorted(payload.timeline, key=lambda e: e.t)
+        title = f"{result.id}: traffic interrupted for {payload.failover_seconds:.2f} s"
+        section.charts.append(chart(
+            svg.timeline(title, [(e.t, e.event) for e in events], x_label="time since the test started (s)"),
+            title, f"Timeline of {len(events)} events in {result.id}; failover took "
+                   f"{payload.failover_seconds:.2f} seconds.",
+            [{"test": result.id, "t": e.t, "event": e.event} for e in events]))
+        table_rows.append([Cell(result.id, "key"), Cell(fmt(payload.failover_seconds), "num"),
+                           Cell(str(len(events)), "num")])
+    section.tables.append(Table("Failover time per test", ["test", "failover (s)", "events"], table_rows))
+    return section
