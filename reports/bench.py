@@ -19,6 +19,7 @@ from reports.page import (
     chart,
     encap_rank,
     fmt,
+    kind_section,
     newest_rows,
     run_label,
     size_order,
@@ -198,21 +199,20 @@ def _bench_rows(results: list[Result]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def section(results: list[Result]) -> Section:
-    section = Section(
-        "bench",
-        "Encapsulation comparison: throughput",
-        "NDR (no loss) and PDR (≤ 0.5 % loss) of the balancer per encap and ingress frame size, from "
-        "the NDR/PDR search, beside the machine's floor measured in the same run: a MAC-swap XDP_TX "
-        "program and XDP_DROP. One block per machine and generator (its newest figures); a TRex run and a "
-        "software run never hide each other. Gb/s is the ingress rate on the wire (frame + 20 B preamble "
-        "and gap). Compare ratios, not absolute rates: the spread between runs is ±20 %.",
-    )
+@kind_section(
+    "bench",
+    "Encapsulation comparison: throughput",
+    "NDR (no loss) and PDR (≤ 0.5 % loss) of the balancer per encap and ingress frame size, from "
+    "the NDR/PDR search, beside the machine's floor measured in the same run: a MAC-swap XDP_TX "
+    "program and XDP_DROP. One block per machine and generator (its newest figures); a TRex run and a "
+    "software run never hide each other. Gb/s is the ingress rate on the wire (frame + 20 B preamble "
+    "and gap). Compare ratios, not absolute rates: the spread between runs is ±20 %.",
+)
+def section(section: Section, results: list[Result]) -> bool:
     _micro_and_controller(section, results)
     all_rows = _bench_rows(results)
     if all_rows.empty:
-        section.empty = not section.tables
-        return section
+        return bool(section.tables)
     frame = newest_rows(all_rows, ["machine", "generator", "encap", "size"])
     frame = frame.assign(ratio=[n / t if t > 0 else math.nan for n, t in zip(frame["ndr"], frame["tx"], strict=True)])
     for (machine, generator), group in sorted(frame.groupby(["machine", "generator"]), key=lambda kv: kv[0]):
@@ -228,7 +228,7 @@ def section(results: list[Result]) -> Section:
     section.tables.append(Table(
         "Egress overhead and the largest client packet that fits without ICMP too-big",
         ["encap", "egress overhead (bytes)", "egress MTU (bytes)", "effective MTU (bytes)", "generator"], mtu_rows))
-    return section
+    return True
 
 
 def _bench_group(section: Section, machine: str, generator: str, frame: pd.DataFrame) -> None:

@@ -15,6 +15,7 @@ from reports.page import (
     Table,
     chart,
     fmt,
+    kind_section,
     newest_rows,
 )
 from reports.payload import (
@@ -72,20 +73,19 @@ class ChurnPayload:
     points: list[ChurnPoint] = field(metadata=rule(non_empty))
 
 
-def section(results: list[Result]) -> Section:
-    section = Section(
-        "churn",
-        "Maglev churn: removing one of N reals",
-        "Ring slots that change owner when one of N equal-weight reals is removed, as a share of the ring, "
-        "beside the theoretical minimum (only the removed real's 1/N moves) and Katran's figures for the "
-        "same change (copied into the results from Katran's ring). Collateral is changed − owned by removed.",
-    )
+@kind_section(
+    "churn",
+    "Maglev churn: removing one of N reals",
+    "Ring slots that change owner when one of N equal-weight reals is removed, as a share of the ring, "
+    "beside the theoretical minimum (only the removed real's 1/N moves) and Katran's figures for the "
+    "same change (copied into the results from Katran's ring). Collateral is changed − owned by removed.",
+)
+def section(section: Section, results: list[Result]) -> bool:
     rows = [
         {"time": r.time, "n": pt.n, "point": pt} for r, p in of_kind(results, ChurnPayload) for pt in p.points
     ]
     if not rows:
-        section.empty = True
-        return section
+        return False
     frame = newest_rows(pd.DataFrame(rows), ["n"]).sort_values("n")
     points = list(frame["point"])
     data = [{"n": pt.n, "ring_size": pt.ring_size, "slots_owned_by_removed": pt.slots_owned_by_removed,
@@ -146,4 +146,4 @@ def section(results: list[Result]) -> Section:
         "Slots per N (ring of the size given)",
         ["N", "ring slots", "owned by removed", "changed", "theoretical (ring ÷ N)", "collateral",
          "Katran owned / changed", "connections survived / reset / failed fast"], table_rows))
-    return section
+    return True

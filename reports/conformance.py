@@ -15,14 +15,14 @@ the n/a ones. Results written before the four verdicts read `fail` as finding an
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
 from reports.page import Cell as Html
-from reports.page import Section, Table, newest_rows
+from reports.page import Section, Table, kind_section, newest_rows
 from reports.payload import ENCAP_IDS, EncapId, at_least, non_empty, of_kind, rule
 
 if TYPE_CHECKING:
@@ -235,17 +235,20 @@ def changes(old: Matrix, new: Matrix) -> list[str]:
 _CSS = {"pass": "pass", "finding": "warn", "not-applicable": "skip", "error": "fail"}
 
 
-def duts_section(results: Sequence[Result]) -> Section:
-    """The HTML section of the newest conform run's matrix (empty when no run has a foreign DUT)."""
+def _duts_intro(run: str) -> str:
+    return (f"The same checks against each load balancer, from one `l4lab conform` run ({run}). "
+            "A finding is the DUT's behaviour contradicting the check, with its evidence; n/a cites "
+            "the line of the DUT's data file (lab/dut/<dut>.toml) that says where its own documentation "
+            "or source shows the absence; an error is ours. Hover a cell for its evidence.")
+
+
+@kind_section("duts", "Devices under test", _duts_intro(""))
+def duts_section(section: Section, results: list[Result]) -> bool:
+    """The newest conform run's matrix (empty when no run has a foreign DUT)."""
     matrix = Matrix.of(results)
-    section = Section("duts", "Devices under test",
-                      f"The same checks against each load balancer, from one `l4lab conform` run ({matrix.run}). "
-                      "A finding is the DUT's behaviour contradicting the check, with its evidence; n/a cites "
-                      "the line of the DUT's data file (lab/dut/<dut>.toml) that says where its own documentation "
-                      "or source shows the absence; an error is ours. Hover a cell for its evidence.")
     if not any(d != "l4lab" for d in matrix.duts):
-        section.empty = True
-        return section
+        return False
+    section.intro = _duts_intro(matrix.run)
     rows = []
     for (test, encap), _ in matrix.rows.items():
         cells = [Html(test, "key"), Html(encap, "key")]
@@ -273,25 +276,24 @@ def duts_section(results: Sequence[Result]) -> Section:
     section.notes.append("Throughput is compared only between DUTs on the same substrate: l4lab and Katran "
                          "run in XDP on the lab's veth; IPVS runs in a TCG-emulated VM, so its speed is not "
                          "comparable and is not shown.")
-    return section
+    return True
 
 
 _OUTCOME_CSS = {"finding": "fail", "error": "fail", "not-applicable": "skip"}  # the four verdicts, as cells
 
 
-def section(results: list[Result]) -> Section:
-    section = Section(
-        "conformance",
-        "Conformance",
-        "End-to-end tests, one column per encap; hover a cell for its duration.",
-    )
+@kind_section(
+    "conformance",
+    "Conformance",
+    "End-to-end tests, one column per encap; hover a cell for its duration.",
+)
+def section(section: Section, results: list[Result]) -> bool:
     rows = [
         {"time": r.time, "test": p.test, "encap": p.encap, "outcome": p.outcome, "duration": p.duration_s}
         for r, p in of_kind(results, ConformancePayload) if p.dut == "l4lab"
     ]
     if not rows:
-        section.empty = True
-        return section
+        return False
     frame = newest_rows(pd.DataFrame(rows), ["test", "encap"])
     by_key = {(row.test, row.encap): row for row in frame.itertuples()}
     table_rows = []
@@ -308,4 +310,4 @@ def section(results: list[Result]) -> Section:
     shown = ", ".join(f"{counts[o]} {o}" for o in counts.index)
     section.notes.append(f"{shown} of {len(frame)} test × encap cases (l4lab).")
     section.tables.append(Table("Outcome per test and encap", ["test", *ENCAP_IDS], table_rows))
-    return section
+    return True

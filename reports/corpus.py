@@ -10,6 +10,7 @@ from reports.page import (
     Cell,
     Section,
     Table,
+    kind_section,
 )
 from reports.payload import (
     at_least,
@@ -48,17 +49,16 @@ class CorpusPayload:
                                    f"{self.katrans_real}")
 
 
-def section(results: list[Result]) -> Section:
-    section = Section(
-        "corpus",
-        "Katran's fixture corpus",
-        "Katran's own datapath fixtures replayed through our programs: what each case proved. "
-        "Not applicable cases exercise a feature l4lab does not implement and are not run.",
-    )
+@kind_section(
+    "corpus",
+    "Katran's fixture corpus",
+    "Katran's own datapath fixtures replayed through our programs: what each case proved. "
+    "Not applicable cases exercise a feature l4lab does not implement and are not run.",
+)
+def section(section: Section, results: list[Result]) -> bool:
     found = of_kind(results, CorpusPayload)
     if not found:
-        section.empty = True
-        return section
+        return False
     result, p = max(found, key=lambda rp: rp[0].time)
     section.tables.append(
         Table(
@@ -69,4 +69,4 @@ def section(results: list[Result]) -> Section:
                                              p.katrans_real, p.deviations, p.not_applicable)]],
         )
     )
-    return section
+    return True

@@ -17,6 +17,7 @@ from reports.page import (
     Table,
     encap_rank,
     fmt,
+    kind_section,
     newest_rows,
     run_label,
 )
@@ -97,14 +98,14 @@ class DemoPayload:
     encaps: list[DemoEncap] = field(metadata=rule(non_empty))
 
 
-def summary_section(results: list[Result]) -> Section:
+@kind_section(
+    "summary",
+    "Encapsulation modes at a glance",
+    "The newest demo run (make demo), one row per encap; every figure was checked by the demo. "
+    "Green: as expected; yellow: as expected, but worth knowing; red: not as expected.",
+)
+def summary_section(section: Section, results: list[Result]) -> bool:
     """The encapsulation modes at a glance: the newest demo run's checked figures, one row per encap."""
-    section = Section(
-        "summary",
-        "Encapsulation modes at a glance",
-        "The newest demo run (make demo), one row per encap; every figure was checked by the demo. "
-        "Green: as expected; yellow: as expected, but worth knowing; red: not as expected.",
-    )
     section.legend.append(
         "works: requests answered and reals that answered. DSR held only if 0 frames other than client→VIP "
         "and its encapsulation crossed the LB's link (in brackets: the frames that did). RSS spread: the "
@@ -116,8 +117,7 @@ def summary_section(results: list[Result]) -> Section:
         "a surviving real may break (collateral), beside the Maglev slots that moved between survivors.")
     found = of_kind(results, DemoPayload)
     if not found:
-        section.empty = True
-        return section
+        return False
     result, payload = max(found, key=lambda rp: rp[0].time)
     section.notes.append(f"Demo run on {run_label(result)}.")
     ndr = _newest_ndr_ratio(results)
@@ -132,7 +132,7 @@ def summary_section(results: list[Result]) -> Section:
     else:
         rows = [row[:-1] for row in rows]
     section.tables.append(Table("The five encaps compared (newest demo run)", header, rows))
-    return section
+    return True
 
 
 def _spread_cell(e: DemoEncap, source: str) -> Cell:
@@ -198,13 +198,13 @@ def _newest_ndr_ratio(results: list[Result]) -> dict[str, float]:
     return {k: v for k, (_, v) in out.items()}
 
 
-def section(results: list[Result]) -> Section:
-    section = Section(
-        "demo",
-        "Demo: real traffic in every encap",
-        "Requests sent through the lab by the demo (make demo), the reals that answered, and what the "
-        "capture of the LB's link saw (direct server return: only client→VIP in, only its encapsulation out).",
-    )
+@kind_section(
+    "demo",
+    "Demo: real traffic in every encap",
+    "Requests sent through the lab by the demo (make demo), the reals that answered, and what the "
+    "capture of the LB's link saw (direct server return: only client→VIP in, only its encapsulation out).",
+)
+def section(section: Section, results: list[Result]) -> bool:
     rows = [
         {"time": r.time, "encap": e.encap, "requests": e.requests, "ok": e.ok, "reals": e.reals_seen,
          "dsr": e.lb_saw_only_client_to_vip, "to_lb": e.to_lb, "from_lb": e.from_lb, "stray": e.replies_via_lb}
@@ -212,8 +212,7 @@ def section(results: list[Result]) -> Section:
         for e in p.encaps
     ]
     if not rows:
-        section.empty = True
-        return section
+        return False
     frame = newest_rows(pd.DataFrame(rows), ["encap"])
     table_rows = []
     for row in frame.sort_values("encap", key=lambda s: s.map(encap_rank)).itertuples():
@@ -237,4 +236,4 @@ def section(results: list[Result]) -> Section:
             table_rows,
         )
     )
-    return section
+    return True

@@ -12,6 +12,7 @@ from reports.page import (
     Table,
     chart,
     fmt,
+    kind_section,
     newest,
 )
 from reports.payload import (
@@ -41,17 +42,16 @@ class FailoverPayload:
     failover_seconds: float = field(metadata=rule(at_least(0)))
 
 
-def section(results: list[Result]) -> Section:
-    section = Section(
-        "failover",
-        "Failover timelines",
-        "What happened, and when, in each failover test; the failover time is how long traffic was "
-        "interrupted.",
-    )
+@kind_section(
+    "failover",
+    "Failover timelines",
+    "What happened, and when, in each failover test; the failover time is how long traffic was "
+    "interrupted.",
+)
+def section(section: Section, results: list[Result]) -> bool:
     found = newest(of_kind(results, FailoverPayload), lambda r, p: (r.machine.hostname, r.id))
     if not found:
-        section.empty = True
-        return section
+        return False
     table_rows = []
     for result, payload in sorted(found, key=lambda rp: rp[0].id):
         events = sorted(payload.timeline, key=lambda e: e.t)
@@ -64,4 +64,4 @@ def section(results: list[Result]) -> Section:
         table_rows.append([Cell(result.id, "key"), Cell(fmt(payload.failover_seconds), "num"),
                            Cell(str(len(events)), "num")])
     section.tables.append(Table("Failover time per test", ["test", "failover (s)", "events"], table_rows))
-    return section
+    return True

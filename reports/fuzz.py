@@ -10,6 +10,7 @@ from reports.page import (
     Section,
     Table,
     fmt,
+    kind_section,
 )
 from reports.payload import (
     at_least,
@@ -50,17 +51,16 @@ class FuzzPayload:
     reasons: list[FuzzReason] = field(metadata=rule(non_empty))
 
 
-def section(results: list[Result]) -> Section:
-    section = Section(
-        "fuzz",
-        "Fuzzed frames",
-        "Generated and mutated frames through the balancer and the decap programs by BPF_PROG_TEST_RUN: "
-        "aborted runs, runs not counted under exactly one reason, and the reasons counted.",
-    )
+@kind_section(
+    "fuzz",
+    "Fuzzed frames",
+    "Generated and mutated frames through the balancer and the decap programs by BPF_PROG_TEST_RUN: "
+    "aborted runs, runs not counted under exactly one reason, and the reasons counted.",
+)
+def section(section: Section, results: list[Result]) -> bool:
     found = of_kind(results, FuzzPayload)
     if not found:
-        section.empty = True
-        return section
+        return False
     runs = []
     reasons = []
     for result, p in sorted(found, key=lambda rp: rp[0].time):
@@ -87,4 +87,4 @@ def section(results: list[Result]) -> Section:
         )
     )
     section.tables.append(Table(f"Reasons counted in {latest_result.id}", ["program", "reason", "runs"], reasons))
-    return section
+    return True

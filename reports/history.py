@@ -18,6 +18,7 @@ from reports.page import (
     Cell,
     Section,
     Table,
+    kind_section,
     short_commit,
     when,
 )
@@ -101,18 +102,17 @@ def figures(result: Result) -> dict[str, float | str]:
     return out
 
 
-def section(results: list[Result]) -> Section:
-    section = Section(
-        "history",
-        "Runs and trends",
-        "Every run is kept. The newest run per machine and generator, then every numeric figure measured "
-        "at two or more commits: its value at each commit (newest run per commit, oldest first; hover a dot; a red "
-        "mark starts a change beyond the noise, found by FD.io CSIT's jumpavg), the first and the latest value and "
-        "the change.",
-    )
+@kind_section(
+    "history",
+    "Runs and trends",
+    "Every run is kept. The newest run per machine and generator, then every numeric figure measured "
+    "at two or more commits: its value at each commit (newest run per commit, oldest first; hover a dot; a red "
+    "mark starts a change beyond the noise, found by FD.io CSIT's jumpavg), the first and the latest value and "
+    "the change.",
+)
+def section(section: Section, results: list[Result]) -> bool:
     if not results:
-        section.empty = True
-        return section
+        return False
     runs: dict[tuple[str, str], Result] = {}
     counts: dict[tuple[str, str], int] = {}
     for r in results:
@@ -156,4 +156,4 @@ def section(results: list[Result]) -> Section:
     else:
         section.notes.append("No figure was measured at two commits yet: trends appear once results of a second "
                              "commit are in the results directory.")
-    return section
+    return True

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import io
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
@@ -79,6 +80,26 @@ class Section:
     notes: list[str] = field(default_factory=list)
     legend: list[str] = field(default_factory=list)  # shown after the tables
     empty: bool = False
+
+
+#: Fills a section from the results; False when they hold nothing for it.
+Fill = Callable[[Section, "list[Result]"], bool]
+
+
+def kind_section(id: str, title: str, intro: str) -> Callable[[Fill], Callable[[list[Result]], Section]]:
+    """Make a section function of ``fill``: the section opens with this heading and is marked empty (the
+    no-results notice; render.FILLED_BY names the command that fills it) when ``fill`` returns False."""
+
+    def make(fill: Fill) -> Callable[[list[Result]], Section]:
+        @functools.wraps(fill)
+        def build(results: list[Result]) -> Section:
+            section = Section(id, title, intro)
+            section.empty = not fill(section, results)
+            return section
+
+        return build
+
+    return make
 
 
 def _slug(text: str) -> str:

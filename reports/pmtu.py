@@ -13,6 +13,7 @@ from reports.page import (
     Table,
     encap_rank,
     fmt,
+    kind_section,
     newest_rows,
 )
 from reports.payload import (
@@ -46,23 +47,22 @@ class PmtuPayload:
     scenarios: list[PmtuScenario] = field(metadata=rule(non_empty))
 
 
-def section(results: list[Result]) -> Section:
-    section = Section(
-        "pmtu",
-        "Path MTU through the balancer",
-        "A transfer larger than the path MTU after encapsulation: with the LB's own ICMP too-big (icmp), "
-        "with TCP MSS clamping (mss-clamp), with a router behind the LB sending the ICMP (blackhole, "
-        "expected to fail), and a single DF datagram (udp-df, also run by the demo). Route MTU is what the "
-        "client learnt.",
-    )
+@kind_section(
+    "pmtu",
+    "Path MTU through the balancer",
+    "A transfer larger than the path MTU after encapsulation: with the LB's own ICMP too-big (icmp), "
+    "with TCP MSS clamping (mss-clamp), with a router behind the LB sending the ICMP (blackhole, "
+    "expected to fail), and a single DF datagram (udp-df, also run by the demo). Route MTU is what the "
+    "client learnt.",
+)
+def section(section: Section, results: list[Result]) -> bool:
     rows = [
         {"time": r.time, "encap": p.encap, "name": s.name, "scenario": s}
         for r, p in of_kind(results, PmtuPayload)
         for s in p.scenarios
     ]
     if not rows:
-        section.empty = True
-        return section
+        return False
     frame = newest_rows(pd.DataFrame(rows), ["encap", "name"])
     names = list(dict.fromkeys(s.name for _, p in of_kind(results, PmtuPayload) for s in p.scenarios))
     by_key = {(row.encap, row.name): row.scenario for row in frame.itertuples()}
@@ -86,4 +86,4 @@ def section(results: list[Result]) -> Section:
             cells.append(Cell(f"{outcome}{remark}; {mtu}", "ok" if as_expected else "bad", hint))
         table_rows.append(cells)
     section.tables.append(Table("PMTU outcome per encap and scenario", ["encap", *names], table_rows))
-    return section
+    return True

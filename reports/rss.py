@@ -15,6 +15,7 @@ from reports.page import (
     chart,
     encap_rank,
     fmt,
+    kind_section,
     newest,
     pvalue,
 )
@@ -77,20 +78,19 @@ def spread_verdict(max_over_mean: float, queues_used: int, nqueues: int) -> str:
     return "even" if max_over_mean <= SPREAD_MAX_OVER_MEAN else "uneven"
 
 
-def section(results: list[Result]) -> Section:
-    section = Section(
-        "rss",
-        "Receive-side scaling on a real server",
-        "How the encapsulated flows spread over a real's receive queues, for IPIP with a fixed or a "
-        "flow-derived outer source and for GUE under each NIC hash setting (sd: addresses only, sdfn: "
-        "addresses and ports). Source: the Toeplitz model (model), a NIC's own queue counters (nic:<driver>) "
-        "or the kernel's RPS CPUs (measured). χ² and p are against an even spread; a p near 0 means the "
-        "spread is not even.",
-    )
+@kind_section(
+    "rss",
+    "Receive-side scaling on a real server",
+    "How the encapsulated flows spread over a real's receive queues, for IPIP with a fixed or a "
+    "flow-derived outer source and for GUE under each NIC hash setting (sd: addresses only, sdfn: "
+    "addresses and ports). Source: the Toeplitz model (model), a NIC's own queue counters (nic:<driver>) "
+    "or the kernel's RPS CPUs (measured). χ² and p are against an even spread; a p near 0 means the "
+    "spread is not even.",
+)
+def section(section: Section, results: list[Result]) -> bool:
     found = newest(of_kind(results, RssPayload), lambda r, p: (r.machine.hostname, r.id))
     if not found:
-        section.empty = True
-        return section
+        return False
     table_rows = []
     found = sorted(found, key=lambda rp: (any(sc.source != "model" for sc in rp[1].scenarios), rp[0].id))
     for result, payload in found:
@@ -120,7 +120,7 @@ def section(results: list[Result]) -> Section:
     side = _rss_side_by_side(found)
     if side is not None:
         section.tables.append(side)
-    return section
+    return True
 
 
 def _rss_side_by_side(found: list[tuple[Result, RssPayload]]) -> Table | None:

@@ -17,6 +17,7 @@ from reports.page import (
     Table,
     encap_rank,
     fmt,
+    kind_section,
     run_label,
     short_commit,
     size_order,
@@ -162,27 +163,51 @@ _SIDE_CASES = {"non-vip": "non-VIP", "session-hit": "session hit", "new-syn": "n
                "new-ack": "new flow, ACK"}
 
 
-def section(results: list[Result]) -> Section:
+def _intro(name: str) -> str:
+    return (f"l4lab and {name} timed in one run on identical packets (l4lab bench --katran): single "
+            "BPF_PROG_TEST_RUN calls (repeat = 1) taking turns on one CPU, every call's action and path counter "
+            "checked, medians in ns; the ratio is l4lab's cost above the MAC-swap XDP_TX floor divided by "
+            f"{name}'s. Then both programs' live-frames NDR at 64 B on the bench veth, beside the floors of "
+            "the same run. Only ratios within one run are comparable; absolute figures vary ±20 % between runs.")
+
+
+@kind_section("versus", SIDE_BY_SIDE_TITLE, _intro("Katran"))
+def section(section: Section, results: list[Result]) -> bool:
     """The newest side-by-side run (l4lab bench --katran): micro table, program sizes, live-frames NDR."""
     found = runs(results)
-    other = found[-1][1].side_by_side.program if found else "katran"  # type: ignore[union-attr]
-    name = other.capitalize() if other.islower() else other
-    section = Section(
-        "versus",
-        SIDE_BY_SIDE_TITLE,
-        f"l4lab and {name} timed in one run on identical packets (l4lab bench --katran): single "
-        "BPF_PROG_TEST_RUN calls (repeat = 1) taking turns on one CPU, every call's action and path counter "
-        "checked, medians in ns; the ratio is l4lab's cost above the MAC-swap XDP_TX floor divided by "
-        f"{name}'s. Then both programs' live-frames NDR at 64 B on the bench veth, beside the floors of "
-        "the same run. Only ratios within one run are comparable; absolute figures vary ±20 % between runs.",
-    )
     if not found:
-        section.empty = True
-        return section
+        return False
+    other = found[-1][1].side_by_side.program  # type: ignore[union-attr]
+    name = other.capitalize() if other.islower() else other
+    section.intro = _intro(name)
     result, payload = max(found, key=lambda rp: rp[0].time)
     sbs = payload.side_by_side
     assert sbs is not None
     run = run_label(result)
+    section.tables.append(_test_run_table(sbs, name, run))
+    if sbs.seed is not None:
+        section.notes.append(
+            f"Order: seed {sbs.seed} (`l4lab bench --katran --seed {sbs.seed}` replays it); the cases shuffled in "
+            f"every iteration; tables created first per round: {', '.join(sbs.first_loaded)}. Session tables: "
+            + "; ".join(f"{t.program} {t.tables} × {t.entries:,} entries, {t.bytes / 2**20:.0f} MiB"
+                        for t in sbs.session_tables) + ".")
+    if sbs.sizes:
+        section.tables.append(_sizes_table(sbs, name, run))
+    if sbs.syn_flood:
+        section.tables.append(_syn_flood_table(sbs, run))
+    if sbs.loop:
+        section.tables.append(_loop_table(sbs, other, name, run))
+        section.notes.append(_LOOP_NOTE)
+    live = _live_table(result, payload, other, name)
+    if live is not None:
+        section.tables.append(live)
+    else:
+        section.notes.append("This run measured no live frames (the test-run table only).")
+    _ratio_trends(section, results)
+    return True
+
+
+def _test_run_table(sbs: SideBySide, name: str, run: str) -> Table:
     rows = []
     for c in sbs.cases:
         encap = c.encap or "–"
@@ -199,57 +224,63 @@ def section(results: list[Result]) -> Section:
     for label, ns in (("XDP_DROP floor", sbs.floor_xdp_drop_ns), ("MAC-swap XDP_TX floor", sbs.floor_xdp_tx_ns)):
         rows.append([Cell("–", "key"), Cell(label, "key"), Cell("", "num"), Cell(fmt(ns, 0), "num"),
                      Cell("–", "num"), Cell("–", "num"), Cell("–"), Cell("", "num")])
-    section.tables.append(Table(
+    return Table(
         f"Test run, median ns per call ({sbs.frame_bytes}-byte frames, {sbs.rounds} rounds, session tables of "
         f"{sbs.session_table_entries} entries per CPU) — {run}",
         ["encap", "case", f"{name} (ns)", "l4lab (ns)", f"l4lab ÷ {name}, cost above the floor", "over the rounds",
-         f"path counter checked (l4lab / {name})", "calls checked"], rows))
-    if sbs.seed is not None:
-        section.notes.append(
-            f"Order: seed {sbs.seed} (`l4lab bench --katran --seed {sbs.seed}` replays it); the cases shuffled in "
-            f"every iteration; tables created first per round: {', '.join(sbs.first_loaded)}. Session tables: "
-            + "; ".join(f"{t.program} {t.tables} × {t.entries:,} entries, {t.bytes / 2**20:.0f} MiB"
-                        for t in sbs.session_tables) + ".")
-    if sbs.sizes:
-        section.tables.append(Table(
-            f"Program size: instructions the verifier walked, and after translation — {run}",
-            ["encap", f"{name} verified", "l4lab verified", f"l4lab ÷ {name}", f"{name} xlated", "l4lab xlated"],
-            [[Cell(z.encap, "key"), Cell(str(z.other_verified_insns), "num"), Cell(str(z.verified_insns), "num"),
-              Cell(fmt(z.verified_insns / z.other_verified_insns), "num"), Cell(str(z.other_xlated_insns), "num"),
-              Cell(str(z.xlated_insns), "num")] for z in sbs.sizes]))
-    if sbs.syn_flood:
-        section.tables.append(Table(
-            f"SYN flood: every frame a new flow's TCP SYN, live frames at 64 B, NDR in Mpps (÷ XDP_TX floor) — {run}",
-            ["program", "encap", "sources", "NDR", "sessions in its tables after"],
-            [[Cell(f.program, "key"), Cell(f.encap), Cell(f"{f.sources:,}", "num"),
-              Cell(f"{fmt(f.ndr_mpps, 3)} ({fmt(f.ndr_mpps / f.floor_xdp_tx_mpps) if f.floor_xdp_tx_mpps else '–'})",
-                   "num"), Cell(f"{f.sessions_after:,}", "num")] for f in sbs.syn_flood]))
-    if sbs.loop:
-        cost = {(lc.program, lc.encap): lc for lc in sbs.loop if lc.traffic == "udp-flows"}
-        tx_cost = cost.get(("xdp_tx", None))
-        loop_rows = []
-        for encap in sorted({lc.encap for lc in sbs.loop if lc.encap}, key=encap_rank):
-            cells = [Cell(encap, "key"), Cell(fmt(tx_cost.cpu_ns_per_frame, 0) if tx_cost else "–", "num")]
-            for who in ("l4lab", other):
-                got = cost.get((who, encap))
-                if got is None:
-                    cells.append(Cell("–", "num missing"))
-                    continue
-                share = ""
-                if tx_cost and got.cpu_ns_per_frame:
-                    share = f" ({fmt(tx_cost.cpu_ns_per_frame / got.cpu_ns_per_frame)})"
-                cells.append(Cell(f"{fmt(got.cpu_ns_per_frame, 0)}{share}", "num",
-                                  f"{got.frames} frames a round; delivered {fmt(got.delivered, 3)}"))
-            loop_rows.append(cells)
-        section.tables.append(Table(
-            f"Live frames on veth: CPU ns per frame of the whole loop (XDP_TX floor ÷ it), median of "
-            f"{max(lc.rounds for lc in sbs.loop)} rounds — {run}",
-            ["encap", "MAC-swap XDP_TX floor", "l4lab", name], loop_rows))
-        section.notes.append(
-            "On veth the whole loop (generator, both veths, the LB program, the counting sink) runs in the sending "
-            "thread's softirqs on one CPU, so its CPU time per frame is the loop's cost and the NDR is the rate "
-            "the senders can sustain: frames are not lost in flight, a paced sender falls behind. The CPU-time "
-            "ratio does not count time the scheduler gave to other processes; the NDR does.")
+         f"path counter checked (l4lab / {name})", "calls checked"], rows)
+
+
+def _sizes_table(sbs: SideBySide, name: str, run: str) -> Table:
+    return Table(
+        f"Program size: instructions the verifier walked, and after translation — {run}",
+        ["encap", f"{name} verified", "l4lab verified", f"l4lab ÷ {name}", f"{name} xlated", "l4lab xlated"],
+        [[Cell(z.encap, "key"), Cell(str(z.other_verified_insns), "num"), Cell(str(z.verified_insns), "num"),
+          Cell(fmt(z.verified_insns / z.other_verified_insns), "num"), Cell(str(z.other_xlated_insns), "num"),
+          Cell(str(z.xlated_insns), "num")] for z in sbs.sizes])
+
+
+def _syn_flood_table(sbs: SideBySide, run: str) -> Table:
+    return Table(
+        f"SYN flood: every frame a new flow's TCP SYN, live frames at 64 B, NDR in Mpps (÷ XDP_TX floor) — {run}",
+        ["program", "encap", "sources", "NDR", "sessions in its tables after"],
+        [[Cell(f.program, "key"), Cell(f.encap), Cell(f"{f.sources:,}", "num"),
+          Cell(f"{fmt(f.ndr_mpps, 3)} ({fmt(f.ndr_mpps / f.floor_xdp_tx_mpps) if f.floor_xdp_tx_mpps else '–'})",
+               "num"), Cell(f"{f.sessions_after:,}", "num")] for f in sbs.syn_flood])
+
+
+def _loop_table(sbs: SideBySide, other: str, name: str, run: str) -> Table:
+    cost = {(lc.program, lc.encap): lc for lc in sbs.loop if lc.traffic == "udp-flows"}
+    tx_cost = cost.get(("xdp_tx", None))
+    loop_rows = []
+    for encap in sorted({lc.encap for lc in sbs.loop if lc.encap}, key=encap_rank):
+        cells = [Cell(encap, "key"), Cell(fmt(tx_cost.cpu_ns_per_frame, 0) if tx_cost else "–", "num")]
+        for who in ("l4lab", other):
+            got = cost.get((who, encap))
+            if got is None:
+                cells.append(Cell("–", "num missing"))
+                continue
+            share = ""
+            if tx_cost and got.cpu_ns_per_frame:
+                share = f" ({fmt(tx_cost.cpu_ns_per_frame / got.cpu_ns_per_frame)})"
+            cells.append(Cell(f"{fmt(got.cpu_ns_per_frame, 0)}{share}", "num",
+                              f"{got.frames} frames a round; delivered {fmt(got.delivered, 3)}"))
+        loop_rows.append(cells)
+    return Table(
+        f"Live frames on veth: CPU ns per frame of the whole loop (XDP_TX floor ÷ it), median of "
+        f"{max(lc.rounds for lc in sbs.loop)} rounds — {run}",
+        ["encap", "MAC-swap XDP_TX floor", "l4lab", name], loop_rows)
+
+
+_LOOP_NOTE = (
+    "On veth the whole loop (generator, both veths, the LB program, the counting sink) runs in the sending "
+    "thread's softirqs on one CPU, so its CPU time per frame is the loop's cost and the NDR is the rate "
+    "the senders can sustain: frames are not lost in flight, a paced sender falls behind. The CPU-time "
+    "ratio does not count time the scheduler gave to other processes; the NDR does."
+)
+
+
+def _live_table(result: Result, payload: BenchPayload, other: str, name: str) -> Table | None:
     live = []
     for pt in sorted(payload.points, key=lambda pt: (encap_rank(pt.encap), size_order(pt.frame_size))):
         tx = pt.floor.xdp_tx_mpps
@@ -260,14 +291,10 @@ def section(results: list[Result]) -> Section:
                          Cell(fmt(pt.floor.xdp_drop_mpps, 3), "num"), Cell(fmt(tx, 3), "num"),
                          Cell(f"{fmt(pt.ndr_mpps, 3)} ({fmt(pt.ndr_mpps / tx) if tx else '–'})", "num"),
                          Cell(them, "num")])
-    if live:
-        section.tables.append(Table(
-            f"Live frames on veth: NDR in Mpps (÷ XDP_TX floor) — {run_label(result, payload.generator)}",
-            ["encap", "frame size (bytes)", "XDP_DROP floor", "MAC-swap XDP_TX floor", "l4lab", name], live))
-    else:
-        section.notes.append("This run measured no live frames (the test-run table only).")
-    _ratio_trends(section, results)
-    return section
+    if not live:
+        return None
+    return Table(f"Live frames on veth: NDR in Mpps (÷ XDP_TX floor) — {run_label(result, payload.generator)}",
+                 ["encap", "frame size (bytes)", "XDP_DROP floor", "MAC-swap XDP_TX floor", "l4lab", name], live)
 
 
 def _ratio_trends(section: Section, results: list[Result]) -> None:
