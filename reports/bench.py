@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
-from reports import svg
+from reports import side_by_side, svg
 from reports.page import (
     ENCAP_COLOURS,
     Cell,
@@ -359,3 +359,23 @@ def _versus_table(frame: pd.DataFrame, where: str) -> Table | None:
     return Table(f"l4lab vs another program on the same packets, same run — {where}",
                  ["encap", "frame size (bytes)", "program", "l4lab NDR (Mpps)", "its NDR (Mpps)", "l4lab PDR (Mpps)",
                   "its PDR (Mpps)", "l4lab ÷ it (NDR)"], rows)
+
+
+def figures(result: Result, p: BenchPayload) -> dict[str, float | str]:
+    """This result's figures by names stable across runs (reports/history.py trends and compares them)."""
+    if p.side_by_side is not None:
+        return side_by_side.figures(p, p.side_by_side)
+    out: dict[str, float | str] = {}
+    for pt in p.points:
+        key = f"bench {p.generator} {pt.encap} {pt.frame_size} B"
+        out[f"{key} NDR (Mpps)"] = pt.ndr_mpps
+        out[f"{key} PDR (Mpps)"] = pt.pdr_mpps
+        if pt.floor.xdp_tx_mpps > 0:
+            out[f"{key} NDR ÷ XDP_TX floor"] = round(pt.ndr_mpps / pt.floor.xdp_tx_mpps, 4)
+        for v in pt.versus:
+            out[f"{key} {v.program} NDR (Mpps)"] = v.ndr_mpps
+    for m in p.micro:
+        out[f"micro {m.case} (ns/packet)"] = m.ns_per_packet
+    for c in p.controller:
+        out[f"controller {c.name} (ms)"] = c.ms
+    return out

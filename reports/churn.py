@@ -147,3 +147,11 @@ def section(section: Section, results: list[Result]) -> bool:
         ["N", "ring slots", "owned by removed", "changed", "theoretical (ring ÷ N)", "collateral",
          "Katran owned / changed", "connections survived / reset / failed fast"], table_rows))
     return True
+
+
+def figures(result: Result, p: ChurnPayload) -> dict[str, float | str]:
+    """This result's figures by names stable across runs (reports/history.py trends and compares them)."""
+    out: dict[str, float | str] = {}
+    for churn in p.points:
+        out[f"churn {result.test} N={churn.n} slots changed"] = float(churn.slots_changed)
+    return out

@@ -311,3 +311,10 @@ def section(section: Section, results: list[Result]) -> bool:
     section.notes.append(f"{shown} of {len(frame)} test × encap cases (l4lab).")
     section.tables.append(Table("Outcome per test and encap", ["test", *ENCAP_IDS], table_rows))
     return True
+
+
+def figures(result: Result, p: ConformancePayload) -> dict[str, float | str]:
+    """This result's figures by names stable across runs (reports/history.py trends and compares them)."""
+    out: dict[str, float | str] = {}
+    out[f"conformance {p.test} {p.encap}"] = p.outcome
+    return out

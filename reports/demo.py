@@ -237,3 +237,19 @@ def section(section: Section, results: list[Result]) -> bool:
         )
     )
     return True
+
+
+def figures(result: Result, p: DemoPayload) -> dict[str, float | str]:
+    """This result's figures by names stable across runs (reports/history.py trends and compares them)."""
+    out: dict[str, float | str] = {}
+    for e in p.encaps:
+        out[f"demo {e.encap} answered"] = f"{e.ok}/{e.requests}"
+        out[f"demo {e.encap} DSR"] = "held" if e.lb_saw_only_client_to_vip else "broken"
+        for s in e.spread:
+            out[f"demo {e.encap} spread {s.name} max÷mean"] = s.max_over_mean
+        if e.pmtu is not None:
+            out[f"demo {e.encap} PMTU learnt"] = float(e.pmtu.learnt_mtu or 0)
+        if e.churn is not None:
+            out[f"demo {e.encap} churn collateral"] = float(e.churn.collateral)
+            out[f"demo {e.encap} churn reset"] = f"{e.churn.reset}/{e.churn.on_removed}"
+    return out

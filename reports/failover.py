@@ -65,3 +65,10 @@ def section(section: Section, results: list[Result]) -> bool:
                            Cell(str(len(events)), "num")])
     section.tables.append(Table("Failover time per test", ["test", "failover (s)", "events"], table_rows))
     return True
+
+
+def figures(result: Result, p: FailoverPayload) -> dict[str, float | str]:
+    """This result's figures by names stable across runs (reports/history.py trends and compares them)."""
+    out: dict[str, float | str] = {}
+    out[f"failover {result.id} (s)"] = p.failover_seconds
+    return out

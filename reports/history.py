@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from markupsafe import Markup
 
-from reports import svg, trend
+from reports import bench, churn, conformance, demo, failover, pmtu, rss, svg, trend
 from reports.bench import BenchPayload
 from reports.churn import ChurnPayload
 from reports.conformance import ConformancePayload
@@ -29,77 +30,22 @@ if TYPE_CHECKING:
     from reports.schema import Result
 
 
+# Each kind's figures, by its payload class; the kinds without (corpus, fuzz) have none to trend.
+_FIGURES: dict[type, Callable[[Result, Any], dict[str, float | str]]] = {
+    BenchPayload: bench.figures,
+    DemoPayload: demo.figures,
+    RssPayload: rss.figures,
+    PmtuPayload: pmtu.figures,
+    ChurnPayload: churn.figures,
+    FailoverPayload: failover.figures,
+    ConformancePayload: conformance.figures,
+}
+
+
 def figures(result: Result) -> dict[str, float | str]:
     """The figures of one result by a name that is stable across runs (for trends and comparisons)."""
-    out: dict[str, float | str] = {}
-    p = result.payload
-    if isinstance(p, BenchPayload) and p.side_by_side is not None:
-        sbs = p.side_by_side
-        for row in sbs.cases:
-            key = f"versus {sbs.program} {row.encap or '-'} {row.case}"
-            out[f"{key} l4lab (ns)"] = row.ns
-            out[f"{key} {sbs.program} (ns)"] = row.other_ns
-            if row.ratio_above_floor is not None:
-                out[f"{key} l4lab ÷ {sbs.program} above the floor"] = row.ratio_above_floor
-        for z in sbs.sizes:
-            out[f"versus {sbs.program} {z.encap} verified insns l4lab"] = float(z.verified_insns)
-            out[f"versus {sbs.program} {z.encap} verified insns {sbs.program}"] = float(z.other_verified_insns)
-        tx_loop = next((lc.cpu_ns_per_frame for lc in sbs.loop if lc.program == "xdp_tx"), 0.0)
-        for lc in sbs.loop:
-            if lc.encap and lc.cpu_ns_per_frame > 0 and tx_loop > 0:
-                what = lc.encap if lc.traffic == "udp-flows" else f"{lc.encap} {lc.traffic}"
-                out[f"versus {sbs.program} {what} 64 B live loop floor ÷ {lc.program} (CPU ns)"] = round(
-                    tx_loop / lc.cpu_ns_per_frame, 4)
-        for f in sbs.syn_flood:
-            if f.floor_xdp_tx_mpps > 0:
-                out[f"versus {sbs.program} {f.encap} syn-flood live NDR ÷ XDP_TX floor {f.program}"] = round(
-                    f.ndr_mpps / f.floor_xdp_tx_mpps, 4)
-        for pt in p.points:
-            key = f"versus {sbs.program} {pt.encap} {pt.frame_size} B live NDR ÷ XDP_TX floor"
-            if pt.floor.xdp_tx_mpps > 0:
-                out[f"{key} l4lab"] = round(pt.ndr_mpps / pt.floor.xdp_tx_mpps, 4)
-                for v in pt.versus:
-                    out[f"{key} {v.program}"] = round(v.ndr_mpps / pt.floor.xdp_tx_mpps, 4)
-    elif isinstance(p, BenchPayload):
-        for pt in p.points:
-            key = f"bench {p.generator} {pt.encap} {pt.frame_size} B"
-            out[f"{key} NDR (Mpps)"] = pt.ndr_mpps
-            out[f"{key} PDR (Mpps)"] = pt.pdr_mpps
-            if pt.floor.xdp_tx_mpps > 0:
-                out[f"{key} NDR ÷ XDP_TX floor"] = round(pt.ndr_mpps / pt.floor.xdp_tx_mpps, 4)
-            for v in pt.versus:
-                out[f"{key} {v.program} NDR (Mpps)"] = v.ndr_mpps
-        for m in p.micro:
-            out[f"micro {m.case} (ns/packet)"] = m.ns_per_packet
-        for c in p.controller:
-            out[f"controller {c.name} (ms)"] = c.ms
-    elif isinstance(p, DemoPayload):
-        for e in p.encaps:
-            out[f"demo {e.encap} answered"] = f"{e.ok}/{e.requests}"
-            out[f"demo {e.encap} DSR"] = "held" if e.lb_saw_only_client_to_vip else "broken"
-            for s in e.spread:
-                out[f"demo {e.encap} spread {s.name} max÷mean"] = s.max_over_mean
-            if e.pmtu is not None:
-                out[f"demo {e.encap} PMTU learnt"] = float(e.pmtu.learnt_mtu or 0)
-            if e.churn is not None:
-                out[f"demo {e.encap} churn collateral"] = float(e.churn.collateral)
-                out[f"demo {e.encap} churn reset"] = f"{e.churn.reset}/{e.churn.on_removed}"
-    elif isinstance(p, RssPayload):
-        for rss in p.scenarios:
-            out[f"rss {result.id} {rss.name} ({rss.source}) max÷mean"] = rss.max_over_mean
-    elif isinstance(p, PmtuPayload):
-        for sc in p.scenarios:
-            out[f"pmtu {result.id} {sc.name}"] = "completed" if sc.completed else "failed"
-            if sc.route_mtu is not None:
-                out[f"pmtu {result.id} {sc.name} route MTU"] = float(sc.route_mtu)
-    elif isinstance(p, ChurnPayload):
-        for churn in p.points:
-            out[f"churn {result.test} N={churn.n} slots changed"] = float(churn.slots_changed)
-    elif isinstance(p, FailoverPayload):
-        out[f"failover {result.id} (s)"] = p.failover_seconds
-    elif isinstance(p, ConformancePayload):
-        out[f"conformance {p.test} {p.encap}"] = p.outcome
-    return out
+    of = _FIGURES.get(type(result.payload))
+    return of(result, result.payload) if of is not None else {}
 
 
 @kind_section(

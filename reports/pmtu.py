@@ -87,3 +87,13 @@ def section(section: Section, results: list[Result]) -> bool:
         table_rows.append(cells)
     section.tables.append(Table("PMTU outcome per encap and scenario", ["encap", *names], table_rows))
     return True
+
+
+def figures(result: Result, p: PmtuPayload) -> dict[str, float | str]:
+    """This result's figures by names stable across runs (reports/history.py trends and compares them)."""
+    out: dict[str, float | str] = {}
+    for sc in p.scenarios:
+        out[f"pmtu {result.id} {sc.name}"] = "completed" if sc.completed else "failed"
+        if sc.route_mtu is not None:
+            out[f"pmtu {result.id} {sc.name} route MTU"] = float(sc.route_mtu)
+    return out

@@ -160,3 +160,11 @@ def _rss_side_by_side(found: list[tuple[Result, RssPayload]]) -> Table | None:
         rows.append(cells)
     return Table("Model beside NIC per encap and setting (verdict and max ÷ mean)",
                  ["encap", "scenario", "model", *sources, "model vs NIC"], rows)
+
+
+def figures(result: Result, p: RssPayload) -> dict[str, float | str]:
+    """This result's figures by names stable across runs (reports/history.py trends and compares them)."""
+    out: dict[str, float | str] = {}
+    for rss in p.scenarios:
+        out[f"rss {result.id} {rss.name} ({rss.source}) max÷mean"] = rss.max_over_mean
+    return out

@@ -358,3 +358,34 @@ def trends(results: Iterable[Result]) -> list[trend.Trend]:
         ordered = tuple(sorted(samples, key=lambda s: s.time))
         found.append(trend.Trend(name, better, ordered, tuple(trend.classify(ordered, better))))
     return found
+
+
+def figures(p: BenchPayload, sbs: SideBySide) -> dict[str, float | str]:
+    """This result's figures by names stable across runs (reports/history.py trends and compares them)."""
+    out: dict[str, float | str] = {}
+    for row in sbs.cases:
+        key = f"versus {sbs.program} {row.encap or '-'} {row.case}"
+        out[f"{key} l4lab (ns)"] = row.ns
+        out[f"{key} {sbs.program} (ns)"] = row.other_ns
+        if row.ratio_above_floor is not None:
+            out[f"{key} l4lab ÷ {sbs.program} above the floor"] = row.ratio_above_floor
+    for z in sbs.sizes:
+        out[f"versus {sbs.program} {z.encap} verified insns l4lab"] = float(z.verified_insns)
+        out[f"versus {sbs.program} {z.encap} verified insns {sbs.program}"] = float(z.other_verified_insns)
+    tx_loop = next((lc.cpu_ns_per_frame for lc in sbs.loop if lc.program == "xdp_tx"), 0.0)
+    for lc in sbs.loop:
+        if lc.encap and lc.cpu_ns_per_frame > 0 and tx_loop > 0:
+            what = lc.encap if lc.traffic == "udp-flows" else f"{lc.encap} {lc.traffic}"
+            out[f"versus {sbs.program} {what} 64 B live loop floor ÷ {lc.program} (CPU ns)"] = round(
+                tx_loop / lc.cpu_ns_per_frame, 4)
+    for f in sbs.syn_flood:
+        if f.floor_xdp_tx_mpps > 0:
+            out[f"versus {sbs.program} {f.encap} syn-flood live NDR ÷ XDP_TX floor {f.program}"] = round(
+                f.ndr_mpps / f.floor_xdp_tx_mpps, 4)
+    for pt in p.points:
+        key = f"versus {sbs.program} {pt.encap} {pt.frame_size} B live NDR ÷ XDP_TX floor"
+        if pt.floor.xdp_tx_mpps > 0:
+            out[f"{key} l4lab"] = round(pt.ndr_mpps / pt.floor.xdp_tx_mpps, 4)
+            for v in pt.versus:
+                out[f"{key} {v.program}"] = round(v.ndr_mpps / pt.floor.xdp_tx_mpps, 4)
+    return out
