@@ -8,9 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import pandas as pd
-
-from reports import side_by_side, svg
+from reports import charts, side_by_side
 from reports.page import (
     ENCAP_COLOURS,
     Cell,
@@ -38,6 +36,8 @@ from reports.payload import (
 from reports.side_by_side import SideBySide
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from reports.schema import Result
 
 
@@ -186,7 +186,7 @@ def _micro_and_controller(section: Section, results: list[Result]) -> None:
               Cell(str(c.ring_slots) if c.ring_slots is not None else "–", "num")] for c in payload.controller]))
 
 
-def _bench_rows(results: list[Result]) -> pd.DataFrame:
+def _bench_rows(results: list[Result]) -> list[dict[str, Any]]:
     rows = [
         {"time": r.time, "machine": r.machine.hostname, "commit": r.commit, "generator": p.generator,
          "egress_mtu": p.egress_mtu, "encap": pt.encap, "size": pt.frame_size, "ndr": pt.ndr_mpps,
@@ -196,7 +196,7 @@ def _bench_rows(results: list[Result]) -> pd.DataFrame:
         for r, p in of_kind(results, BenchPayload) if p.side_by_side is None  # those have their own section
         for pt in p.points
     ]
-    return pd.DataFrame(rows)
+    return rows
 
 
 @kind_section(
@@ -211,7 +211,7 @@ def _bench_rows(results: list[Result]) -> pd.DataFrame:
 def section(section: Section, results: list[Result]) -> bool:
     _micro_and_controller(section, results)
     all_rows = _bench_rows(results)
-    if all_rows.empty:
+    if not all_rows:
         return bool(section.tables)
     frame = newest_rows(all_rows, ["machine", "generator", "encap", "size"])
     frame = frame.assign(ratio=[n / t if t > 0 else math.nan for n, t in zip(frame["ndr"], frame["tx"], strict=True)])
@@ -237,47 +237,7 @@ def _bench_group(section: Section, machine: str, generator: str, frame: pd.DataF
     sizes = sorted(set(frame["size"]), key=size_order)
     encaps = sorted(set(frame["encap"]), key=encap_rank)
     labels = [str(s) for s in sizes]
-    pos = {size: i for i, size in enumerate(sizes)}
-    ordered = frame.sort_values("size", key=lambda s: s.map(size_order))
-
-    series, data = [], []
-    for encap in encaps:
-        part = ordered[ordered["encap"] == encap]
-        points = []
-        for row in part.itertuples():
-            points.append((float(pos[row.size]), float(row.ratio),
-                           f"{row.size} B: NDR {fmt(row.ndr)} Mpps ÷ floor {fmt(row.tx)} = {fmt(row.ratio)}"))
-            data.append({"generator": generator, "machine": machine, "encap": encap, "frame_size": row.size,
-                         "ndr_mpps": row.ndr, "pdr_mpps": row.pdr, "xdp_tx_mpps": row.tx, "xdp_drop_mpps": row.drop,
-                         "ndr_over_floor": round(row.ratio, 4), "ndr_gbps": round(gbps(row.ndr, row.size), 4)})
-        series.append(svg.Series(encap, points, ENCAP_COLOURS.get(encap, "#333")))
-    title = f"NDR as a share of the XDP_TX floor, per encap ({where})"
-    section.charts.append(chart(
-        svg.line_chart(title, series, categories=labels, x_label="ingress frame size (bytes)",
-                       y_label="NDR ÷ XDP_TX floor", hlines=[(1.0, "XDP_TX floor")]),
-        title, "Line chart: NDR divided by the XDP_TX floor against frame size, one line per encap, "
-               "dashed line at the floor (1.0).", data))
-
-    floors = frame.groupby("size")[["tx", "drop"]].mean()
-    series = [svg.Series("XDP_DROP floor", [(float(pos[s]), float(floors.loc[s, "drop"]),
-                                             f"{s} B: {fmt(float(floors.loc[s, 'drop']))} Mpps") for s in sizes],
-                         "#000", dashed=True),
-              svg.Series("XDP_TX floor", [(float(pos[s]), float(floors.loc[s, "tx"]),
-                                           f"{s} B: {fmt(float(floors.loc[s, 'tx']))} Mpps") for s in sizes],
-                         "#888", dashed=True)]
-    for encap in encaps:
-        part = ordered[ordered["encap"] == encap]
-        series.append(svg.Series(encap, [(float(pos[r.size]), float(r.ndr),
-                                          f"{r.size} B: NDR {fmt(r.ndr)} Mpps ({fmt(gbps(r.ndr, r.size))} Gb/s), "
-                                          f"PDR {fmt(r.pdr)} Mpps") for r in part.itertuples()],
-                                 ENCAP_COLOURS.get(encap, "#333")))
-    title = f"NDR throughput per encap against frame size ({where})"
-    section.charts.append(chart(
-        svg.line_chart(title, series, categories=labels, x_label="ingress frame size (bytes)",
-                       y_label="throughput (Mpps)"),
-        title, "Line chart: NDR in million packets per second against frame size, one line per encap, "
-               "with the XDP_TX and XDP_DROP floors.", data))
-
+    _bench_charts(section, machine, generator, frame, sizes, encaps)
     by_key = {(row.encap, row.size): row for row in frame.itertuples()}
     table_rows = []
     for encap in encaps:
@@ -313,6 +273,53 @@ def _bench_group(section: Section, machine: str, generator: str, frame: pd.DataF
     versus = _versus_table(frame, where)
     if versus is not None:
         section.tables.append(versus)
+
+
+def _bench_charts(section: Section, machine: str, generator: str, frame: pd.DataFrame, sizes: list[Any],
+                  encaps: list[str]) -> None:
+    """NDR as a share of the XDP_TX floor, and NDR beside both floors, per encap against frame size."""
+    where = f"{generator} on {machine}"
+    labels = [str(s) for s in sizes]
+    pos = {size: i for i, size in enumerate(sizes)}
+    ordered = frame.sort_values("size", key=lambda s: s.map(size_order))
+
+    series, data = [], []
+    for encap in encaps:
+        part = ordered[ordered["encap"] == encap]
+        points = []
+        for row in part.itertuples():
+            points.append((float(pos[row.size]), float(row.ratio),
+                           f"{row.size} B: NDR {fmt(row.ndr)} Mpps ÷ floor {fmt(row.tx)} = {fmt(row.ratio)}"))
+            data.append({"generator": generator, "machine": machine, "encap": encap, "frame_size": row.size,
+                         "ndr_mpps": row.ndr, "pdr_mpps": row.pdr, "xdp_tx_mpps": row.tx, "xdp_drop_mpps": row.drop,
+                         "ndr_over_floor": round(row.ratio, 4), "ndr_gbps": round(gbps(row.ndr, row.size), 4)})
+        series.append(charts.Series(encap, points, ENCAP_COLOURS.get(encap, "#333")))
+    title = f"NDR as a share of the XDP_TX floor, per encap ({where})"
+    section.charts.append(chart(
+        charts.line_chart(title, series, categories=labels, x_label="ingress frame size (bytes)",
+                          y_label="NDR ÷ XDP_TX floor", hlines=[(1.0, "XDP_TX floor")]),
+        title, "Line chart: NDR divided by the XDP_TX floor against frame size, one line per encap, "
+               "dashed line at the floor (1.0).", data))
+
+    floors = frame.groupby("size")[["tx", "drop"]].mean()
+    series = [charts.Series("XDP_DROP floor", [(float(pos[s]), float(floors.loc[s, "drop"]),
+                                                f"{s} B: {fmt(float(floors.loc[s, 'drop']))} Mpps") for s in sizes],
+                            "#000", dashed=True),
+              charts.Series("XDP_TX floor", [(float(pos[s]), float(floors.loc[s, "tx"]),
+                                              f"{s} B: {fmt(float(floors.loc[s, 'tx']))} Mpps") for s in sizes],
+                            "#888", dashed=True)]
+    for encap in encaps:
+        part = ordered[ordered["encap"] == encap]
+        series.append(charts.Series(encap, [(float(pos[r.size]), float(r.ndr),
+                                             f"{r.size} B: NDR {fmt(r.ndr)} Mpps ({fmt(gbps(r.ndr, r.size))} Gb/s), "
+                                             f"PDR {fmt(r.pdr)} Mpps") for r in part.itertuples()],
+                                    ENCAP_COLOURS.get(encap, "#333")))
+    title = f"NDR throughput per encap against frame size ({where})"
+    section.charts.append(chart(
+        charts.line_chart(title, series, categories=labels, x_label="ingress frame size (bytes)",
+                          y_label="throughput (Mpps)"),
+        title, "Line chart: NDR in million packets per second against frame size, one line per encap, "
+               "with the XDP_TX and XDP_DROP floors.", data))
 
 
 LATENCY_CAPTION = "Latency at 10/50/90 % of PDR"

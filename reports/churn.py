@@ -6,24 +6,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from reports import svg
-from reports.page import (
-    Cell,
-    Section,
-    Table,
-    chart,
-    fmt,
-    kind_section,
-    newest_rows,
-)
-from reports.payload import (
-    at_least,
-    non_empty,
-    of_kind,
-    rule,
-)
+from reports import charts
+from reports.page import Cell, Section, Table, chart, fmt, kind_section, newest_rows
+from reports.payload import at_least, non_empty, of_kind, rule
 
 if TYPE_CHECKING:
     from reports.schema import Result
@@ -86,7 +71,7 @@ def section(section: Section, results: list[Result]) -> bool:
     ]
     if not rows:
         return False
-    frame = newest_rows(pd.DataFrame(rows), ["n"]).sort_values("n")
+    frame = newest_rows(rows, ["n"]).sort_values("n")
     points = list(frame["point"])
     data = [{"n": pt.n, "ring_size": pt.ring_size, "slots_owned_by_removed": pt.slots_owned_by_removed,
              "slots_changed": pt.slots_changed, "theoretical_slots": pt.theoretical_slots,
@@ -97,40 +82,40 @@ def section(section: Section, results: list[Result]) -> bool:
     def pct(v: float, ring: int) -> float:
         return 100 * v / ring
 
-    series = [svg.Series("theoretical: 1/N of the ring",
-                         [(pt.n, pct(pt.theoretical_slots, pt.ring_size),
-                           f"N={pt.n}: {pct(pt.theoretical_slots, pt.ring_size):.3g} %")
-                          for pt in points], "#888", dashed=True, markers=False),
-              svg.Series("l4lab: slots changed",
-                         [(pt.n, pct(pt.slots_changed, pt.ring_size),
-                           f"N={pt.n}: {pt.slots_changed} of {pt.ring_size} slots "
-                           f"({pct(pt.slots_changed, pt.ring_size):.3g} %)")
-                          for pt in points], svg.PALETTE[0])]
+    series = [charts.Series("theoretical: 1/N of the ring",
+                            [(pt.n, pct(pt.theoretical_slots, pt.ring_size),
+                              f"N={pt.n}: {pct(pt.theoretical_slots, pt.ring_size):.3g} %")
+                             for pt in points], "#888", dashed=True, markers=False),
+              charts.Series("l4lab: slots changed",
+                            [(pt.n, pct(pt.slots_changed, pt.ring_size),
+                              f"N={pt.n}: {pt.slots_changed} of {pt.ring_size} slots "
+                              f"({pct(pt.slots_changed, pt.ring_size):.3g} %)")
+                             for pt in points], charts.PALETTE[0])]
     if katran:
-        series.append(svg.Series("Katran: slots changed",
-                                 [(pt.n, pct(pt.katran.slots_changed, pt.katran.ring_size),
-                                   f"N={pt.n}: {pt.katran.slots_changed} slots") for pt in katran if pt.katran],
-                                 svg.PALETTE[1], line=False))
+        series.append(charts.Series("Katran: slots changed",
+                                    [(pt.n, pct(pt.katran.slots_changed, pt.katran.ring_size),
+                                      f"N={pt.n}: {pt.katran.slots_changed} slots") for pt in katran if pt.katran],
+                                    charts.PALETTE[1], line=False))
     title = "Ring disruption against the number of reals"
     section.charts.append(chart(
-        svg.line_chart(title, series, x_label="reals before the removal, N (log scale)",
-                       y_label="slots changed (% of ring, log)", log_x=True, log_y=True, y_min=None),
+        charts.line_chart(title, series, x_label="reals before the removal, N (log scale)",
+                          y_label="slots changed (% of ring, log)", log_x=True, log_y=True, y_min=None),
         title, "Log-log chart: percentage of ring slots changed against N for l4lab and Katran, with the "
                "theoretical 1/N line.", data))
 
-    series = [svg.Series("l4lab", [(pt.n, pct(pt.slots_changed - pt.slots_owned_by_removed, pt.ring_size),
-                                    f"N={pt.n}: {pt.slots_changed - pt.slots_owned_by_removed} slots")
-                                   for pt in points], svg.PALETTE[0])]
+    series = [charts.Series("l4lab", [(pt.n, pct(pt.slots_changed - pt.slots_owned_by_removed, pt.ring_size),
+                                       f"N={pt.n}: {pt.slots_changed - pt.slots_owned_by_removed} slots")
+                                      for pt in points], charts.PALETTE[0])]
     if katran:
-        series.append(svg.Series("Katran", [(pt.n, pct(pt.katran.slots_changed - pt.katran.slots_owned_by_removed,
-                                                        pt.katran.ring_size),
-                                             f"N={pt.n}: "
-                                             f"{pt.katran.slots_changed - pt.katran.slots_owned_by_removed} slots")
-                                            for pt in katran if pt.katran], svg.PALETTE[1], line=False))
+        series.append(charts.Series("Katran", [(pt.n, pct(pt.katran.slots_changed - pt.katran.slots_owned_by_removed,
+                                                           pt.katran.ring_size),
+                                                f"N={pt.n}: "
+                                                f"{pt.katran.slots_changed - pt.katran.slots_owned_by_removed} slots")
+                                               for pt in katran if pt.katran], charts.PALETTE[1], line=False))
     title = "Collateral moves: slots changed that the removed real did not own"
     section.charts.append(chart(
-        svg.line_chart(title, series, x_label="reals before the removal, N (log scale)",
-                       y_label="collateral slots (% of ring)", log_x=True),
+        charts.line_chart(title, series, x_label="reals before the removal, N (log scale)",
+                          y_label="collateral slots (% of ring)", log_x=True),
         title, "Chart: collateral slot moves as a percentage of the ring against N for l4lab and Katran.", data))
 
     table_rows = []

@@ -19,8 +19,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import pandas as pd
-
 from reports.page import Cell as Html
 from reports.page import Section, Table, kind_section, newest_rows
 from reports.payload import ENCAP_IDS, EncapId, at_least, non_empty, of_kind, rule
@@ -294,7 +292,7 @@ def section(section: Section, results: list[Result]) -> bool:
     ]
     if not rows:
         return False
-    frame = newest_rows(pd.DataFrame(rows), ["test", "encap"])
+    frame = newest_rows(rows, ["test", "encap"])
     by_key = {(row.test, row.encap): row for row in frame.itertuples()}
     table_rows = []
     for test in sorted(set(frame["test"])):

@@ -6,17 +6,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from reports.page import (
-    Cell,
-    Section,
-    Table,
-    kind_section,
-)
-from reports.payload import (
-    at_least,
-    of_kind,
-    rule,
-)
+from reports.page import Cell, Section, Table, kind_section
+from reports.payload import at_least, of_kind, rule
 
 if TYPE_CHECKING:
     from reports.schema import Result

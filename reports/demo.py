@@ -3,31 +3,15 @@ the requests."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-import pandas as pd
-
 from reports.bench import BenchPayload
-from reports.page import (
-    Cell,
-    Section,
-    Table,
-    encap_rank,
-    fmt,
-    kind_section,
-    newest_rows,
-    run_label,
-)
-from reports.payload import (
-    EncapId,
-    at_least,
-    non_empty,
-    of_kind,
-    rule,
-)
+from reports.page import Cell, Section, Table, encap_rank, fmt, kind_section, newest_rows, run_label
+from reports.payload import EncapId, at_least, non_empty, of_kind, rule
 
 if TYPE_CHECKING:
     from reports.schema import Result
@@ -213,10 +197,10 @@ def section(section: Section, results: list[Result]) -> bool:
     ]
     if not rows:
         return False
-    frame = newest_rows(pd.DataFrame(rows), ["encap"])
+    frame = newest_rows(rows, ["encap"])
     table_rows = []
     for row in frame.sort_values("encap", key=lambda s: s.map(encap_rank)).itertuples():
-        measured = row.stray is not None and not pd.isna(row.stray)
+        measured = row.stray is not None and not math.isnan(row.stray)  # None: not captured
         capture = f"{int(row.to_lb)} / {int(row.from_lb)} / {int(row.stray)}" if measured else "–"
         table_rows.append(
             [

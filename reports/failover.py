@@ -5,22 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from reports import svg
-from reports.page import (
-    Cell,
-    Section,
-    Table,
-    chart,
-    fmt,
-    kind_section,
-    newest,
-)
-from reports.payload import (
-    at_least,
-    non_empty,
-    of_kind,
-    rule,
-)
+from reports import charts
+from reports.page import Cell, Section, Table, chart, fmt, kind_section, newest
+from reports.payload import at_least, non_empty, of_kind, rule
 
 if TYPE_CHECKING:
     from reports.schema import Result
@@ -57,7 +44,7 @@ def section(section: Section, results: list[Result]) -> bool:
         events = sorted(payload.timeline, key=lambda e: e.t)
         title = f"{result.id}: traffic interrupted for {payload.failover_seconds:.2f} s"
         section.charts.append(chart(
-            svg.timeline(title, [(e.t, e.event) for e in events], x_label="time since the test started (s)"),
+            charts.timeline(title, [(e.t, e.event) for e in events], x_label="time since the test started (s)"),
             title, f"Timeline of {len(events)} events in {result.id}; failover took "
                    f"{payload.failover_seconds:.2f} seconds.",
             [{"test": result.id, "t": e.t, "event": e.event} for e in events]))

@@ -5,19 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from reports.page import (
-    Cell,
-    Section,
-    Table,
-    fmt,
-    kind_section,
-)
-from reports.payload import (
-    at_least,
-    non_empty,
-    of_kind,
-    rule,
-)
+from reports.page import Cell, Section, Table, fmt, kind_section
+from reports.payload import at_least, non_empty, of_kind, rule
 
 if TYPE_CHECKING:
     from reports.schema import Result

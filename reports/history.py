@@ -7,22 +7,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from markupsafe import Markup
-
-from reports import bench, churn, conformance, demo, failover, pmtu, rss, svg, trend
+from reports import bench, charts, churn, conformance, demo, failover, pmtu, rss, trend
 from reports.bench import BenchPayload
 from reports.churn import ChurnPayload
 from reports.conformance import ConformancePayload
 from reports.demo import DemoPayload
 from reports.failover import FailoverPayload
-from reports.page import (
-    Cell,
-    Section,
-    Table,
-    kind_section,
-    short_commit,
-    when,
-)
+from reports.page import Cell, Section, Table, kind_section, short_commit, when
 from reports.pmtu import PmtuPayload
 from reports.rss import RssPayload
 
@@ -89,11 +80,11 @@ def section(section: Section, results: list[Result]) -> bool:
         first, last = ordered[0][1][1], ordered[-1][1][1]
         change = (last - first) / first * 100 if first else math.nan
         marks = set(trend.change_points([v for _, (_, v) in ordered]))
-        spark = svg.sparkline(name, [(v, f"{short_commit(c)} ({t.astimezone(UTC):%Y-%m-%d %H:%M}): {v:.4g}"
-                                      + (" — a change beyond the noise (jumpavg)" if i in marks else ""))
-                                     for i, (c, (t, v)) in enumerate(ordered)], marks=marks)
+        spark = charts.sparkline(name, [(v, f"{short_commit(c)} ({t.astimezone(UTC):%Y-%m-%d %H:%M}): {v:.4g}"
+                                         + (" — a change beyond the noise (jumpavg)" if i in marks else ""))
+                                        for i, (c, (t, v)) in enumerate(ordered)], marks=marks)
         trend_rows.append([Cell(name), Cell(str(len(ordered)), "num"),
-                           Cell(" ".join(f"{v:.4g}" for _, (_, v) in ordered), html=Markup(spark)),  # noqa: S704
+                           Cell(" ".join(f"{v:.4g}" for _, (_, v) in ordered), html=spark),
                            Cell(f"{first:.4g}", "num"), Cell(f"{last:.4g}", "num"),
                            Cell(f"{change:+.1f} %" if math.isfinite(change) else "–", "num")])
     if trend_rows:

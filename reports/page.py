@@ -14,17 +14,16 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-from markupsafe import Markup
-
-from reports import svg
+from reports import charts
 from reports.payload import ENCAP_IDS
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from reports.schema import Result
 
 
-ENCAP_COLOURS = dict(zip(ENCAP_IDS, svg.PALETTE, strict=False))
+ENCAP_COLOURS = dict(zip(ENCAP_IDS, charts.PALETTE, strict=False))
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class Chart:
 
     title: str
     alt: str
-    svg: Markup
+    svg: str  # <svg> markup by reports/charts.py, text escaped there
     data: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -53,7 +52,7 @@ class Cell:
     text: str
     css: str = ""
     hint: str = ""  # shown on hover
-    html: Markup | None = None  # markup shown instead of text (a sparkline); text stays the data value
+    html: str | None = None  # <svg> markup shown instead of text (a sparkline); text stays the data value
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ def _downloads(title: str, rows: list[dict[str, Any]]) -> list[Download]:
 
 
 def chart(markup: str, title: str, alt: str, data: list[dict[str, Any]]) -> Chart:
-    return Chart(title=title, alt=alt, svg=Markup(markup), data=data)  # noqa: S704 - built by reports/svg.py, escaped
+    return Chart(title=title, alt=alt, svg=markup, data=data)
 
 
 def fmt(value: float, digits: int = 2) -> str:
@@ -138,9 +137,11 @@ def pvalue(value: float, equals: str = "") -> str:
     return "< 1e-6" if value < 1e-6 else f"{equals}{value:.3g}"
 
 
-def newest_rows(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Rows of ``frame`` keeping only the newest (column ``time``) per key; ties go to the later row."""
-    return frame.sort_values("time", kind="stable").drop_duplicates(keys, keep="last")
+def newest_rows(rows: list[dict[str, Any]], keys: list[str]) -> pd.DataFrame:
+    """A frame of ``rows`` keeping only the newest (column ``time``) per key; ties go to the later row."""
+    import pandas as pd  # the report extra: writing results (schema.py imports every kind's module) needs none
+
+    return pd.DataFrame(rows).sort_values("time", kind="stable").drop_duplicates(keys, keep="last")
 
 
 def newest(results: Iterable[tuple[Result, Any]], key: Any) -> list[tuple[Result, Any]]:

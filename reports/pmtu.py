@@ -5,24 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from reports.page import (
-    Cell,
-    Section,
-    Table,
-    encap_rank,
-    fmt,
-    kind_section,
-    newest_rows,
-)
-from reports.payload import (
-    EncapId,
-    at_least,
-    non_empty,
-    of_kind,
-    rule,
-)
+from reports.page import Cell, Section, Table, encap_rank, fmt, kind_section, newest_rows
+from reports.payload import EncapId, at_least, non_empty, of_kind, rule
 
 if TYPE_CHECKING:
     from reports.schema import Result
@@ -63,7 +47,7 @@ def section(section: Section, results: list[Result]) -> bool:
     ]
     if not rows:
         return False
-    frame = newest_rows(pd.DataFrame(rows), ["encap", "name"])
+    frame = newest_rows(rows, ["encap", "name"])
     names = list(dict.fromkeys(s.name for _, p in of_kind(results, PmtuPayload) for s in p.scenarios))
     by_key = {(row.encap, row.name): row.scenario for row in frame.itertuples()}
     table_rows = []

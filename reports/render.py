@@ -10,8 +10,8 @@ page. It opens with the encapsulation modes at a glance (the newest demo run), t
 kind that has results, then the runs (latest per machine and generator) and a trend per figure over
 commits; the kinds without results are left out
 and listed last, each with the command that measures it (FILLED_BY). Charts are inline SVG
-(reports/svg.py) whose every mark has a <title> (hover value), zoomable with the wheel; every chart
-and table links its data as CSV and JSON (data: URLs). The Jinja2 template only lays them out.
+drawn by matplotlib (reports/charts.py) whose every mark has a <title> (hover value), readable without
+JavaScript; every chart and table links its data as CSV and JSON (data: URLs). The Jinja2 template only lays them out.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import jinja2
-from markupsafe import Markup
 
-from reports import bench, churn, conformance, corpus, demo, failover, fuzz, history, pmtu, rss, side_by_side, svg
+from reports import bench, churn, conformance, corpus, demo, failover, fuzz, history, pmtu, rss, side_by_side
 from reports.page import Cell, Section, Table, distinct, short_commit
 from reports.payload import of_kind
 from reports.schema import Result, ResultsError, load_results, parse_result, results_dir
@@ -135,7 +134,6 @@ def _page(sections: list[Section], results: list[Result], source: str, now: date
         synthetic=sum(1 for r in results if r.synthetic),
         source=source,
         no_results=NO_RESULTS,
-        zoom_script=Markup(svg.ZOOM_SCRIPT),  # noqa: S704 - our own constant
     )
 
 

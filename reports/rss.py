@@ -7,25 +7,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from reports import svg
-from reports.page import (
-    Cell,
-    Section,
-    Table,
-    chart,
-    encap_rank,
-    fmt,
-    kind_section,
-    newest,
-    pvalue,
-)
-from reports.payload import (
-    at_least,
-    between,
-    non_empty,
-    of_kind,
-    rule,
-)
+from reports import charts
+from reports.page import Cell, Section, Table, chart, encap_rank, fmt, kind_section, newest, pvalue
+from reports.payload import at_least, between, non_empty, of_kind, rule
 
 if TYPE_CHECKING:
     from reports.schema import Result
@@ -98,9 +82,9 @@ def section(section: Section, results: list[Result]) -> bool:
         for sc in payload.scenarios:
             mean = sum(sc.queue_counts) / max(sc.nqueues, 1)
             subtitle = f"{sc.name} ({sc.source}): max/mean {fmt(sc.max_over_mean)}, p {pvalue(sc.p_value, '= ')}"
-            panels.append(svg.Bars(subtitle,
-                                   [float(c) for c in sc.queue_counts],
-                                   [f"queue {i}: {c} {sc.counted}" for i, c in enumerate(sc.queue_counts)], mean))
+            panels.append(charts.Bars(subtitle,
+                                      [float(c) for c in sc.queue_counts],
+                                      [f"queue {i}: {c} {sc.counted}" for i, c in enumerate(sc.queue_counts)], mean))
             table_rows.append([
                 Cell(sc.name, "key"), Cell(result.id), Cell(sc.source), Cell(str(sc.nqueues), "num"),
                 Cell(str(sc.flows), "num"),
@@ -111,7 +95,7 @@ def section(section: Section, results: list[Result]) -> bool:
         data = [{"result": result.id, "scenario": sc.name, "source": sc.source, "queue": i, sc.counted: c}
                 for sc in payload.scenarios for i, c in enumerate(sc.queue_counts)]
         section.charts.append(chart(
-            svg.bar_grid(title, panels, x_label="receive queue", y_label=payload.scenarios[0].counted),
+            charts.bar_grid(title, panels, x_label="receive queue", y_label=payload.scenarios[0].counted),
             title, f"Bar charts of {payload.scenarios[0].counted} per receive queue for "
                    f"{', '.join(sc.name for sc in payload.scenarios)}; dashed line at the mean.", data))
     section.tables.append(Table(

@@ -8,28 +8,9 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TYPE_CHECKING, Literal, cast
 
-from markupsafe import Markup
-
-from reports import svg, trend
-from reports.page import (
-    Cell,
-    Section,
-    Table,
-    encap_rank,
-    fmt,
-    kind_section,
-    run_label,
-    short_commit,
-    size_order,
-)
-from reports.payload import (
-    EncapId,
-    Kind,
-    at_least,
-    between,
-    non_empty,
-    rule,
-)
+from reports import charts, trend
+from reports.page import Cell, Section, Table, encap_rank, fmt, kind_section, run_label, short_commit, size_order
+from reports.payload import EncapId, Kind, at_least, between, non_empty, rule
 
 if TYPE_CHECKING:
     from reports.bench import BenchPayload, Versus
@@ -305,10 +286,10 @@ def _ratio_trends(section: Section, results: list[Result]) -> None:
         points = [(s.value, f"{short_commit(s.commit)} ({s.time.astimezone(UTC):%Y-%m-%d %H:%M}): {s.value:.3f}"
                    + (f" — {marks[i]}: a change beyond the noise" if i in marks else ""))
                   for i, s in enumerate(t.samples)]
-        spark = svg.sparkline(t.name, points, marks=set(marks))
+        spark = charts.sparkline(t.name, points, marks=set(marks))
         last = t.changes[-1] if t.changes else None
         rows.append([Cell(t.name), Cell(f"{t.better} is better"), Cell(str(len(t.samples)), "num"),
-                     Cell(" ".join(f"{s.value:.3f}" for s in t.samples), html=Markup(spark)),  # noqa: S704
+                     Cell(" ".join(f"{s.value:.3f}" for s in t.samples), html=spark),
                      Cell(f"{t.samples[-1].value:.3f}", "num"),
                      Cell(f"{last[1]} at {short_commit(t.samples[last[0]].commit)}" if last else "none",
                           "warn" if last and last[1] == "worse" else "")])
