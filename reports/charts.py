@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import textwrap
 import types
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -230,10 +231,13 @@ def bar_grid(title: str, panels: Sequence[Bars], *, x_label: str, y_label: str, 
 def timeline(title: str, events: Sequence[tuple[float, str]], *, x_label: str, width: int = 760) -> str:
     """Events as labelled dots on a time axis, one row each, in order."""
     tips = _Tips()
+    # Long event names wrap onto lines of their row: the axis keeps at least half the width.
+    names = [textwrap.fill(name, 44) for _, name in events]
+    lines = sum(name.count("\n") + 1 for name in names)
     with _matplotlib().rc_context(_RC):
-        fig = _figure(width, 90 + 26 * len(events), layout="constrained")
+        fig = _figure(width, 90 + 16 * lines + 10 * len(events), layout="constrained")
+        fig.suptitle(title, fontweight="bold", fontsize=11)
         ax = fig.add_subplot()
-        ax.set_title(title, fontweight="bold")
         rows = list(range(len(events)))
         times = [t for t, _ in events]
         ax.hlines(rows, 0, times, color="#ccc")
@@ -241,7 +245,7 @@ def timeline(title: str, events: Sequence[tuple[float, str]], *, x_label: str, w
                 gid=tips.gid("point", [f"{name}: {t:.3f} s" for t, name in events]))
         for t, row in zip(times, rows, strict=True):
             ax.annotate(f"{t:.2f} s", (t, row), xytext=(6, 0), textcoords="offset points", va="center", fontsize=8)
-        ax.set_yticks(rows, [name for _, name in events])
+        ax.set_yticks(rows, names, fontsize=9)
         ax.set_ylim(len(events) - 0.5, -0.5)
         ax.set_xlim(0, max([*times, 0.1]) * 1.15)
         ax.set_xlabel(x_label)
