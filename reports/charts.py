@@ -131,7 +131,10 @@ def _svg(fig: Figure, label: str, tips: _Tips, css: str = "chart") -> str:
                  r'|LineCollection|Collection|image)_\d+"', "", svg)
     for gid, (kind, texts) in tips.by_gid.items():
         svg = _titled(svg, gid, kind, texts)
-    width, height = (round(float(v)) for v in re.search(r'viewBox="0 0 ([\d.]+) ([\d.]+)"', svg).groups())  # type: ignore[union-attr]
+    box = re.search(r'viewBox="0 0 ([\d.]+) ([\d.]+)"', svg)
+    if box is None:
+        raise ValueError("matplotlib wrote an <svg> without a viewBox")
+    width, height = (round(float(v)) for v in box.groups())
     opening = (f'<svg class="{css}" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
                f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg" '
                f'xmlns:xlink="http://www.w3.org/1999/xlink"><title>{escape(label)}</title>')
