@@ -15,14 +15,49 @@ the n/a ones. Results written before the four verdicts read `fail` as finding an
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from reports.schema import ConformancePayload, Result, of_kind
+from reports.page import Cell as Html
+from reports.page import Section, Table, kind_section, newest_rows
+from reports.payload import ENCAP_IDS, EncapId, at_least, non_empty, of_kind, rule
 
 if TYPE_CHECKING:
-    from reports.render import Section
+    from reports.schema import Result
+
+@dataclass(frozen=True)
+class ConformanceFigure:
+    """One figure a conformance test measured and asserted (the DUT side by side reads these)."""
+
+    name: str = field(metadata=rule(non_empty))
+    value: float
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class ConformancePayload:
+    """The verdict of one conformance check in one encap, on one device under test (lab/dut/verdict.py).
+
+    `pass`; `finding` (the DUT contradicts the check: its evidence in `detail`); `not-applicable`
+    (the DUT lacks a capability the check needs: `detail` names it, `reference` cites the DUT's own
+    documentation or source, from its data file lab/dut/<dut>.toml); `error` (the harness, the lab or
+    the adapter failed). `fail` and `skip` are the outcomes results written before the four
+    verdicts carry. `run` names the `l4lab conform` run the result belongs to ("" outside one);
+    `build` says what exactly ran (version, build flags).
+    """
+
+    test: str = field(metadata=rule(non_empty))
+    encap: EncapId | None
+    outcome: Literal["pass", "finding", "not-applicable", "error", "fail", "skip"]
+    duration_s: float = field(metadata=rule(at_least(0)))
+    dut: str = "l4lab"
+    detail: str = ""
+    figures: list[ConformanceFigure] = field(default_factory=list)
+    run: str = ""
+    reference: str = ""
+    build: str = ""
+
 
 VERDICTS = ("pass", "finding", "not-applicable", "error")
 _OLD = {"fail": "finding", "skip": "error"}
@@ -198,20 +233,20 @@ def changes(old: Matrix, new: Matrix) -> list[str]:
 _CSS = {"pass": "pass", "finding": "warn", "not-applicable": "skip", "error": "fail"}
 
 
-def section(results: Sequence[Result]) -> Section:
-    """The HTML section of the newest conform run's matrix (empty when no run has a foreign DUT)."""
-    from reports.render import Cell as Html
-    from reports.render import Section, Table
+def _duts_intro(run: str) -> str:
+    return (f"The same checks against each load balancer, from one `l4lab conform` run ({run}). "
+            "A finding is the DUT's behaviour contradicting the check, with its evidence; n/a cites "
+            "the line of the DUT's data file (lab/dut/<dut>.toml) that says where its own documentation "
+            "or source shows the absence; an error is ours. Hover a cell for its evidence.")
 
+
+@kind_section("duts", "Devices under test", _duts_intro(""))
+def duts_section(section: Section, results: list[Result]) -> bool:
+    """The newest conform run's matrix (empty when no run has a foreign DUT)."""
     matrix = Matrix.of(results)
-    section = Section("duts", "Devices under test",
-                      f"The same checks against each load balancer, from one `l4lab conform` run ({matrix.run}). "
-                      "A finding is the DUT's behaviour contradicting the check, with its evidence; n/a cites "
-                      "the line of the DUT's data file (lab/dut/<dut>.toml) that says where its own documentation "
-                      "or source shows the absence; an error is ours. Hover a cell for its evidence.")
     if not any(d != "l4lab" for d in matrix.duts):
-        section.empty = True
-        return section
+        return False
+    section.intro = _duts_intro(matrix.run)
     rows = []
     for (test, encap), _ in matrix.rows.items():
         cells = [Html(test, "key"), Html(encap, "key")]
@@ -239,4 +274,45 @@ def section(results: Sequence[Result]) -> Section:
     section.notes.append("Throughput is compared only between DUTs on the same substrate: l4lab and Katran "
                          "run in XDP on the lab's veth; IPVS runs in a TCG-emulated VM, so its speed is not "
                          "comparable and is not shown.")
-    return section
+    return True
+
+
+_OUTCOME_CSS = {"finding": "fail", "error": "fail", "not-applicable": "skip"}  # the four verdicts, as cells
+
+
+@kind_section(
+    "conformance",
+    "Conformance",
+    "End-to-end tests, one column per encap; hover a cell for its duration.",
+)
+def section(section: Section, results: list[Result]) -> bool:
+    rows = [
+        {"time": r.time, "test": p.test, "encap": p.encap, "outcome": p.outcome, "duration": p.duration_s}
+        for r, p in of_kind(results, ConformancePayload) if p.dut == "l4lab"
+    ]
+    if not rows:
+        return False
+    frame = newest_rows(rows, ["test", "encap"])
+    by_key = {(row.test, row.encap): row for row in frame.itertuples()}
+    table_rows = []
+    for test in sorted(set(frame["test"])):
+        cells = [Html(test, "key")]
+        for encap in ENCAP_IDS:
+            row = by_key.get((test, encap))
+            if row is None:
+                cells.append(Html("–", "missing", "not run"))
+            else:
+                cells.append(Html(row.outcome, _OUTCOME_CSS.get(row.outcome, row.outcome), f"{row.duration:.2f} s"))
+        table_rows.append(cells)
+    counts = frame["outcome"].value_counts()
+    shown = ", ".join(f"{counts[o]} {o}" for o in counts.index)
+    section.notes.append(f"{shown} of {len(frame)} test × encap cases (l4lab).")
+    section.tables.append(Table("Outcome per test and encap", ["test", *ENCAP_IDS], table_rows))
+    return True
+
+
+def figures(result: Result, p: ConformancePayload) -> dict[str, float | str]:
+    """This result's figures by names stable across runs (reports/history.py trends and compares them)."""
+    out: dict[str, float | str] = {}
+    out[f"conformance {p.test} {p.encap}"] = p.outcome
+    return out

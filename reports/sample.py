@@ -21,42 +21,27 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from balancer import encaps
-from reports.schema import (
-    ENCAP_IDS,
-    FRAME_SIZES,
+from reports.bench import (
     BenchPayload,
     BenchPoint,
-    ChurnPayload,
-    ChurnPoint,
-    ConformancePayload,
-    ConnectionOutcomes,
     ControllerFigure,
-    CorpusPayload,
-    DemoChurn,
-    DemoEncap,
-    DemoPayload,
-    DemoPmtu,
-    DemoSpread,
-    FailoverPayload,
     Floor,
-    FuzzPayload,
-    FuzzReason,
-    KatranChurn,
-    Kind,
     LatencyFigure,
-    Machine,
     MicroFigure,
     Nic,
-    PmtuPayload,
-    PmtuScenario,
-    RssPayload,
-    RssScenario,
-    TimelineEvent,
     Trial,
     Versus,
-    case_id,
-    write_result,
 )
+from reports.churn import ChurnPayload, ChurnPoint, ConnectionOutcomes, KatranChurn
+from reports.conformance import ConformancePayload
+from reports.corpus import CorpusPayload
+from reports.demo import DemoChurn, DemoEncap, DemoPayload, DemoPmtu, DemoSpread
+from reports.failover import FailoverPayload, TimelineEvent
+from reports.fuzz import FuzzPayload, FuzzReason
+from reports.payload import ENCAP_IDS, FRAME_SIZES, Kind
+from reports.pmtu import PmtuPayload, PmtuScenario
+from reports.rss import RssPayload, RssScenario
+from reports.schema import Machine, case_id, write_result
 
 __all__ = ["SAMPLE_COMMIT", "SAMPLE_MACHINE", "SAMPLE_OLDER_COMMIT", "main", "write_sample"]
 

@@ -1,21 +1,20 @@
-"""Each side-by-side ratio across commits, as FD.io CSIT keeps its trends: every `l4lab bench --katran`
-result carries its commit, and a change beyond the noise is found by CSIT's own change-point detector,
-`jumpavg` (PyPI): it groups a series of runs into stretches of one normal distribution each by the
-minimum description length, so a new group starts only where a jump costs fewer bits than the noise.
+"""Change points of a figure across commits, as FD.io CSIT keeps its trends: every result carries its
+commit, and a change beyond the noise is found by CSIT's own change-point detector, `jumpavg` (PyPI):
+it groups a series of runs into stretches of one normal distribution each by the minimum description
+length, so a new group starts only where a jump costs fewer bits than the noise.
 
 A sample is one run; where the run kept its per-round ratios (lab/bench/order.py) the sample is those
-rounds, so the detector weighs a run's own spread. Ratios of cost (l4lab ÷ Katran above the floor)
+rounds, so the detector weighs a run's own spread. The side-by-side ratios' series are built in
+reports/side_by_side.py, every figure's in reports/history.py. Ratios of cost (l4lab ÷ Katran above the floor)
 are better lower; ratios of rate (NDR ÷ the XDP_TX floor, l4lab ÷ Katran) better higher.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
-
-from reports.schema import BenchPayload, Result, of_kind
 
 Direction = Literal["lower", "higher"]
 Change = Literal["better", "worse"]
@@ -40,34 +39,6 @@ class Trend:
     better: Direction
     samples: tuple[Sample, ...]
     changes: tuple[tuple[int, Change], ...]  # (index of the first sample of a new group, better or worse)
-
-
-def _series(results: Iterable[Result]) -> dict[str, tuple[Direction, list[Sample]]]:
-    out: dict[str, tuple[Direction, list[Sample]]] = {}
-
-    def add(name: str, better: Direction, r: Result, value: float, rounds: Sequence[float | None] = ()) -> None:
-        got = tuple(x for x in rounds if x is not None)
-        out.setdefault(name, (better, []))[1].append(Sample(r.commit, r.time, value, got))
-
-    for r, p in of_kind(list(results), BenchPayload):
-        sbs = p.side_by_side
-        if sbs is None or r.synthetic:
-            continue
-        where = f"{r.machine.hostname}, {r.id}"
-        for c in sbs.cases:
-            if c.ratio_above_floor is not None:
-                add(f"{c.encap or '-'} {c.case}: l4lab ÷ {sbs.program} above the floor — {where}", "lower", r,
-                    c.ratio_above_floor, c.round_ratios)
-        for pt in p.points:
-            for v in pt.versus:
-                if v.ndr_mpps > 0:
-                    add(f"{pt.encap} live NDR: l4lab ÷ {v.program} — {where}", "higher", r, pt.ndr_mpps / v.ndr_mpps)
-        floods = {f.program: f for f in sbs.syn_flood}
-        theirs = floods.get(sbs.program)
-        if "l4lab" in floods and theirs is not None and theirs.ndr_mpps > 0:
-            add(f"syn-flood live NDR: l4lab ÷ {sbs.program} — {where}", "higher", r,
-                floods["l4lab"].ndr_mpps / theirs.ndr_mpps)
-    return out
 
 
 def change_points(values: Sequence[float]) -> list[int]:
@@ -102,12 +73,3 @@ def classify(samples: Sequence[Sample], better: Direction) -> list[tuple[int, Ch
     return changes
 
 
-def trends(results: Iterable[Result]) -> list[Trend]:
-    """Every side-by-side ratio measured at two or more runs, with its change points."""
-    found = []
-    for name, (better, samples) in sorted(_series(results).items()):
-        if len(samples) < 2:
-            continue
-        ordered = tuple(sorted(samples, key=lambda s: s.time))
-        found.append(Trend(name, better, ordered, tuple(classify(ordered, better))))
-    return found

@@ -12,7 +12,7 @@ class Figure:
     img: dict[str, str | None] = field(default_factory=dict)
     caption: str = ""
     svg: dict[str, str | None] = field(default_factory=dict)  # the chart's <svg> attributes
-    marks: int = 0  # circles and bars of class point / bar
+    marks: int = 0  # marks of class point / bar (a <g> around matplotlib's marker or bar)
     titled_marks: int = 0  # of those, how many carry a <title> (hover value)
     downloads: list[dict[str, str | None]] = field(default_factory=list)
 
@@ -51,7 +51,7 @@ class Page(HTMLParser):
         self._cell: list[str] | None = None
         self.scripts: list[dict[str, str | None]] = []
         self.downloads: list[dict[str, str | None]] = []
-        self._mark: bool = False  # inside a point or bar, whose <title> child is its hover text
+        self._mark: bool = False  # the last start tag opened a point or bar, whose first child titles it
         self._last_table: Table | None = None
         self._in: list[str] = []  # open elements we track text for: caption, figcaption, header, style
         self.feed(html)
@@ -71,10 +71,8 @@ class Page(HTMLParser):
                 self._figure.img = a
         elif tag == "svg" and self._figure is not None and not self._figure.svg:
             self._figure.svg = a
-        elif tag in ("circle", "rect") and (a.get("class") or "") in ("point", "bar"):
-            self._mark = True
-            if self._figure is not None:
-                self._figure.marks += 1
+        elif tag == "g" and (a.get("class") or "") in ("point", "bar") and self._figure is not None:
+            self._figure.marks += 1
         elif tag == "title" and self._mark and self._figure is not None:
             self._figure.titled_marks += 1
         elif tag == "script":
@@ -94,6 +92,8 @@ class Page(HTMLParser):
             self._cell = []
         if tag in ("caption", "figcaption", "header", "style", "script", "title"):
             self._in.append(tag)
+        # a mark's hover text is the <title> that is its first child
+        self._mark = tag == "g" and (a.get("class") or "") in ("point", "bar")
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "section":
@@ -104,8 +104,6 @@ class Page(HTMLParser):
         elif tag == "table":
             self._last_table = self._table
             self._table = None
-        elif tag in ("circle", "rect"):
-            self._mark = False
         elif tag in ("td", "th") and self._row is not None and self._cell is not None:
             self._row.append("".join(self._cell).strip())
             self._cell = None

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reports.payload import ENCAP_IDS
 from reports.sample import SAMPLE_COMMIT, SAMPLE_MACHINE, SAMPLE_OLDER_COMMIT, write_sample
 from reports.schema import (
-    ENCAP_IDS,
     SCHEMA_VERSION,
     BenchPayload,
     ConformancePayload,
@@ -412,6 +412,18 @@ def test_bad_latency_is_refused_naming_the_field(tmp_path: Path, change: dict[st
 
 def test_imix_mean_matches_the_generators_mix() -> None:
     from lab.bench.gen.base import IMIX
-    from reports.schema import IMIX_MEAN_FRAME_BYTES
+    from reports.payload import IMIX_MEAN_FRAME_BYTES
 
     assert sum(size * n for size, n in IMIX) / sum(n for _, n in IMIX) == IMIX_MEAN_FRAME_BYTES
+
+
+def test_writing_results_loads_none_of_the_report_extra() -> None:
+    """The suites and the bench write results through reports.schema, which imports every kind's module:
+    their sections' libraries (the `report` extra) must load only when a page is drawn."""
+    import subprocess
+    import sys
+
+    extra = ("matplotlib", "pandas", "jinja2", "markupsafe", "jumpavg")
+    code = f"import sys, reports.schema; print(' '.join(m for m in {extra!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "", f"importing reports.schema loaded {done.stdout.strip()}"

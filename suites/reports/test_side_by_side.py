@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
-from reports.render import SIDE_BY_SIDE_TITLE, figures, render
+from reports.history import figures
+from reports.render import render
 from reports.schema import BenchPayload, ResultsError, load_results, parse_result
+from reports.side_by_side import SIDE_BY_SIDE_TITLE
 from suites.reports._page import Page
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "bench.katran_side_by_side.json"

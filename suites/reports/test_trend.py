@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from reports import trend
+from reports import side_by_side, trend
 from reports.render import render
 from reports.schema import parse_result
 from suites.reports._page import Page
@@ -66,7 +66,7 @@ def test_the_report_marks_the_run_where_a_ratio_changed(tmp_path: Path) -> None:
         data = _result_at(i, round(sum(rounds) / len(rounds), 4), rounds)
         parse_result(data)  # a valid result
         (results / f"bench.sbs@{i:02d}.json").write_text(json.dumps(data), encoding="utf-8")
-    found = {t.name.split(" — ")[0]: t for t in trend.trends(parse_result(json.loads(p.read_text()))
+    found = {t.name.split(" — ")[0]: t for t in side_by_side.trends(parse_result(json.loads(p.read_text()))
                                                              for p in sorted(results.glob("*.json")))}
     hit = found["ip4-ipip session-hit: l4lab ÷ katran above the floor"]
     assert len(hit.samples) == 10 and hit.changes == ((5, "better"),)
@@ -81,4 +81,4 @@ def test_one_run_has_no_trend(tmp_path: Path) -> None:
     results = tmp_path / "results"
     results.mkdir()
     shutil.copy(SAMPLE, results / SAMPLE.name)
-    assert trend.trends([parse_result(json.loads(SAMPLE.read_text()))]) == []
+    assert side_by_side.trends([parse_result(json.loads(SAMPLE.read_text()))]) == []
