@@ -107,7 +107,8 @@ class Reason(IntEnum):
     DROP_NO_SETTINGS = 17
     DROP_ICMP_UNSUPPORTED = 18
     DROP_VLAN_STACKED = 19
-    REASON_COUNT = 20
+    DROP_NO_EGRESS = 20
+    REASON_COUNT = 21
 
 
 class VipFlag(IntFlag):
@@ -149,10 +150,10 @@ class Counter(ctypes.Structure):
 
 
 class Counts(ctypes.Structure):
-    """struct lb_counts (368 bytes)"""
+    """struct lb_counts (384 bytes)"""
 
     _pack_ = 1
-    _fields_ = [("events", ctypes.c_uint64 * 6), ("reasons", Counter * 20)]
+    _fields_ = [("events", ctypes.c_uint64 * 6), ("reasons", Counter * 21)]
 
 
 class Flow(ctypes.Structure):
@@ -236,7 +237,7 @@ class VipSlot(ctypes.Structure):
 SIZES = {
     "AddrKey": 20,
     "Counter": 16,
-    "Counts": 368,
+    "Counts": 384,
     "Flow": 40,
     "Flow4": 16,
     "HcTarget": 24,
@@ -256,6 +257,8 @@ RODATA = {
         "cfg_udp_timeout_ns": (48, 8),
         "cfg_jiffy_ns": (56, 4),
         "cfg_jiffies_at_boot": (64, 8),
+        "cfg_egress_ifindex": (72, 4),
+        "cfg_egress_mac": (80, 8),
     },
     "decap": {
         "cfg_gue_port": (48, 2),
@@ -281,6 +284,8 @@ RODATA = {
 MAPS = {
     "balancer": (
         "lb_counts",
+        "lb_egress",
+        "lb_egress_frags",
         "lb_real_stats",
         "lb_reals",
         "lb_ring",
@@ -315,10 +320,10 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "922c142e9ab9bac6c1a576ff527f0602",
-    "decap": "5ff21603b6b9d29eb776b2e1ff02a80f",
+    "balancer": "40f8f3b7ba8b5a8d293a87ed73858224",
+    "decap": "cbfadccc702d85fb7b5aa031bef32166",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
-    "healthcheck": "8b5e44658a47be8dbb63f696ae9fa9fc",
+    "healthcheck": "6e4ab72af49a123191b2a4d0fd5edc69",
     "pass": "8f39d9f24e7339db28876547ef6a9879",
     "trafficgen": "37e8064bdb28e3f638edcbfe03b2332f",
     "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",

@@ -169,6 +169,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  interface {ifname}: XDP {mode} (requested {st['requested_modes'].get(ifname)})"
               + (f": {note}" if note else ""))
     _warn_generic(st["interfaces"])
+    eg = st["egress"]
+    if eg:
+        note = "" if eg["now"] == eg["ifname"] else (
+            f": renamed to '{eg['now']}', frames still leave there" if eg["now"] else
+            ": deleted; encapsulated frames drop as DROP_NO_EGRESS: `lbctl unload`, then load with one that exists")
+        print(f"  egress {eg['ifname']}: encapsulated frames leave by XDP_REDIRECT (ifindex {eg['ifindex']}, "
+              f"from {eg['mac']}, MTU {eg['mtu'] or '-'}){note}")
     for v in st["vips"]:
         print(f"  vip {v['vip']}  #{v['vip_num']}  encap {v['encap']}  hash {v['hash']}  "
               f"lru {'on' if v['lru'] else 'off'}  outer source {v['outer_src']}")

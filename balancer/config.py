@@ -80,6 +80,7 @@ class DatapathConfig:
     fallback_size: int = 16384  # accepted and ignored: there is no fallback table since issue 11
     udp_timeout_s: int = int(_abi.Limits.DEFAULT_UDP_TIMEOUT_S)
     frags: bool = False
+    egress: str = ""  # two-arm: the interface encapsulated frames leave by ("": one-arm, balancer/egress.py)
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,11 @@ def _datapath(t: _Table) -> DatapathConfig:
             raise t.error(key, name, "an interface name of 1..15 characters without '/', ':' or spaces")
         if name in interfaces[:i]:
             raise t.error(key, name, "an interface not listed before")
+    egress = t.string("egress", "an interface name (two-arm), or absent (one-arm)", d.egress)
+    if egress and (not _IFNAME.fullmatch(egress) or egress in (".", "..")):
+        raise t.error("egress", egress, "an interface name of 1..15 characters without '/', ':' or spaces")
+    if egress in interfaces:
+        raise t.error("egress", egress, "an interface not in datapath.interfaces (leave egress out for one-arm)")
     ring_size = t.integer("ring_size", 3, U32_MAX, d.ring_size)
     if not is_prime(ring_size):
         raise t.error("ring_size", ring_size, "a prime number (Maglev needs one), such as 65537")
@@ -252,6 +258,7 @@ def _datapath(t: _Table) -> DatapathConfig:
         fallback_size=t.integer("fallback_size", 1, U32_MAX, d.fallback_size),
         udp_timeout_s=t.integer("udp_timeout_s", 1, 86400, d.udp_timeout_s),
         frags=t.boolean("frags", d.frags),
+        egress=egress,
     )
 
 
@@ -493,6 +500,7 @@ _KNOWN: Final[dict[str, tuple[str, ...]]] = {
         "fallback_size",
         "udp_timeout_s",
         "frags",
+        "egress",
     ),
     "encap": ("nexthop_mac", "gue_port", "src4", "src6"),
     "vips": ("address", "port", "proto", "encap", "hash", "lru", "outer_src", "gue_csum", "reals", "healthcheck"),
@@ -521,6 +529,7 @@ def dump(config: Config) -> str:
         f"fallback_size = {d.fallback_size}",
         f"udp_timeout_s = {d.udp_timeout_s}",
         f"frags = {_toml(d.frags)}",
+        *([f"egress = {_toml(d.egress)}"] if d.egress else []),
         "",
         "[encap]",
         f"nexthop_mac = {_toml(e.nexthop_mac)}",

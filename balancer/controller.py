@@ -30,6 +30,7 @@ import numpy.typing as npt
 from balancer import _abi, encaps, maglev, objects
 from balancer import config as cfg
 from balancer.datapath import Datapath, Transaction
+from balancer.egress import Egress, resolve
 from balancer.errors import DatapathError, LbError
 
 PIN_ROOT = os.environ.get("LBCTL_PIN_ROOT", "/sys/fs/bpf/lbctl")
@@ -68,6 +69,7 @@ class State:
     real_ids: dict[str, int] = field(default_factory=dict)         # address -> real id
     ring_inputs: dict[str, list[list[Any]]] = field(default_factory=dict)  # vip -> [[addr, weight]]
     down: dict[str, list[str]] = field(default_factory=dict)       # vip -> reals failed by health checks
+    egress: dict[str, Any] = field(default_factory=dict)           # two-arm: Egress.to_json(); {} one-arm
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=1, sort_keys=True)
@@ -146,9 +148,11 @@ class Instance:
             except OSError as exc:
                 raise DatapathError(f"find interface '{ifname}'", _errno.ENODEV,
                                     "check the name with `ip link`") from exc
+        egress = resolve(d.egress) if d.egress else None
         obj = objects.find(obj)  # the state file records the path, so `lbctl status` names the file
         dp = Datapath.load(obj, max_vips=d.max_vips, max_reals=d.max_reals, ring_size=d.ring_size,
-                           lru_size=d.lru_size, fallback_size=d.fallback_size, udp_timeout_s=d.udp_timeout_s)
+                           lru_size=d.lru_size, fallback_size=d.fallback_size, udp_timeout_s=d.udp_timeout_s,
+                           egress=egress)
         pin_dir = cls.pin_dir(name)
         try:
             dp.pin(pin_dir, exclusive=True)  # refuses a directory it did not make; undoes its own part
@@ -159,7 +163,8 @@ class Instance:
             for ifname in ifaces:
                 link = dp.attach(ifname, mode, frags=d.frags)
                 link.pin(f"{pin_dir}/link_{ifname}")
-            state = State(instance=name, object=obj, interfaces=dict.fromkeys(ifaces, mode))
+            state = State(instance=name, object=obj, interfaces=dict.fromkeys(ifaces, mode),
+                          egress=egress.to_json() if egress else {})
             inst = cls(name, dp, state)
             inst.save()
             inst.apply(c)
@@ -186,7 +191,7 @@ class Instance:
         and the session tables, rings and counters are the same maps before and after.
         """
         obj = objects.find(obj)
-        new = Datapath.load_reusing(obj, self.dp, self.config.datapath.udp_timeout_s)
+        new = Datapath.load_reusing(obj, self.dp, self.config.datapath.udp_timeout_s, self.egress)
         frags = self.config.datapath.frags
         prog = new.programs["balancer_xdp_frags" if frags else "balancer_xdp"]
         try:
@@ -214,6 +219,11 @@ class Instance:
         self.dp.close()
 
     @property
+    def egress(self) -> Egress | None:
+        """The egress interface the instance was loaded with (two-arm), None for one-arm."""
+        return Egress.from_json(self.state.egress) if self.state.egress else None
+
+    @property
     def config(self) -> cfg.Config:
         return cfg.loads(self.state.config, f"state of instance '{self.name}'") if self.state.config \
             else cfg.Config()
@@ -230,6 +240,7 @@ class Instance:
         next apply.
         """
         _check_fits(new, self.dp)
+        self._check_egress(new)
         plan = self._plan(new, down if down is not None else self.state.down)
         report = ApplyReport()
         with self.dp.transaction(crash_after_slots=_crash_after_slots()) as tx:
@@ -248,6 +259,15 @@ class Instance:
         st.down = plan.new_down
         self.save()
         return report
+
+    def _check_egress(self, new: cfg.Config) -> None:
+        """The egress interface is fixed at load (.rodata and the devmap): a config may not change it."""
+        loaded = self.egress.ifname if self.egress else ""
+        if new.datapath.egress != loaded:
+            said = f"'{new.datapath.egress}'" if new.datapath.egress else "absent (one-arm)"
+            was = f"'{loaded}'" if loaded else "none (one-arm)"
+            raise LbError(f"datapath.egress is {said} but instance '{self.name}' was loaded with egress {was}; "
+                          "the egress is fixed at load: `lbctl unload`, then `lbctl load` with the new config")
 
     def _plan(self, new: cfg.Config, down: Mapping[str, Iterable[str]]) -> _Plan:
         """Number the VIPs and reals of new: keep existing numbers, hand out the smallest free ones.
@@ -416,8 +436,10 @@ class Instance:
                       "healthy": str(r.address) not in down} for r in v.reals]
             vips.append({"vip": v.name, "vip_num": num, "encap": v.encap, "hash": v.hash, "lru": v.lru,
                          "outer_src": v.outer_src, "reals": reals})
+        egress = self.egress
         return {"instance": self.name, "object": self.state.object, "interfaces": self.attach_modes(),
-                "requested_modes": self.state.interfaces, "vips": vips}
+                "requested_modes": self.state.interfaces, "vips": vips,
+                "egress": egress.status() if egress else None}
 
     def stats(self) -> dict[str, Any]:
         c = self.config

@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from balancer import _abi, kclock, objects
 from balancer.btf import read_contract
+from balancer.egress import Egress
 from balancer.errors import AbiMismatchError, DatapathError
 from balancer.libbpf import (
     BpfObject,
@@ -202,6 +203,11 @@ def _patch_rodata(obj: BpfObject, name: str, values: dict[str, int]) -> None:
     obj.set_rodata(bytes(image))
 
 
+def _more_rodata(udp_timeout_s: float, egress: Egress | None) -> dict[str, int]:
+    """The .rodata values besides the ring size: UDP idle timeout, the kernel's tick, two-arm's egress."""
+    return {"cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), **kclock.rodata(), **(egress.rodata() if egress else {})}
+
+
 def _sum_counters(m: Map, index: int) -> tuple[int, int]:
     vals = m.lookup_percpu(index.to_bytes(4, "little")) or []
     packets = sum(_abi.Counter.from_buffer_copy(v).packets for v in vals)
@@ -228,9 +234,10 @@ class Datapath:
     def load(cls, obj_path: str = "balancer.o", *, max_vips: int = _abi.Limits.DEFAULT_MAX_VIPS,
              max_reals: int = _abi.Limits.DEFAULT_MAX_REALS, ring_size: int = _abi.Limits.DEFAULT_RING_SIZE,
              lru_size: int = _abi.Limits.DEFAULT_LRU_SIZE, fallback_size: int | None = None,
-             udp_timeout_s: float = _abi.Limits.DEFAULT_UDP_TIMEOUT_S) -> Datapath:
+             udp_timeout_s: float = _abi.Limits.DEFAULT_UDP_TIMEOUT_S,
+             egress: Egress | None = None) -> Datapath:
         """Load the balancer: `lru_size` session entries per possible CPU in each session table (IPv4
-        flows, IPv6 flows), each one table for every CPU.
+        flows, IPv6 flows), each one table for every CPU; two-arm when `egress` is given (balancer/egress.py).
 
         `fallback_size` is accepted and ignored: the session table has no per-CPU slots left empty,
         so there is no shared fallback table any more (configs that set it still load).
@@ -239,8 +246,7 @@ class Datapath:
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
         try:
-            _patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size,
-                                            "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), **kclock.rodata()})
+            _patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size, **_more_rodata(udp_timeout_s, egress)})
             obj.set_max_entries("lb_vips", max_vips * VIP_ENTRIES_PER_VIP)
             obj.set_max_entries("lb_vip_stats", max_vips)
             obj.set_max_entries("lb_reals", max_reals)
@@ -251,6 +257,9 @@ class Datapath:
             obj.load()
             maps = {n: obj.map(n) for n in BALANCER_MAPS}
             progs = {n: obj.program(n) for n in ("balancer_xdp", "balancer_xdp_frags")}
+            if egress:
+                for devmap in ("lb_egress", "lb_egress_frags"):
+                    maps[devmap].update(b"\0" * 4, egress.ifindex.to_bytes(4, "little"))
             return cls(maps, progs, ring_size, obj)
         except DatapathError as exc:
             obj.close()
@@ -264,14 +273,15 @@ class Datapath:
             raise
 
     @classmethod
-    def load_reusing(cls, obj_path: str, running: Datapath, udp_timeout_s: float) -> Datapath:
-        """Load obj_path on top of running's maps (sessions, rings, counters all kept)."""
+    def load_reusing(cls, obj_path: str, running: Datapath, udp_timeout_s: float,
+                     egress: Egress | None = None) -> Datapath:
+        """Load obj_path on top of running's maps (sessions, rings, counters, lb_egress all kept)."""
         obj_path = objects.find(obj_path)
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
         try:
             _patch_rodata(obj, "balancer", {"cfg_ring_size": running.ring_size,
-                                            "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), **kclock.rodata()})
+                                            **_more_rodata(udp_timeout_s, egress)})
             for name, m in running.maps.items():
                 obj.reuse_map(name, m.fd)
             obj.load()

@@ -303,6 +303,24 @@ truncated:
 										      : LB_PASS_NOT_VIP;
 }
 
+/* Two-arm (cfg_egress_ifindex set): an encapsulated frame leaves by the egress interface, through the
+ * program's devmap, from that interface's MAC: LB_TX_ENCAP, its redirect set up, or LB_DROP_NO_EGRESS
+ * when the devmap has no entry (the interface is gone). The ICMP answers the LB makes itself (echo, too
+ * big) go back to their sender by the interface they came in on, whose neighbour routes to the client. */
+static __always_inline int redirect_egress(struct xdp_md *ctx, int frags)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+
+	if (data + PARSE_ETH_LEN > data_end)
+		return LB_DROP_ENCAP_FAILED; /* never: the encap wrote the header */
+	*(__u32 *)(data + 6) = (__u32)cfg_egress_mac;
+	*(__u16 *)(data + 10) = (__u16)(cfg_egress_mac >> 32);
+	return bpf_redirect_map(frags ? (void *)&lb_egress_frags : (void *)&lb_egress, 0, 0) == XDP_REDIRECT
+		       ? LB_TX_ENCAP
+		       : LB_DROP_NO_EGRESS;
+}
+
 static __always_inline int action_of(int reason)
 {
 	switch (reason) {
@@ -329,6 +347,11 @@ static __always_inline int balance(struct xdp_md *ctx, int frags)
 
 	pkt.frame_len = frags ? bpf_xdp_get_buff_len(ctx) : ctx->data_end - ctx->data;
 	reason = process(ctx, &pkt, &tally);
+	if (cfg_egress_ifindex && reason == LB_TX_ENCAP) {
+		reason = redirect_egress(ctx, frags);
+		count_packet(reason, pkt.frame_len, &tally);
+		return reason == LB_TX_ENCAP ? XDP_REDIRECT : action_of(reason);
+	}
 	count_packet(reason, pkt.frame_len, &tally);
 	return action_of(reason);
 }

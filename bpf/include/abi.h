@@ -72,6 +72,7 @@ enum lb_reason {
 	LB_DROP_NO_SETTINGS,      /* the settings array is empty (controller never configured it) */
 	LB_DROP_ICMP_UNSUPPORTED, /* ICMP to a VIP that is neither echo nor a parsable error */
 	LB_DROP_VLAN_STACKED,     /* more than one 802.1Q tag */
+	LB_DROP_NO_EGRESS,        /* two-arm: the egress interface is not in lb_egress (gone, or not written) */
 	LB_REASON_COUNT,
 };
 

@@ -22,8 +22,9 @@
  *   Variant 0 adds the 4-byte header version 0, C 0, hlen 0, proto/ctype = 4 (IPv4) or 41 (IPv6), flags 0.
  * encap_packet makes the room and keeps the L2 header; encap_ip6 / encap_ip4 write the outer IP
  * header of the real's family; encap_gue writes UDP (and GUE) and the UDP checksum.
- * - Ethernet: destination settings.nexthop_mac, source the input frame's destination MAC; an
- *   802.1Q tag on the input is kept on the output.
+ * - Ethernet: destination settings.nexthop_mac, source the input frame's destination MAC (two-arm:
+ *   balancer.bpf.c's redirect_egress() puts the egress interface's there); an 802.1Q tag on the input
+ *   is kept on the output, also when it leaves by the egress arm.
  */
 #ifndef L4LAB_ENCAP_H
 #define L4LAB_ENCAP_H

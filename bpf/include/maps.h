@@ -30,6 +30,12 @@ const volatile __u64 cfg_udp_timeout_ns = LB_DEFAULT_UDP_TIMEOUT_S * 1000000000U
  * and the idle clock is bpf_ktime_get_coarse_ns() instead. */
 const volatile __u32 cfg_jiffy_ns = 0;
 const volatile __u64 cfg_jiffies_at_boot = 0;
+/* Two-arm (the controller's datapath.egress): the ifindex of the interface encapsulated frames leave
+ * by, 0 for one-arm (they go back out of the interface they came in on), and that interface's MAC,
+ * their source: its six bytes first in memory. Load-time, so the verifier drops the two-arm code from
+ * a one-arm program and a one-arm frame pays nothing for it. */
+const volatile __u32 cfg_egress_ifindex = 0;
+const volatile __u64 cfg_egress_mac = 0;
 
 /* (VIP address, port, proto, family) -> VIP number, flags, encap. Port 0 is the wildcard; proto 0
  * and port 0 is the address-only entry (LB_VIP_ADDR_ONLY) that marks an address as a VIP. */
@@ -62,6 +68,13 @@ struct {
 } lb_ring SEC(".maps");
 
 LB_MAP(BPF_MAP_TYPE_ARRAY, 1, __u32, struct lb_settings) lb_settings SEC(".maps");
+
+/* A two-arm LB's egress interface (entry 0: its ifindex), the target of bpf_redirect_map. Written by
+ * the controller at load: a devmap resolves an ifindex in the namespace of the process that writes it.
+ * One per program: the kernel ties a devmap to the first program that uses it, frags or not, and
+ * refuses the other (EINVAL once the verifier has passed it). */
+LB_MAP(BPF_MAP_TYPE_DEVMAP, 1, __u32, __u32) lb_egress SEC(".maps");
+LB_MAP(BPF_MAP_TYPE_DEVMAP, 1, __u32, __u32) lb_egress_frags SEC(".maps");
 
 /* The IPv6 session table (struct lb_flow -> struct lb_session): one LRU hash for every CPU, sized by the
  * controller to lru_size entries per possible CPU. A direct map, so the verifier inlines its lookup;
