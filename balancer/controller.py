@@ -30,7 +30,7 @@ import numpy.typing as npt
 from balancer import _abi, encaps, maglev, objects
 from balancer import config as cfg
 from balancer.datapath import Datapath, Transaction
-from balancer.egress import Egress, resolve
+from balancer.egress import Egress, check_mtu, resolve
 from balancer.errors import DatapathError, LbError
 
 PIN_ROOT = os.environ.get("LBCTL_PIN_ROOT", "/sys/fs/bpf/lbctl")
@@ -149,6 +149,8 @@ class Instance:
                 raise DatapathError(f"find interface '{ifname}'", _errno.ENODEV,
                                     "check the name with `ip link`") from exc
         egress = resolve(d.egress) if d.egress else None
+        if egress:
+            check_mtu(egress, d.mtu)
         obj = objects.find(obj)  # the state file records the path, so `lbctl status` names the file
         dp = Datapath.load(obj, max_vips=d.max_vips, max_reals=d.max_reals, ring_size=d.ring_size,
                            lru_size=d.lru_size, fallback_size=d.fallback_size, udp_timeout_s=d.udp_timeout_s,
@@ -268,6 +270,8 @@ class Instance:
             was = f"'{loaded}'" if loaded else "none (one-arm)"
             raise LbError(f"datapath.egress is {said} but instance '{self.name}' was loaded with egress {was}; "
                           "the egress is fixed at load: `lbctl unload`, then `lbctl load` with the new config")
+        if self.egress:
+            check_mtu(self.egress, new.datapath.mtu)
 
     def _plan(self, new: cfg.Config, down: Mapping[str, Iterable[str]]) -> _Plan:
         """Number the VIPs and reals of new: keep existing numbers, hand out the smallest free ones.

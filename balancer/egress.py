@@ -81,6 +81,16 @@ def resolve(ifname: str) -> Egress:
     return Egress(ifname, ifindex, ":".join(f"{b:02x}" for b in raw[18:24]))
 
 
+def check_mtu(egress: Egress, mtu: int) -> None:
+    """Refuse a too-big limit (datapath.mtu) above the egress interface's MTU: the interface would drop
+    what the balancer sends between the two, and the client would never hear why."""
+    have = mtu_of(egress.ifname)
+    if have and mtu > have:
+        raise DatapathError(f"use datapath.mtu = {mtu} with egress '{egress.ifname}'", _errno.EINVAL,
+                            f"its MTU is {have}: frames above it would be dropped there, unanswered; "
+                            f"set datapath.mtu = {have} (or less)")
+
+
 def mtu_of(ifname: str) -> int:
     """The interface's MTU (0 when it is gone)."""
     try:

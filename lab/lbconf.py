@@ -2,7 +2,9 @@
 
 The topology already says everything the LB needs: its interface towards the router, the VIPs and
 their ports, the reals' addresses (per family) and the outer source prefixes. The next-hop MAC is
-the router's interface MAC, read from the running lab.
+the router's interface MAC, read from the running lab. A two-arm LB (its node's `egress`) receives
+on its other link and sends encapsulated frames by the egress, to the MAC of the egress link's
+neighbour, with that link's MTU as its too-big limit.
 """
 
 from __future__ import annotations
@@ -20,12 +22,30 @@ from lab.topology import Topology
 
 
 def lb_link(topo: Topology, lb: str = "lb") -> tuple[str, str, str]:
-    """(LB interface, peer node, peer interface) of the LB node's link."""
+    """(LB interface, peer node, peer interface) of the LB node's link where VIP traffic comes in (a
+    two-arm LB's first link that is not its egress)."""
+    egress = topo.node(lb).egress
     for link in topo.links:
         for mine, peer in ((link.a, link.b), (link.b, link.a)):
-            if mine.node == lb:
+            if mine.node == lb and mine.ifname != egress:
                 return mine.ifname, peer.node, peer.ifname
     raise LabError(f"topology '{topo.name}' gives node '{lb}' no link")
+
+
+def egress_link(topo: Topology, lb: str = "lb") -> tuple[str, str, str, int] | None:
+    """(LB interface, peer node, peer interface, MTU) of a two-arm LB's egress link; None for one-arm."""
+    egress = topo.node(lb).egress
+    for link in topo.links:
+        for mine, peer in ((link.a, link.b), (link.b, link.a)):
+            if egress and mine.node == lb and mine.ifname == egress:
+                return mine.ifname, peer.node, peer.ifname, link.mtu
+    return None
+
+
+def emitting_link(topo: Topology, lb: str = "lb") -> tuple[str, str, str]:
+    """(LB interface, peer node, peer interface) of the link the LB's encapsulated frames leave by."""
+    egress = egress_link(topo, lb)
+    return egress[:3] if egress else lb_link(topo, lb)
 
 
 def real_addresses(topo: Topology, family: int) -> dict[str, str]:
@@ -49,15 +69,20 @@ def peer_mac(lab: str, node: str, ifname: str) -> str:
 
 
 def balancer_config(topo: Topology, lab: str, *, encaps: dict[int, str], lb: str = "lb",
-                    mode: str = "native", mtu: int = 1500, weights: dict[str, int] | None = None,
+                    mode: str = "native", mtu: int | None = None, weights: dict[str, int] | None = None,
                     lru: bool = True, outer_src: str | None = None, ifname: str | None = None,
                     nexthop_mac: str | None = None, reals: Collection[str] | None = None) -> cfg.Config:
     """A balancer config for node lb: every VIP of a family in encaps, with that family's encap,
     served by every real node (or those named in `reals`) at weight 1 or as `weights` says.
 
-    `ifname` and `nexthop_mac` replace the topology's interface name and the MAC read from the
-    running netns lab, for a lab built elsewhere (lab/remote/target.py)."""
-    lb_if, peer, peer_if = lb_link(topo, lb)
+    `mtu` is the too-big limit: 1500 by default, a two-arm LB's egress link's MTU. `ifname` and
+    `nexthop_mac` replace the topology's interface name and the MAC read from the running netns
+    lab, for a lab built elsewhere (lab/remote/target.py)."""
+    lb_if = lb_link(topo, lb)[0]
+    egress = egress_link(topo, lb)
+    _, peer, peer_if = emitting_link(topo, lb)
+    if mtu is None:
+        mtu = egress[3] if egress else 1500
     src4 = next((p for p in topo.lb_source_prefixes if p.version == 4), ipaddress.IPv4Network("0.0.0.0/32"))
     src6 = next((p for p in topo.lb_source_prefixes if p.version == 6), ipaddress.IPv6Network("::/128"))
     vips = []
@@ -75,7 +100,7 @@ def balancer_config(topo: Topology, lab: str, *, encaps: dict[int, str], lb: str
                                 reals=members))
     return cfg.Config(
         datapath=cfg.DatapathConfig(interfaces=(ifname or lb_if,), mode=mode, mtu=mtu,  # type: ignore[arg-type]
-                                    lru_size=4096, fallback_size=4096),
+                                    lru_size=4096, fallback_size=4096, egress=egress[0] if egress else ""),
         encap=cfg.EncapConfig(nexthop_mac=nexthop_mac or peer_mac(lab, peer, peer_if), src4=src4, src6=src6),
         vips=tuple(vips),
     )

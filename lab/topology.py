@@ -12,6 +12,8 @@ The file format (see lab/topologies/default.toml for a complete example):
                decap = {mode = "kernel", gue_port = 6080}                  (vm reals: tunl0, fou/GUE)
                nic = {queues = 4, rss = true}      (vm reals: a multiqueue virtio-net NIC, qemu's RSS on)
                bgp_asn = 65000                         (router and lb nodes that run FRR, see lab.frr)
+               egress = "lb-eg"     (lb nodes, two-arm: encapsulated frames leave by this interface of the
+                                     node, its link's MTU their limit; the node's other link is the ingress)
     [[links]]  mtu, a = {endpoint}, b = {endpoint}; endpoint = {node, ifname, addresses,
                extra_addresses, offloads = {tx = false}, xdp = {object, program, mode}}
     [[vips]]   address, ports = [{proto = "tcp"|"udp", port, service = "http"|"udp-echo"}]
@@ -148,6 +150,7 @@ class Node:
     decap: Decap | None
     bgp_asn: int | None = None  # runs FRR and peers over its links with other BGP nodes
     nic: Nic = Nic()  # a VM real's NIC; netns nodes keep the default
+    egress: str = ""  # a two-arm LB's egress interface ("": one-arm)
 
 
 @dataclass(frozen=True)
@@ -510,7 +513,8 @@ class _Reader:
         by_role: dict[str, dict[str, str]],
         links: tuple[Link, ...],
     ) -> Node:
-        self.check.known_keys(raw, ("name", "role", "kind", "sysctls", "routes", "decap", "bgp_asn", "nic"), where)
+        self.check.known_keys(raw, ("name", "role", "kind", "sysctls", "routes", "decap", "bgp_asn", "nic", "egress"),
+                              where)
         name = raw["name"]
         role = self.string(raw, "role", where, choices=ROLES)
         kind = self.string(raw, "kind", where, choices=KINDS, default="netns")
@@ -547,7 +551,20 @@ class _Reader:
         routes = self.routes(raw, where, name, [a.network for ep in mine for a in ep.all_addresses])
         decap = self.decap(raw, where, name, role, kind, mine) if "decap" in raw else None
         nic = self.nic(raw, where) if kind == "vm" else Nic()
-        return Node(name, role, kind, tuple(sysctls.items()), routes, decap, bgp_asn, nic)
+        egress = self.egress(raw, where, role, mine) if "egress" in raw else ""
+        return Node(name, role, kind, tuple(sysctls.items()), routes, decap, bgp_asn, nic, egress)
+
+    def egress(self, raw: Mapping[str, Any], where: str, role: str, mine: list[Endpoint]) -> str:
+        """A two-arm LB's `egress`: one of its interfaces, with another one left for the ingress."""
+        ifname = self.string(raw, "egress", where)
+        if role != "lb":
+            raise self.fail(f"{where}.egress", ifname, f"absent on a node of role '{role}' (only an LB has arms)")
+        names = [ep.ifname for ep in mine]
+        if ifname not in names or len(names) < 2:
+            raise self.fail(f"{where}.egress", ifname,
+                            "one of the node's two or more interfaces (" + ", ".join(names) + "), another one "
+                            "being the ingress")
+        return ifname
 
     def routes(self, raw: Mapping[str, Any], where: str, name: str, connected: list[IpNetwork]) -> tuple[Route, ...]:
         """A node's `routes = [{dst, via}]`: each gateway inside one of the node's subnets."""

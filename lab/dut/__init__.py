@@ -60,6 +60,8 @@ class Capability(StrEnum):
     OUTER_SOURCE_CHOICE = "outer-source-choice"  # the outer source is configured: fixed, or per flow in a prefix
     PACKET_TEST_RUN = "packet-test-run"      # the datapath runs on a synthetic packet without a wire
     MULTI_LB = "multi-lb"                    # several instances announce one VIP (BGP, BFD) with one ring
+    TWO_ARM = "two-arm"                      # receives on one interface, sends what it encapsulates out of another
+    BOND_VLAN = "bond-vlan"                  # balances 802.1Q-tagged traffic on a bond, keeping the tag
 
 
 def encap_capability(encap_id: str) -> str:
@@ -186,6 +188,7 @@ class L4labDut(Dut):
         Capability.HITLESS_UPGRADE, Capability.CRASH_SAFE_APPLY, Capability.OWNER_QUERY,
         Capability.RING_READBACK, Capability.SESSION_READBACK, Capability.SESSION_TABLE_OFF,
         Capability.OUTER_SOURCE_CHOICE, Capability.PACKET_TEST_RUN, Capability.MULTI_LB,
+        Capability.TWO_ARM, Capability.BOND_VLAN,
     })
     node = "lb"
 

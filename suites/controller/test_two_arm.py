@@ -123,6 +123,21 @@ def test_a_missing_egress_fails_in_one_line_and_leaves_nothing(two_arm: Ctl) -> 
     assert not controller.Instance.state_path(two_arm.instance).exists()
 
 
+def test_a_too_big_limit_above_the_egress_mtu_is_refused(two_arm: Ctl) -> None:
+    subprocess.run(["ip", "-n", two_arm.ns, "link", "set", "lbe0", "mtu", "1400"], check=True)
+    expected = ("cannot use datapath.mtu = 1500 with egress 'lbe0': Invalid argument; its MTU is 1400: frames "
+                "above it would be dropped there, unanswered; set datapath.mtu = 1400 (or less)")
+    done = two_arm("load", "--config", str(two_arm.tmp / "two-arm.toml"))
+    assert (done.returncode, done.stderr.strip()) == (1, f"lbctl: {expected}")
+    assert not controller.Instance.state_path(two_arm.instance).exists()
+    (two_arm.tmp / "1400.toml").write_text(TWO_ARM.replace("[datapath]", "[datapath]\nmtu = 1400"))
+    assert two_arm("load", "--config", str(two_arm.tmp / "1400.toml")).returncode == 0
+    before = two_arm.state()
+    done = two_arm("apply", str(two_arm.tmp / "two-arm.toml"))
+    assert (done.returncode, done.stderr.strip()) == (1, f"lbctl: {expected}")
+    assert two_arm.state() == before
+
+
 def test_a_deleted_egress_shows_in_status(two_arm: Ctl) -> None:
     assert two_arm("load", "--config", str(two_arm.tmp / "two-arm.toml")).returncode == 0
     subprocess.run(["ip", "-n", two_arm.ns, "link", "del", "lbe0"], check=True)

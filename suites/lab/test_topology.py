@@ -118,11 +118,15 @@ def test_shipped_topology_is_a_valid_netns_lab(name: str) -> None:
     for real in topo.nodes_with_role("real"):
         assert real.decap is not None and real.decap.mode == ("bpf" if real.kind == "netns" else "kernel")
     for lb in topo.nodes_with_role("lb"):
-        (rt_lb,) = [link.a if link.a.node == "router" else link.b for link in topo.links
-                    if {link.a.node, link.b.node} == {"router", lb.name}]  # fmt: skip
+        links = [link for link in topo.links if {link.a.node, link.b.node} == {"router", lb.name}]
+        (rt_lb,) = [lk.a if lk.a.node == "router" else lk.b for lk in links
+                    if lb.egress not in (lk.a.ifname, lk.b.ifname)]
         assert rt_lb.ifname == f"rt-{lb.name}"
         assert rt_lb.offloads == (("tx", False),)
         assert rt_lb.xdp == topology.XdpProgram("pass.o", "xdp_pass", "native")
+        for link in links:  # a two-arm LB's egress: a redirect target's peer needs an XDP program too
+            if lb.egress in (link.a.ifname, link.b.ifname):
+                assert (link.a if link.a.node == "router" else link.b).xdp == rt_lb.xdp
 
 
 def test_default_topology_has_the_documented_plan() -> None:
