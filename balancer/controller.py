@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from balancer import _abi, encaps, maglev, objects
 from balancer import config as cfg
-from balancer.datapath import Datapath, Transaction
+from balancer.datapath import Datapath, Transaction, program_for
 from balancer.egress import Egress, check_mtu, resolve
 from balancer.errors import DatapathError, LbError
 
@@ -154,7 +154,7 @@ class Instance:
         obj = objects.find(obj)  # the state file records the path, so `lbctl status` names the file
         dp = Datapath.load(obj, max_vips=d.max_vips, max_reals=d.max_reals, ring_size=d.ring_size,
                            lru_size=d.lru_size, fallback_size=d.fallback_size, udp_timeout_s=d.udp_timeout_s,
-                           egress=egress)
+                           egress=egress, programs=(program_for(d.frags),))
         pin_dir = cls.pin_dir(name)
         try:
             dp.pin(pin_dir, exclusive=True)  # refuses a directory it did not make; undoes its own part
@@ -193,9 +193,10 @@ class Instance:
         and the session tables, rings and counters are the same maps before and after.
         """
         obj = objects.find(obj)
-        new = Datapath.load_reusing(obj, self.dp, self.config.datapath.udp_timeout_s, self.egress)
         frags = self.config.datapath.frags
-        prog = new.programs["balancer_xdp_frags" if frags else "balancer_xdp"]
+        new = Datapath.load_reusing(obj, self.dp, self.config.datapath.udp_timeout_s, self.egress,
+                                    programs=(program_for(frags),))
+        prog = new.programs[program_for(frags)]
         try:
             for link in self.dp.links:
                 link.update(prog)

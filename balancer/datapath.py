@@ -49,6 +49,7 @@ VipFlag = _abi.VipFlag
 
 PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
 XDP_ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
+PROGRAMS = ("balancer_xdp", "balancer_xdp_frags")
 BALANCER_MAPS = _abi.MAPS["balancer"]  # every map the object defines, read from its BTF by abigen
 DECAP_MAPS = _abi.MAPS["decap"]
 # lb_vips holds, per VIP, its own entry and one address-only entry (port 0, proto 0) for its address;
@@ -203,6 +204,17 @@ def _patch_rodata(obj: BpfObject, name: str, values: dict[str, int]) -> None:
     obj.set_rodata(bytes(image))
 
 
+def _autoload(obj: BpfObject, programs: Sequence[str]) -> None:
+    for name in PROGRAMS:
+        if name not in programs:
+            obj.set_autoload(name, False)
+
+
+def program_for(frags: bool) -> str:
+    """The balancer's program for an LB with (xdp.frags, jumbo frames) or without multi-buffer frames."""
+    return PROGRAMS[1] if frags else PROGRAMS[0]
+
+
 def _more_rodata(udp_timeout_s: float, egress: Egress | None) -> dict[str, int]:
     """The .rodata values besides the ring size: UDP idle timeout, the kernel's tick, two-arm's egress."""
     return {"cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), **kclock.rodata(), **(egress.rodata() if egress else {})}
@@ -235,9 +247,10 @@ class Datapath:
              max_reals: int = _abi.Limits.DEFAULT_MAX_REALS, ring_size: int = _abi.Limits.DEFAULT_RING_SIZE,
              lru_size: int = _abi.Limits.DEFAULT_LRU_SIZE, fallback_size: int | None = None,
              udp_timeout_s: float = _abi.Limits.DEFAULT_UDP_TIMEOUT_S,
-             egress: Egress | None = None) -> Datapath:
+             egress: Egress | None = None, programs: Sequence[str] = PROGRAMS) -> Datapath:
         """Load the balancer: `lru_size` session entries per possible CPU in each session table (IPv4
-        flows, IPv6 flows), each one table for every CPU; two-arm when `egress` is given (balancer/egress.py).
+        flows, IPv6 flows), each one table for every CPU; two-arm when `egress` is given (balancer/egress.py);
+        only the `programs` named (an LB attaches one: the verifier's walk of the other costs as much).
 
         `fallback_size` is accepted and ignored: the session table has no per-CPU slots left empty,
         so there is no shared fallback table any more (configs that set it still load).
@@ -254,9 +267,10 @@ class Datapath:
             obj.set_max_entries("lb_ring", max_vips * ring_size)
             for table in SESSION_TABLES:
                 obj.set_max_entries(table, lru_size * min(num_possible_cpus(), _abi.Limits.MAX_CPUS))
+            _autoload(obj, programs)
             obj.load()
             maps = {n: obj.map(n) for n in BALANCER_MAPS}
-            progs = {n: obj.program(n) for n in ("balancer_xdp", "balancer_xdp_frags")}
+            progs = {n: obj.program(n) for n in programs}
             if egress:
                 for devmap in ("lb_egress", "lb_egress_frags"):
                     maps[devmap].update(b"\0" * 4, egress.ifindex.to_bytes(4, "little"))
@@ -274,8 +288,8 @@ class Datapath:
 
     @classmethod
     def load_reusing(cls, obj_path: str, running: Datapath, udp_timeout_s: float,
-                     egress: Egress | None = None) -> Datapath:
-        """Load obj_path on top of running's maps (sessions, rings, counters, lb_egress all kept)."""
+                     egress: Egress | None = None, programs: Sequence[str] = PROGRAMS) -> Datapath:
+        """Load obj_path (its `programs`) on top of running's maps (sessions, rings, counters, lb_egress kept)."""
         obj_path = objects.find(obj_path)
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
@@ -284,9 +298,10 @@ class Datapath:
                                             **_more_rodata(udp_timeout_s, egress)})
             for name, m in running.maps.items():
                 obj.reuse_map(name, m.fd)
+            _autoload(obj, programs)
             obj.load()
             maps = {n: obj.map(n) for n in BALANCER_MAPS}
-            progs = {n: obj.program(n) for n in ("balancer_xdp", "balancer_xdp_frags")}
+            progs = {n: obj.program(n) for n in programs}
             return cls(maps, progs, running.ring_size, obj)
         except BaseException:
             obj.close()
@@ -393,7 +408,7 @@ class Datapath:
     # -- attachment ---------------------------------------------------------------------------
 
     def attach(self, ifname: str, mode: str = "native", frags: bool = False) -> Link:
-        prog = self.programs["balancer_xdp_frags" if frags else "balancer_xdp"]
+        prog = self.programs[program_for(frags)]
         ifindex = socket.if_nametoindex(ifname) if ifname else 0
         link = prog.attach_xdp(ifindex, mode, ifname)
         self.links.append(link)
@@ -579,7 +594,7 @@ class Datapath:
         return res.retval, res.data
 
     def run_result(self, frame: bytes, repeat: int = 1, frags: bool = False) -> RunResult:
-        prog = self.programs["balancer_xdp_frags" if frags else "balancer_xdp"]
+        prog = self.programs[program_for(frags)]
         return prog.test_run(frame, repeat=repeat)
 
 
