@@ -285,7 +285,7 @@ def bcc_missing() -> str | None:
 
 
 def lab_nodes(lab: str) -> dict[str, str]:
-    """{node: netns} of a lab: the topology's nodes when the lab has state, else /run/netns/<lab>-*."""
+    """{node: netns} of a lab: the topology's netns nodes when the lab has state, else /run/netns/<lab>-*."""
     try:
         state = LabState.load(lab)
     except LabNotFoundError:
@@ -298,7 +298,7 @@ def lab_nodes(lab: str) -> dict[str, str]:
             ) from None
         return {ns[len(prefix):]: ns for ns in found}
     topo = topology.load(Path(state.topology_path))
-    return {n.name: netns_name(lab, n.name) for n in topo.nodes}
+    return {n.name: netns_name(lab, n.name) for n in topo.netns_nodes()}  # a VM node has no namespace here
 
 
 def _interfaces(netns: str) -> dict[int, str]:

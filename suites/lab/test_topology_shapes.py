@@ -31,9 +31,42 @@ EGRESS_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("old", "new", "key", "message"), EGRESS_ERRORS, ids=["not-an-lb", "not-its-interface"])
-def test_invalid_egress_names_file_key_value(tmp_path: Path, old: str, new: str, key: str, message: str) -> None:
-    text = topology.load("two-arm").path.read_text()
+def test_bond_vlan_has_an_lb_vm_with_a_bonded_tagged_uplink(tmp_path: Path) -> None:
+    from lab.remote import vmnodes
+
+    topo = topology.load("bond-vlan")
+    lb = topo.node("lb")
+    assert (lb.kind, lb.uplink) == ("vm", topology.Uplink("802.3ad", 100))
+    assert lb_link(topo) == ("bond0", "router", "rt-lb"), "the balancer attaches to the bond"
+    argv = vmnodes.supervisor_argv("lab", "lab-router", topo, lb, tmp_path / "lb.ready")
+    at = {flag: argv[argv.index(flag) + 1] for flag in ("--tap", "--addr", "--gateway", "--addr6", "--bond",
+                                                        "--vlan", "--ifname")}
+    assert at == {"--tap": "rt-lb", "--addr": "198.51.100.2/28", "--gateway": "198.51.100.1",
+                  "--addr6": "2001:db8:1b::2/64", "--bond": "802.3ad", "--vlan": "100", "--ifname": "bond0"}
+    assert "--gue-port" not in argv and "--vip" not in argv, "an LB VM is no real: no decap, no VIPs on lo"
+
+
+UPLINK_ERRORS = [
+    ('uplink = { bond = "802.3ad", vlan = 100 }', 'uplink = { bond = "round-robin", vlan = 100 }',
+     "nodes[2].uplink.bond", "one of 'active-backup', '802.3ad', 'balance-xor' but got 'round-robin'"),
+    ('uplink = { bond = "802.3ad", vlan = 100 }', 'uplink = { bond = "802.3ad", vlan = 4095 }',
+     "nodes[2].uplink.vlan", "an integer 1..4094 but got 4095"),
+    ('uplink = { bond = "802.3ad", vlan = 100 }\n', "", "nodes[2].uplink",
+     "a table {bond = \"802.3ad\", vlan = 100} (an LB VM's uplink) but got None"),
+    ('kind = "vm"\nuplink', 'kind = "netns"\nuplink', "nodes[2].uplink",
+     "absent on a netns node of role 'lb' (an LB VM's uplink) but got {'bond': '802.3ad', 'vlan': 100}"),
+]
+
+
+KEY_ERRORS = [("two-arm", *e) for e in EGRESS_ERRORS] + [("bond-vlan", *e) for e in UPLINK_ERRORS]
+
+
+@pytest.mark.parametrize(("name", "old", "new", "key", "message"), KEY_ERRORS,
+                         ids=["egress-not-an-lb", "egress-not-its-interface", "uplink-bond-mode", "uplink-vlan-range",
+                              "uplink-missing", "uplink-on-netns"])
+def test_invalid_shape_keys_name_file_key_value(tmp_path: Path, name: str, old: str, new: str, key: str,
+                                                message: str) -> None:
+    text = topology.load(name).path.read_text()
     assert old in text
     path = tmp_path / "topo.toml"
     path.write_text(text.replace(old, new, 1))
