@@ -42,6 +42,13 @@ def egress_link(topo: Topology, lb: str = "lb") -> tuple[str, str, str, int] | N
     return None
 
 
+def shape(topo: Topology, lb: str = "lb") -> str:
+    """How the LB node is wired (reports.schema.LbShape): "bond-vlan" (a VM on a bonded, tagged uplink),
+    "two-arm" (in by one link, out by its egress), or "one-arm"."""
+    node = topo.node(lb)
+    return "bond-vlan" if node.uplink is not None else "two-arm" if node.egress else "one-arm"
+
+
 def emitting_link(topo: Topology, lb: str = "lb") -> tuple[str, str, str]:
     """(LB interface, peer node, peer interface) of the link the LB's encapsulated frames leave by."""
     egress = egress_link(topo, lb)

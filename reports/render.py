@@ -228,7 +228,10 @@ def _summary(results: list[Result]) -> Section:
         section.empty = True
         return section
     result, payload = max(found, key=lambda rp: rp[0].time)
-    section.notes.append(f"Demo run on {_run_label(result)}.")
+    section.notes.append(f"Demo run on {_run_label(result)}, the LB {payload.shape} (topology {payload.topology}).")
+    shapes = {p.shape: (r, p) for r, p in sorted(found, key=lambda rp: rp[0].time)}
+    section.notes.append("LB shapes the demo ran (newest run of each): " + "; ".join(
+        f"{shape} (topology {p.topology}, {_run_label(r)})" for shape, (r, p) in sorted(shapes.items())) + ".")
     ndr = _newest_ndr_ratio(results)
     rows = []
     for e in sorted(payload.encaps, key=lambda e: _encap_rank(e.encap)):

@@ -635,11 +635,16 @@ class DemoEncap:
             yield "ok", f"must be ≤ requests ({self.requests}) but got {self.ok}"
 
 
+LbShape = Literal["one-arm", "two-arm", "bond-vlan"]  # how the LB is wired (lab/lbconf.py shape())
+
+
 @dataclass(frozen=True)
 class DemoPayload:
-    """The `make demo` run: one entry per encap."""
+    """The `make demo` run: one entry per encap, and the LB's shape and topology it ran in."""
 
     encaps: list[DemoEncap] = field(metadata=_rule(_non_empty))
+    shape: LbShape = "one-arm"
+    topology: str = "default"
 
 
 # --- corpus -------------------------------------------------------------------------------------

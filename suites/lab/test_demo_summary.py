@@ -79,3 +79,24 @@ def test_outputs_render_as_the_first_table(tmp_path: Path) -> None:
     table = next(t for t in page.tables if t.section == "summary")
     assert [r[0] for r in table.rows] == ["ip4-gue1", "ip6-gue1"]
     assert table.rows[1][2:6] == ["held (0)", "sd 1/8 q · sdfn 1.06", "sd 1.06 · sdfn 1.06", "1452 (1452)"]
+
+
+def test_the_report_lists_the_lb_shapes_the_demo_ran(tmp_path: Path) -> None:
+    write_outputs([_good()], 3, results=tmp_path / "results", out=tmp_path / "index.html")
+    out = write_outputs([_good()], 3, results=tmp_path / "results", out=tmp_path / "index.html",
+                        shape="two-arm", topology_name="two-arm")
+    assert out is not None
+    text = out.read_text()
+    assert "the LB two-arm (topology two-arm)." in text, "the newest run's shape"
+    listed = text.split("LB shapes the demo ran (newest run of each): ", 1)[1].split("<", 1)[0]
+    assert listed.count("topology") == 2 and "one-arm (topology default" in listed and "two-arm (topology two-arm" \
+        in listed, listed
+
+
+def test_the_demo_refuses_a_topology_whose_lb_is_a_vm() -> None:
+    from lab.demo import main
+    from lab.errors import UsageError
+
+    with pytest.raises(UsageError, match="topology 'bond-vlan' has it in a VM: run its checks with `pytest "
+                                         "suites/conformance/test_bond_vlan.py`"):
+        main(["--topology", "bond-vlan", "--name", "i31b-never-built"])
