@@ -254,11 +254,11 @@ SIZES = {
 RODATA = {
     "balancer": {
         "cfg_ring_size": (40, 4),
+        "cfg_egress_ifindex": (44, 4),
         "cfg_udp_timeout_ns": (48, 8),
         "cfg_jiffy_ns": (56, 4),
         "cfg_jiffies_at_boot": (64, 8),
-        "cfg_egress_ifindex": (72, 4),
-        "cfg_egress_mac": (80, 8),
+        "cfg_egress_mac": (72, 8),
     },
     "decap": {
         "cfg_gue_port": (48, 2),
@@ -320,7 +320,7 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "40f8f3b7ba8b5a8d293a87ed73858224",
+    "balancer": "aaf7e33c97ae8c98a9fc5122df811215",
     "decap": "cbfadccc702d85fb7b5aa031bef32166",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
     "healthcheck": "6e4ab72af49a123191b2a4d0fd5edc69",

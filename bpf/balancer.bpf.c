@@ -347,7 +347,7 @@ static __always_inline int balance(struct xdp_md *ctx, int frags)
 
 	pkt.frame_len = frags ? bpf_xdp_get_buff_len(ctx) : ctx->data_end - ctx->data;
 	reason = process(ctx, &pkt, &tally);
-	if (cfg_egress_ifindex && reason == LB_TX_ENCAP) {
+	if (reason == LB_TX_ENCAP && cfg_egress_ifindex) { /* the reason first: other packets read no .rodata */
 		reason = redirect_egress(ctx, frags);
 		count_packet(reason, pkt.frame_len, &tally);
 		return reason == LB_TX_ENCAP ? XDP_REDIRECT : action_of(reason);

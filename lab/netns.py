@@ -436,13 +436,13 @@ class Builder:
         for node in self.topo.vm_nodes():
             vm_ep, tap_ep = self.topo.vm_link(node.name)
             ns = netns_name(self.lab, tap_ep.node)
-            with self._step(f"start VM {node.name} (tap {tap_ep.ifname} in {ns})"):
+            with self._step(f"start {_vm_word(node)} {node.name} (tap {tap_ep.ifname} in {ns})"):
                 proc = vmnodes.start(self.lab, ns, self.topo, node, state_dir(self.lab))
             self.state.processes.append(proc)
             self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
             started.append(proc)
         for proc in started:
-            with self._step(f"wait for VM {proc.node} to boot"):
+            with self._step(f"wait for {_vm_word(self.topo.node(proc.node))} {proc.node} to boot"):
                 ready = vmnodes.wait_ready(proc, state_dir(self.lab))
             qemu = vmnodes.qemu_process(proc.node, ready)
             self.state.processes.append(qemu)
@@ -481,6 +481,10 @@ class Builder:
         with self._step(f"wait for every BGP session to be Established (logs under {frr_root})"):
             self.state.bgp_established_seconds = frr.wait_established(self.lab, self.topo)
             self.state.save()
+
+
+def _vm_word(node: Node) -> str:
+    return "VM real" if node.role == "real" else "LB VM"
 
 
 def build(

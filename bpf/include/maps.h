@@ -24,17 +24,18 @@ static const __u32 lb_zero_key = 0;
 
 /* Load-time settings; the controller writes them into .rodata before loading. */
 const volatile __u32 cfg_ring_size = LB_DEFAULT_RING_SIZE;
+/* Two-arm (the controller's datapath.egress): the ifindex of the interface encapsulated frames leave
+ * by, 0 for one-arm (they go back out of the interface they came in on); cfg_egress_mac below. Beside
+ * cfg_ring_size, which every VIP packet reads: the same cache line. */
+const volatile __u32 cfg_egress_ifindex = 0;
 const volatile __u64 cfg_udp_timeout_ns = LB_DEFAULT_UDP_TIMEOUT_S * 1000000000ULL;
 /* The kernel's tick, for session idle times (session.h): nanoseconds per jiffy (1e9 / HZ) and the
  * jiffies at boot (INITIAL_JIFFIES), which the controller finds (balancer/kclock.py). 0: not known,
  * and the idle clock is bpf_ktime_get_coarse_ns() instead. */
 const volatile __u32 cfg_jiffy_ns = 0;
 const volatile __u64 cfg_jiffies_at_boot = 0;
-/* Two-arm (the controller's datapath.egress): the ifindex of the interface encapsulated frames leave
- * by, 0 for one-arm (they go back out of the interface they came in on), and that interface's MAC,
- * their source: its six bytes first in memory. Load-time, so the verifier drops the two-arm code from
- * a one-arm program and a one-arm frame pays nothing for it. */
-const volatile __u32 cfg_egress_ifindex = 0;
+/* Two-arm: the egress interface's MAC, the source of what leaves by it: its six bytes first in memory.
+ * Load-time, as cfg_egress_ifindex, so the verifier drops the two-arm code from a one-arm program. */
 const volatile __u64 cfg_egress_mac = 0;
 
 /* (VIP address, port, proto, family) -> VIP number, flags, encap. Port 0 is the wildcard; proto 0

@@ -132,6 +132,8 @@ done </etc/l4lab/modules
 mkdir -p /run /sys/fs/bpf /root
 printf 'root:x:0:0:root:/root:/bin/sh\n' >/etc/passwd  # tcpdump drops its privileges to a named user
 printf 'root:x:0:\n' >/etc/group
+printf '#!/bin/sh\nexec python3 -m balancer.cli "$@"\n' >/usr/bin/lbctl  # as on any LB host
+chmod 755 /usr/bin/lbctl
 run bpffs mount -t bpf bpf /sys/fs/bpf
 for c in all default; do
 	run sysctl sysctl -q -w net.ipv6.conf.$c.accept_dad=0 net.ipv6.conf.$c.accept_ra=0
