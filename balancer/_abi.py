@@ -6,6 +6,15 @@ import ctypes
 from enum import IntEnum, IntFlag
 
 
+class DecapAction(IntEnum):
+    """enum lb_decap_action"""
+
+    NONE = 0
+    BALANCE = 1
+    LOCAL = 2
+    EGRESS = 3
+
+
 class DecapReason(IntEnum):
     """enum lb_decap_reason"""
 
@@ -36,7 +45,13 @@ class Event(IntEnum):
     RST_NO_ENTRY = 3
     UDP_EXPIRED = 4
     ICMP_STEERED = 5
-    EVENT_COUNT = 6
+    SID_ROUTED = 6
+    SID_UNKNOWN = 7
+    SID_NONE = 8
+    SRC_PINNED = 9
+    UDP_MIGRATED = 10
+    DECAP_INLINE = 11
+    EVENT_COUNT = 12
 
 
 class Family(IntEnum):
@@ -70,6 +85,10 @@ class Limits(IntEnum):
     DEFAULT_MTU = 1500
     VIP_INDEX_SLOTS = 4096
     VIP_INDEX_HASH = -1640531535
+    MAX_SRC_ROUTES = 65536
+    MAX_DECAPS = 64
+    MAX_DOWN_REALS = 65536
+    DEFAULT_KATRAN_MAX_VIPS = 512
 
 
 class Outer(IntEnum):
@@ -107,8 +126,14 @@ class Reason(IntEnum):
     DROP_NO_SETTINGS = 17
     DROP_ICMP_UNSUPPORTED = 18
     DROP_VLAN_STACKED = 19
-    DROP_NO_EGRESS = 20
-    REASON_COUNT = 21
+    DROP_ICMP_CHECKSUM = 20
+    PASS_DECAP_LOCAL = 21
+    TX_DECAP_EGRESS = 22
+    DROP_DECAP_MALFORMED = 23
+    DROP_DECAP_FAILED = 24
+    DROP_TTL_EXPIRED = 25
+    DROP_NO_EGRESS = 26
+    REASON_COUNT = 27
 
 
 class VipFlag(IntFlag):
@@ -119,6 +144,13 @@ class VipFlag(IntFlag):
     NO_LRU = 4
     OUTER_SRC_FLOW = 8
     GUE_CSUM_ZERO = 16
+    HASH_KATRAN = 32
+    HASH_KATRAN_NO_DPORT = 64
+    SID_QUIC = 256
+    SID_TCP = 512
+    SID_STABLE = 1024
+    SRC_ROUTES = 2048
+    UDP_MIGRATE = 4096
 
 
 class VipMatch(IntEnum):
@@ -126,6 +158,12 @@ class VipMatch(IntEnum):
 
     ANY_PORT = 0
     ADDR_ONLY = 0
+
+
+class VipRouteMask(IntEnum):
+    """enum lb_vip_route_mask"""
+
+    EXTRA = 7936
 
 
 class VipSlotState(IntEnum):
@@ -150,10 +188,17 @@ class Counter(ctypes.Structure):
 
 
 class Counts(ctypes.Structure):
-    """struct lb_counts (384 bytes)"""
+    """struct lb_counts (528 bytes)"""
 
     _pack_ = 1
-    _fields_ = [("events", ctypes.c_uint64 * 6), ("reasons", Counter * 21)]
+    _fields_ = [("events", ctypes.c_uint64 * 12), ("reasons", Counter * 27)]
+
+
+class DownKey(ctypes.Structure):
+    """struct lb_down_key (8 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [("vip_num", ctypes.c_uint32), ("real_id", ctypes.c_uint32)]
 
 
 class Flow(ctypes.Structure):
@@ -196,12 +241,20 @@ class Session(ctypes.Structure):
 
 
 class Settings(ctypes.Structure):
-    """struct lb_settings (56 bytes)"""
+    """struct lb_settings (64 bytes)"""
 
     _pack_ = 1
     _fields_ = [("nexthop_mac", ctypes.c_uint8 * 6), ("gue_port", ctypes.c_uint16), ("src4", ctypes.c_uint32),
                 ("src4_mask", ctypes.c_uint32), ("src6", ctypes.c_uint32 * 4), ("src6_mask", ctypes.c_uint32 * 4),
-                ("mtu", ctypes.c_uint16), ("pad", ctypes.c_uint16), ("configured", ctypes.c_uint32)]
+                ("mtu", ctypes.c_uint16), ("pad", ctypes.c_uint16), ("configured", ctypes.c_uint32),
+                ("cidr_vips", ctypes.c_uint32), ("decaps", ctypes.c_uint32)]
+
+
+class SrcKey(ctypes.Structure):
+    """struct lb_src_key (24 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [("prefixlen", ctypes.c_uint32), ("vip_num", ctypes.c_uint32), ("addr", ctypes.c_uint32 * 4)]
 
 
 class Tally(ctypes.Structure):
@@ -209,6 +262,14 @@ class Tally(ctypes.Structure):
 
     _pack_ = 1
     _fields_ = [("events", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
+
+
+class VipCidrKey(ctypes.Structure):
+    """struct lb_vip_cidr_key (24 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [("prefixlen", ctypes.c_uint32), ("port", ctypes.c_uint16), ("proto", ctypes.c_uint8),
+                ("family", ctypes.c_uint8), ("addr", ctypes.c_uint32 * 4)]
 
 
 class VipKey(ctypes.Structure):
@@ -237,14 +298,17 @@ class VipSlot(ctypes.Structure):
 SIZES = {
     "AddrKey": 20,
     "Counter": 16,
-    "Counts": 384,
+    "Counts": 528,
+    "DownKey": 8,
     "Flow": 40,
     "Flow4": 16,
     "HcTarget": 24,
     "Real": 20,
     "Session": 16,
-    "Settings": 56,
+    "Settings": 64,
+    "SrcKey": 24,
     "Tally": 4,
+    "VipCidrKey": 24,
     "VipKey": 20,
     "VipMeta": 12,
     "VipSlot": 32,
@@ -253,21 +317,24 @@ SIZES = {
 # Offsets and sizes of each object's load-time constants in its .rodata image.
 RODATA = {
     "balancer": {
-        "cfg_ring_size": (40, 4),
-        "cfg_egress_ifindex": (44, 4),
-        "cfg_udp_timeout_ns": (48, 8),
-        "cfg_jiffy_ns": (56, 4),
-        "cfg_jiffies_at_boot": (64, 8),
-        "cfg_egress_mac": (72, 8),
+        "cfg_ring_size": (48, 4),
+        "cfg_egress_ifindex": (52, 4),
+        "cfg_udp_timeout_ns": (56, 8),
+        "cfg_jiffy_ns": (64, 4),
+        "cfg_jiffies_at_boot": (72, 8),
+        "cfg_katran_max_vips": (80, 4),
+        "cfg_egress_mac": (88, 8),
     },
     "decap": {
-        "cfg_gue_port": (48, 2),
+        "cfg_gue_port": (56, 2),
     },
     "floor": {
     },
     "healthcheck": {
     },
     "pass": {
+    },
+    "tcp_sid_client": {
     },
     "trafficgen": {
         "cfg_family": (0, 4),
@@ -284,15 +351,22 @@ RODATA = {
 MAPS = {
     "balancer": (
         "lb_counts",
+        "lb_decaps",
+        "lb_down_reals",
         "lb_egress",
         "lb_egress_frags",
+        "lb_progs",
+        "lb_progs_frags",
         "lb_real_stats",
         "lb_reals",
         "lb_ring",
         "lb_scratch",
+        "lb_server_ids",
         "lb_sessions",
         "lb_sessions4",
         "lb_settings",
+        "lb_src_routes",
+        "lb_vip_cidrs",
         "lb_vip_index",
         "lb_vip_stats",
         "lb_vips",
@@ -309,6 +383,9 @@ MAPS = {
     ),
     "pass": (
     ),
+    "tcp_sid_client": (
+        "sid_ports",
+    ),
     "trafficgen": (
         "tg_egress",
         "tg_seq",
@@ -320,11 +397,12 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "aaf7e33c97ae8c98a9fc5122df811215",
-    "decap": "cbfadccc702d85fb7b5aa031bef32166",
+    "balancer": "25178f5c15e0c11f49914baf7bb0b32f",
+    "decap": "a47b9eb4ed31a3f5def495d6fb551120",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
-    "healthcheck": "6e4ab72af49a123191b2a4d0fd5edc69",
+    "healthcheck": "d8c3c56af0d786df81bf0088805b8418",
     "pass": "8f39d9f24e7339db28876547ef6a9879",
+    "tcp_sid_client": "8ca24be03c8e00d3a325c8f46e69d494",
     "trafficgen": "37e8064bdb28e3f638edcbfe03b2332f",
     "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",
 }

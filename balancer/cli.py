@@ -7,7 +7,8 @@
 
 Usage and config errors print one line and exit 2; runtime errors exit 1. Before a verb touches
 the instance, the host is checked (balancer/preflight.py: bpffs visible, capabilities, pins behind
-a state file) and commands that write take the instance's lock, which a running daemon holds: a
+a state file) and commands that write take the instance's lock. A running daemon holds it: then
+the write is handed to it or refused naming the command that works (balancer/handover.py). A
 refusal is one line, exit 1, and nothing has changed. Any other failure prints one line naming
 the log file that holds its traceback.
 """
@@ -27,11 +28,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from balancer import cli_routes, controller, preflight
 from balancer import config as cfg
-from balancer import controller, preflight
-from balancer.controller import DEFAULT_OBJECT, Instance
+from balancer.config_routes import SERVER_ID_FROMS, SERVER_ID_MAX
+from balancer.controller import DEFAULT_OBJECT, Instance, ring_kind
 from balancer.datapath import Datapath, xdp_link_ifindex
-from balancer.errors import ConfigError, LbError, crash_report
+from balancer.errors import ConfigError, InstanceOwnedError, LbError, crash_report
 from balancer.version import version
 
 
@@ -169,6 +171,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  interface {ifname}: XDP {mode} (requested {st['requested_modes'].get(ifname)})"
               + (f": {note}" if note else ""))
     _warn_generic(st["interfaces"])
+    if st["nexthop"]:
+        print(f"  next hop {st['nexthop']['describe']}")
     eg = st["egress"]
     if eg:
         note = "" if eg["now"] == eg["ifname"] else (
@@ -177,11 +181,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  egress {eg['ifname']}: encapsulated frames leave by XDP_REDIRECT (ifindex {eg['ifindex']}, "
               f"from {eg['mac']}, MTU {eg['mtu'] or '-'}){note}")
     for v in st["vips"]:
-        print(f"  vip {v['vip']}  #{v['vip_num']}  encap {v['encap']}  hash {v['hash']}  "
-              f"lru {'on' if v['lru'] else 'off'}  outer source {v['outer_src']}")
+        extra = (f"  server ids from {v['server_id_from']}" if v.get("server_id_from", "none") != "none" else "") + \
+            ("  udp flow migration" if v.get("udp_flow_migration") else "")
+        print(f"  vip {v['vip']}  #{v['vip_num']}  encap {v['encap']}  hash {v['hash']}  ring {v['ring']}  "
+              f"lru {'on' if v['lru'] else 'off'}  outer source {v['outer_src']}{extra}")
         for r in v["reals"]:
             health = "up" if r["healthy"] else "DOWN"
-            print(f"    real {r['address']:<28} id {r['id']:<5} weight {r['weight']:<6} {health}")
+            sid = f"  server id {r['server_id']}" if r.get("server_id") is not None else ""
+            print(f"    real {r['address']:<28} id {r['id']:<5} weight {r['weight']:<6} {health}{sid}")
+        for pin in v.get("src_routes", []):
+            print(f"    src-route {pin['prefix']} -> {pin['real']}")
+    for d in st.get("decap", []):
+        print(f"  decap {d['address']}  {d['action']}")
     return 0
 
 
@@ -251,10 +262,18 @@ def _edit(args: argparse.Namespace, change: Callable[[cfg.Config], cfg.Config]) 
     return 0
 
 
+def _vip_net(address: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A VIP's address, or a prefix VIP's prefix, from the command line (ValueError names what is wrong)."""
+    if "/" in address:
+        return ipaddress.ip_network(address, strict=True)
+    return ipaddress.ip_network(ipaddress.ip_address(address))
+
+
 def _find_vip(c: cfg.Config, address: str, port: int, proto: str) -> int:
-    want = (ipaddress.ip_address(address), port, proto)
+    net = _vip_net(address)
     for i, v in enumerate(c.vips):
-        if v.key == want:
+        if (v.address_text, v.port, v.proto) == (str(net) if net.num_addresses > 1 else str(net.network_address),
+                                                 port, proto):
             return i
     raise UsageError(f"unknown VIP {address}:{port}/{proto}; `lbctl vip list` shows the VIPs")
 
@@ -271,21 +290,28 @@ def cmd_vip(args: argparse.Namespace) -> int:
     if args.action == "list":
         inst = _instance(args)
         try:
-            vips = [{"vip": v.name, "encap": v.encap, "hash": v.hash, "lru": v.lru, "outer_src": v.outer_src,
-                     "reals": len(v.reals)} for v in inst.config.vips]
+            vips = [{"vip": v.name, "encap": v.encap, "hash": v.hash, "ring": ring_kind(v), "lru": v.lru,
+                     "outer_src": v.outer_src, "reals": len(v.reals)} for v in inst.config.vips]
             _print_rows(args, vips, lambda v: f"{v['vip']}  encap {v['encap']}  reals {v['reals']}")
         finally:
             inst.close()
         return 0
+
+    if args.katran_ring and not args.hash.startswith("katran"):
+        raise UsageError(f"--katran-ring applies only to a katran hash (--hash katran...), not --hash {args.hash}")
 
     def change(c: cfg.Config) -> cfg.Config:
         if args.action == "add":
             try:
                 _find_vip(c, args.address, args.port, args.proto)
             except UsageError:
-                vip = cfg.Vip(address=ipaddress.ip_address(args.address), port=args.port, proto=args.proto,
+                net = _vip_net(args.address)
+                vip = cfg.Vip(address=net.network_address, port=args.port, proto=args.proto,
                               encap=args.encap, hash=args.hash, lru=not args.no_lru,
-                              outer_src=args.outer_src or ("flow" if args.encap == "ipip" else "fixed"))
+                              outer_src=args.outer_src or ("flow" if args.encap == "ipip" else "fixed"),
+                              prefix_len=net.prefixlen if net.num_addresses > 1 else None,
+                              server_id_from=args.server_id_from, udp_flow_migration=args.udp_flow_migration,
+                              katran_ring=args.katran_ring or "v1")
                 return dataclasses.replace(c, vips=c.vips + (vip,))
             raise UsageError(f"VIP {args.address}:{args.port}/{args.proto} exists already") from None
         i = _find_vip(c, args.address, args.port, args.proto)
@@ -303,7 +329,8 @@ def cmd_real(args: argparse.Namespace) -> int:
         if args.action == "add":
             if idx is not None:
                 raise UsageError(f"real {addr} is already behind {vip.name}; use `lbctl real set-weight`")
-            reals = vip.reals + (cfg.Real(address=addr, weight=args.weight),)  # type: ignore[arg-type]
+            reals = vip.reals + (cfg.Real(address=addr, weight=args.weight,  # type: ignore[arg-type]
+                                          server_id=args.server_id),)
         elif idx is None:
             raise UsageError(f"real {addr} is not behind {vip.name}; `lbctl real list` shows them")
         elif args.action == "del":
@@ -320,13 +347,38 @@ def cmd_real(args: argparse.Namespace) -> int:
         try:
             c = inst.config
             vip = c.vips[_find_vip(c, args.vip, args.port, args.proto)]
-            reals = [{"address": str(r.address), "weight": r.weight, "id": inst.state.real_ids.get(str(r.address))}
-                     for r in vip.reals]
+            reals = [{"address": str(r.address), "weight": r.weight, "id": inst.state.real_ids.get(str(r.address)),
+                      "server_id": r.server_id} for r in vip.reals]
             _print_rows(args, reals, lambda r: f"{r['address']}  weight {r['weight']}  id {r['id']}")
         finally:
             inst.close()
         return 0
     return _edit(args, change)
+
+
+def _listing(args: argparse.Namespace, rows: Callable[[cfg.Config], list[dict[str, Any]]],
+             line: Callable[[dict[str, Any]], str]) -> int:
+    inst = _instance(args)
+    try:
+        _print_rows(args, rows(inst.config), line)
+    finally:
+        inst.close()
+    return 0
+
+
+def cmd_src_route(args: argparse.Namespace) -> int:
+    return cli_routes.src_route(args, _find_vip, _edit, _listing, UsageError)
+
+
+def cmd_decap(args: argparse.Namespace) -> int:
+    return cli_routes.decap(args, _edit, _listing, UsageError)
+
+
+def _server_id(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= SERVER_ID_MAX:
+        raise argparse.ArgumentTypeError(f"server id must be 1..{SERVER_ID_MAX} but got {n}")
+    return n
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -353,6 +405,8 @@ _FORCE_HELP = ("load although a state file names a datapath whose pins are not v
                "no XDP program is attached to the interfaces; refused if one is)")
 _OBJECT_HELP = ("the balancer's BPF object: a path, or a file name searched in $L4LAB_BUILD_DIR/bpf, the "
                 "installed package and the source tree's build/bpf (default %(default)s)")
+_RUN_OBJECT_HELP = _OBJECT_HELP.replace("(default %(default)s)",
+                                        f"(default the config's datapath.object, else {DEFAULT_OBJECT})")
 _MODE_HELP = "XDP attach mode: native (driver), generic (skb, slow) or auto (native, else generic)"
 
 
@@ -392,8 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", metavar="FILE", help="the TOML config to apply (VIPs, reals, encap, limits)")
     s.add_argument("--json", action="store_true", help="print what changed as JSON")
     s.set_defaults(fn=cmd_apply)
-    s = _verb(sub, "upgrade", "replace the running program without dropping a flow", "lbctl upgrade",
-              "lbctl upgrade --object /opt/l4lab/balancer.o")
+    s = _verb(sub, "upgrade", "replace the running program without dropping a flow (through `lbctl run` "
+              "when it owns the instance)", "lbctl upgrade", "lbctl upgrade --object /opt/l4lab/balancer.o")
     s.add_argument("--object", default=DEFAULT_OBJECT, metavar="OBJECT", help=_OBJECT_HELP)
     s.set_defaults(fn=cmd_upgrade)
     s = _verb(sub, "unload", "detach and remove the instance", "lbctl unload", "lbctl --instance edge unload")
@@ -417,10 +471,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--encap", choices=cfg.ENCAPS, default="ipip",
                    help="how packets reach the reals (default %(default)s)")
     s.add_argument("--hash", choices=cfg.HASHES, default="5tuple",
-                   help="the fields that pick a real (default %(default)s)")
+                   help="the fields that pick a real (default %(default)s); katran...: as Katran nodes do")
+    s.add_argument("--katran-ring", choices=cfg.KATRAN_RINGS,
+                   help="with a katran hash: Katran's Maglev v1 (its default: weights are a head start) or v2")
     s.add_argument("--no-lru", action="store_true", help="no session table: every packet follows the ring")
     s.add_argument("--outer-src", choices=cfg.OUTER_SRCS,
                    help="the outer source address: per flow, or fixed (default flow for ipip, else fixed)")
+    s.add_argument("--server-id-from", choices=SERVER_ID_FROMS, default="none",
+                   help="where packets carry their real's server id: QUIC connection ids, Katran's UDP "
+                        "stable-routing header or TCP option 183 (default %(default)s)")
+    s.add_argument("--udp-flow-migration", action="store_true",
+                   help="UDP sessions to a real that health checks take down are moved to another")
     s.add_argument("--json", action="store_true", help="with list: print the VIPs as JSON")
     s.set_defaults(fn=cmd_vip)
 
@@ -435,8 +496,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("proto", choices=("tcp", "udp"), help="VIP protocol")
     s.add_argument("real", nargs="?", help="real address (all actions but list)")
     s.add_argument("--weight", type=_weight, default=1, help="the real's weight, 0..65535 (default %(default)s)")
+    s.add_argument("--server-id", type=_server_id, metavar="N",
+                   help="with add: the real's server id (what QUIC connection ids or TCP option 183 carry)")
     s.add_argument("--json", action="store_true", help="with list: print the reals as JSON")
     s.set_defaults(fn=cmd_real)
+
+    cli_routes.add_parsers(sub, _verb, _port, cmd_src_route, cmd_decap)
 
     s = _verb(sub, "run", "daemon: health checks, metrics, reload on SIGHUP",
               "lbctl run --config /etc/l4lab/lb.toml", "lbctl run -c lb.toml -i eth0 --mode auto")
@@ -444,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--interface", "-i", action="append", default=[], metavar="IF",
                    help="attach to IF (repeat for more); default the config's datapath.interfaces")
     s.add_argument("--mode", choices=("native", "generic", "auto"), help=_MODE_HELP)
-    s.add_argument("--object", default=DEFAULT_OBJECT, metavar="OBJECT", help=_OBJECT_HELP)
+    s.add_argument("--object", default="", metavar="OBJECT", help=_RUN_OBJECT_HELP)
     s.add_argument("--force-reload", action="store_true", help=_FORCE_HELP)
     s.set_defaults(fn=cmd_run)
 
@@ -477,8 +542,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd in ("run", "status", "stats") or _reads(args):
             result: int = args.fn(args)
         else:
-            with _owned(args):
-                result = args.fn(args)
+            try:
+                with _owned(args):
+                    result = args.fn(args)
+            except InstanceOwnedError as owned:  # `lbctl run` holds it: hand the write over, or say what works
+                from balancer.handover import hand_over
+
+                result = hand_over(args, owned)
         return result
     except (UsageError, ConfigError) as exc:
         print(f"lbctl: {exc}" if not str(exc).startswith("lbctl") else str(exc), file=sys.stderr)

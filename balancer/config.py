@@ -9,6 +9,12 @@ that edit the state (``lbctl vip add``) and commands that print it (``lbctl stat
 Defaults that depend on other keys are resolved at load time and written out by :func:`dump`:
 ``vips.outer_src`` is ``"flow"`` for IPIP and ``"fixed"`` for GUE; ``vips.healthcheck.port`` is
 the VIP's port (a wildcard VIP, port 0, must name one).
+
+A VIP whose ``hash`` starts with ``katran`` picks reals as Katran does (balancer/katran_hash.py),
+so that it can share an ECMP group with Katran nodes; ``katran_ring`` (only for those VIPs) names
+Katran's Maglev: ``"v1"``, Katran's default, where a weight is only a first-round head start (1:10
+gives about 1:1), or ``"v2"``, weights in proportion. ``datapath.katran_max_vips`` is the Katran
+build's MAX_VIPS (its flow hash's seeds), and ``datapath.ring_size`` must be its RING_SIZE.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast, get_args
 
-from balancer import _abi, encaps
+from balancer import _abi, encaps, katran_hash
+from balancer import config_routes as routing
+from balancer.config_routes import DecapAddress, ServerIdFrom, SrcRoute
 from balancer.errors import ConfigError, show_value
 from balancer.maglev import is_prime
 from balancer.validate import MAC_EXAMPLE, Reader, join
@@ -29,6 +37,8 @@ from balancer.validate import MAC_EXAMPLE, Reader, join
 __all__ = [
     "Config",
     "DatapathConfig",
+    "DecapAddress",
+    "SrcRoute",
     "EncapConfig",
     "HealthCheck",
     "IpAddress",
@@ -46,7 +56,11 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Mode = Literal["native", "generic", "auto"]
 Proto = Literal["tcp", "udp"]
 EncapName = encaps.ModeName  # the catalogue's (balancer/encaps.py)
-HashName = Literal["5tuple", "no-sport", "dport-only"]
+# The katran hashes are Katran's flow hash for its VIP flags: none (source address and port),
+# F_HASH_NO_SRC_PORT, F_HASH_DPORT_ONLY, F_HASH_SRC_DST_PORT.
+HashName = Literal["5tuple", "no-sport", "dport-only", "katran", "katran-no-sport", "katran-dport-only",
+                   "katran-src-dst-port"]
+KatranRing = katran_hash.RingKind
 OuterSrc = Literal["flow", "fixed"]
 GueCsum = Literal["compute", "zero"]
 CheckType = Literal["tcp", "http", "udp"]
@@ -56,6 +70,7 @@ MODES: Final[tuple[Mode, ...]] = get_args(Mode)
 PROTOS: Final[tuple[Proto, ...]] = get_args(Proto)
 ENCAPS: Final[tuple[EncapName, ...]] = get_args(EncapName)
 HASHES: Final[tuple[HashName, ...]] = get_args(HashName)
+KATRAN_RINGS: Final[tuple[KatranRing, ...]] = katran_hash.RING_KINDS
 OUTER_SRCS: Final[tuple[OuterSrc, ...]] = get_args(OuterSrc)
 GUE_CSUMS: Final[tuple[GueCsum, ...]] = get_args(GueCsum)
 CHECK_TYPES: Final[tuple[CheckType, ...]] = get_args(CheckType)
@@ -80,17 +95,23 @@ class DatapathConfig:
     fallback_size: int = 16384  # accepted and ignored: there is no fallback table since issue 11
     udp_timeout_s: int = int(_abi.Limits.DEFAULT_UDP_TIMEOUT_S)
     frags: bool = False
+    object: str = ""  # the BPF object to run (a path or a name, balancer/objects.py); "" = lbctl's default
+    katran_max_vips: int = int(_abi.Limits.DEFAULT_KATRAN_MAX_VIPS)  # the Katran fleet's MAX_VIPS (hash seeds)
     egress: str = ""  # two-arm: the interface encapsulated frames leave by ("": one-arm, balancer/egress.py)
 
 
 @dataclass(frozen=True)
 class EncapConfig:
-    """What every encapsulated frame carries: next-hop MAC, GUE port and the outer source prefixes."""
+    """What every encapsulated frame carries: next-hop MAC, GUE port and the outer source prefixes.
 
-    nexthop_mac: str = "02:00:00:00:00:01"
+    ``nexthop_mac = "auto"`` finds the MAC in the kernel (balancer/nexthop.py): the neighbour entry of
+    ``nexthop``, else of the default route's gateway on the datapath interface."""
+
+    nexthop_mac: str = "auto"
     gue_port: int = int(_abi.Limits.DEFAULT_GUE_PORT)
     src4: ipaddress.IPv4Network = ipaddress.IPv4Network("198.51.100.128/25")
     src6: ipaddress.IPv6Network = ipaddress.IPv6Network("2001:db8:1b:80::/64")
+    nexthop: IpAddress | None = None  # with nexthop_mac = "auto": the router's address on the LB's link
 
 
 @dataclass(frozen=True)
@@ -99,6 +120,7 @@ class Real:
 
     address: IpAddress
     weight: int = 1
+    server_id: int | None = None  # the id QUIC connection ids, TCP option 183 or stable routing carry
 
     @property
     def family(self) -> int:
@@ -134,6 +156,11 @@ class Vip:
     gue_csum: GueCsum = "compute"  # GUE outer UDP checksum; "zero" over IPv6 needs reals that accept it
     reals: tuple[Real, ...] = ()
     healthcheck: HealthCheck | None = None
+    prefix_len: int | None = None  # a VIP that is a prefix: address is its network address
+    server_id_from: ServerIdFrom = "none"
+    udp_flow_migration: bool = False
+    src_routes: tuple[SrcRoute, ...] = ()
+    katran_ring: KatranRing = "v1"  # Katran's Maglev, for the katran hashes only
 
     @property
     def family(self) -> int:
@@ -141,14 +168,25 @@ class Vip:
         return self.address.version
 
     @property
+    def katran(self) -> bool:
+        """Whether the VIP hashes and rings as Katran does."""
+        return self.hash.startswith("katran")
+
+    @property
     def key(self) -> tuple[IpAddress, int, Proto]:
-        """(address, port, proto): what identifies the VIP, unique within a config."""
+        """(address, port, proto): what identifies the VIP, unique within a config (a prefix VIP's
+        address is its network address: two prefixes from one address are refused)."""
         return self.address, self.port, self.proto
 
     @property
+    def address_text(self) -> str:
+        """The address, or the prefix of a VIP that is one (``10.200.0.0/24``)."""
+        return str(self.address) if self.prefix_len is None else f"{self.address}/{self.prefix_len}"
+
+    @property
     def name(self) -> str:
-        """``198.51.100.100:80/tcp`` or ``[2001:db8:100::100]:80/tcp``, for messages and tables."""
-        host = f"[{self.address}]" if self.address.version == 6 else str(self.address)
+        """``198.51.100.100:80/tcp``, ``[2001:db8:100::100]:80/tcp`` or ``10.200.0.0/24:80/tcp``."""
+        host = f"[{self.address_text}]" if self.address.version == 6 else self.address_text
         return f"{host}:{self.port}/{self.proto}"
 
 
@@ -177,6 +215,7 @@ class Config:
     encap: EncapConfig = field(default_factory=EncapConfig)
     vips: tuple[Vip, ...] = ()
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    decap: tuple[DecapAddress, ...] = ()  # the LB's own addresses whose tunnel packets it decapsulates
 
 
 # ---------------------------------------------------------------------------------------------- load
@@ -210,13 +249,13 @@ def loads(text: str, file: str = "<config>") -> Config:
 
 def parse(data: Mapping[str, Any], file: str = "<config>") -> Config:
     """Validate an already-decoded TOML document into a :class:`Config`."""
-    top = _Table(file, "", data, ("datapath", "encap", "vips", "metrics"))
+    top = _Table(file, "", data, ("datapath", "encap", "vips", "metrics", "decap"))
     datapath = _datapath(top.table("datapath"))
     encap = _encap(top.table("encap"))
     vips = tuple(_vip(t) for t in top.tables("vips"))
     metrics = _metrics(top.table("metrics"))
     _check_vips(file, datapath, vips)
-    return Config(datapath=datapath, encap=encap, vips=vips, metrics=metrics)
+    return Config(datapath=datapath, encap=encap, vips=vips, metrics=metrics, decap=routing.decaps(top))
 
 
 def _datapath(t: _Table) -> DatapathConfig:
@@ -258,18 +297,35 @@ def _datapath(t: _Table) -> DatapathConfig:
         fallback_size=t.integer("fallback_size", 1, U32_MAX, d.fallback_size),
         udp_timeout_s=t.integer("udp_timeout_s", 1, 86400, d.udp_timeout_s),
         frags=t.boolean("frags", d.frags),
+        object=_object(t),
+        katran_max_vips=t.integer("katran_max_vips", 1, U32_MAX, d.katran_max_vips),
         egress=egress,
     )
 
 
+def _object(t: _Table) -> str:
+    expected = 'a BPF object: a path such as "/opt/l4lab/balancer.o" or a file name such as "balancer.o"'
+    name = t.string("object", expected, "")
+    if name and ("\0" in name or not name.strip() or name != name.strip()):
+        raise t.error("object", name, expected)
+    return name
+
+
 def _encap(t: _Table) -> EncapConfig:
     d = EncapConfig()
-    expected = f'a MAC address such as "{MAC_EXAMPLE}"'
-    mac = t.check.mac(t.value("nexthop_mac", expected, d.nexthop_mac), t.key("nexthop_mac"), expected)
-    if int(mac[:2], 16) & 1:
-        raise t.error("nexthop_mac", mac, "a unicast MAC address (the next hop's), not a multicast one")
+    expected = f'"auto" or a MAC address such as "{MAC_EXAMPLE}"'
+    mac = t.value("nexthop_mac", expected, d.nexthop_mac)
+    if mac != "auto":
+        mac = t.check.mac(mac, t.key("nexthop_mac"), expected)
+        if int(mac[:2], 16) & 1:
+            raise t.error("nexthop_mac", mac, "a unicast MAC address (the next hop's), not a multicast one")
+    nexthop = t.address("nexthop") if "nexthop" in t.data else None
+    if nexthop is not None and mac != "auto":
+        raise t.error("nexthop", str(nexthop), "", message=f'{t.key("nexthop")} applies only to nexthop_mac = '
+                      f'"auto" (it names the address whose MAC is looked up); remove one of the two')
     return EncapConfig(
         nexthop_mac=mac,
+        nexthop=nexthop,
         gue_port=t.integer("gue_port", 1, 65535, d.gue_port),
         src4=cast(ipaddress.IPv4Network, t.network("src4", 4, d.src4)),
         src6=cast(ipaddress.IPv6Network, t.network("src6", 6, d.src6)),
@@ -277,13 +333,14 @@ def _encap(t: _Table) -> EncapConfig:
 
 
 def _vip(t: _Table) -> Vip:
-    address = t.address("address")
+    address, prefix_len = routing.vip_address(t)
     port = t.integer("port", 0, 65535, expected="0..65535 (0 = every port)")
     proto = cast(Proto, t.choice("proto", PROTOS))
     encap = cast(EncapName, t.choice("encap", ENCAPS, "ipip"))
     reals: list[Real] = []
     for i, item in enumerate(t.tables("reals")):
-        real = Real(address=item.address("address"), weight=item.integer("weight", 0, MAX_WEIGHT, 1))
+        real = Real(address=item.address("address"), weight=item.integer("weight", 0, MAX_WEIGHT, 1),
+                    server_id=routing.real_server_id(item))
         if address.version == 6 and real.address.version == 4:
             raise item.error(
                 "",
@@ -301,17 +358,27 @@ def _vip(t: _Table) -> Vip:
     check: HealthCheck | None = None
     if "healthcheck" in t.data:
         check = _healthcheck(t.table("healthcheck"), port)
+    hash_name = cast(HashName, t.choice("hash", HASHES, "5tuple"))
+    if "katran_ring" in t.data and not hash_name.startswith("katran"):
+        raise t.error("katran_ring", t.data["katran_ring"], "",
+                      message=f'{t.key("katran_ring")} applies only to a katran hash (hash = "katran"...), '
+                      f'not to hash = "{hash_name}"; remove it or set hash = "katran"')
     return Vip(
         address=address,
         port=port,
         proto=proto,
         encap=encap,
-        hash=cast(HashName, t.choice("hash", HASHES, "5tuple")),
+        hash=hash_name,
+        katran_ring=cast(KatranRing, t.choice("katran_ring", KATRAN_RINGS, "v1")),
         lru=t.boolean("lru", True),
         outer_src=cast(OuterSrc, t.choice("outer_src", OUTER_SRCS, "flow" if encap == "ipip" else "fixed")),
         gue_csum=cast(GueCsum, t.choice("gue_csum", GUE_CSUMS, "compute")),
         reals=tuple(reals),
         healthcheck=check,
+        prefix_len=prefix_len,
+        server_id_from=routing.server_id_from(t, proto),
+        udp_flow_migration=routing.udp_flow_migration(t, proto),
+        src_routes=routing.src_routes(t, address.version),
     )
 
 
@@ -372,7 +439,8 @@ def _check_vips(file: str, datapath: DatapathConfig, vips: tuple[Vip, ...]) -> N
         raise ConfigError(
             file, "datapath.max_vips", datapath.max_vips, f"at least the number of VIPs ({len(vips)})"
         )
-    distinct = {r.address for v in vips for r in v.reals}
+    routing.check_server_ids(file, vips)
+    distinct = {r.address for v in vips for r in v.reals} | {r.real for v in vips for r in v.src_routes}
     if len(distinct) > datapath.max_reals - 1:
         raise ConfigError(
             file,
@@ -500,11 +568,16 @@ _KNOWN: Final[dict[str, tuple[str, ...]]] = {
         "fallback_size",
         "udp_timeout_s",
         "frags",
+        "object",
+        "katran_max_vips",
         "egress",
     ),
-    "encap": ("nexthop_mac", "gue_port", "src4", "src6"),
-    "vips": ("address", "port", "proto", "encap", "hash", "lru", "outer_src", "gue_csum", "reals", "healthcheck"),
-    "vips.reals": ("address", "weight"),
+    "encap": ("nexthop_mac", "gue_port", "src4", "src6", "nexthop"),
+    "vips": ("address", "port", "proto", "encap", "hash", "lru", "outer_src", "gue_csum", "reals", "healthcheck",
+             "server_id_from", "udp_flow_migration", "src_routes", "katran_ring"),
+    "vips.reals": ("address", "weight", "server_id"),
+    "vips.src_routes": ("prefix", "real"),
+    "decap": ("address", "action"),
     "vips.healthcheck": ("type", "port", "path", "interval_s", "timeout_s", "rise", "fall", "via"),
     "metrics": ("listen",),
 }
@@ -529,6 +602,8 @@ def dump(config: Config) -> str:
         f"fallback_size = {d.fallback_size}",
         f"udp_timeout_s = {d.udp_timeout_s}",
         f"frags = {_toml(d.frags)}",
+        *([f"object = {_toml(d.object)}"] if d.object else []),
+        f"katran_max_vips = {d.katran_max_vips}",
         *([f"egress = {_toml(d.egress)}"] if d.egress else []),
         "",
         "[encap]",
@@ -536,6 +611,7 @@ def dump(config: Config) -> str:
         f"gue_port = {e.gue_port}",
         f"src4 = {_toml(str(e.src4))}",
         f"src6 = {_toml(str(e.src6))}",
+        *([f"nexthop = {_toml(str(e.nexthop))}"] if e.nexthop is not None else []),
         "",
         "[metrics]",
         f"listen = {_toml(config.metrics.listen)}",
@@ -544,7 +620,7 @@ def dump(config: Config) -> str:
         lines += [
             "",
             "[[vips]]",
-            f"address = {_toml(str(vip.address))}",
+            f"address = {_toml(vip.address_text)}",
             f"port = {vip.port}",
             f"proto = {_toml(vip.proto)}",
             f"encap = {_toml(vip.encap)}",
@@ -552,10 +628,15 @@ def dump(config: Config) -> str:
             f"lru = {_toml(vip.lru)}",
             f"outer_src = {_toml(vip.outer_src)}",
             f"gue_csum = {_toml(vip.gue_csum)}",
+            *routing.dump_vip(vip),
         ]
+        if vip.katran:
+            lines.append(f"katran_ring = {_toml(vip.katran_ring)}")
         if vip.reals:
             lines.append("reals = [")
-            lines += [f"  {{ address = {_toml(str(r.address))}, weight = {r.weight} }}," for r in vip.reals]
+            lines += [f"  {{ address = {_toml(str(r.address))}, weight = {r.weight}"
+                      + (f", server_id = {r.server_id}" if r.server_id is not None else "") + " },"
+                      for r in vip.reals]
             lines.append("]")
         else:
             lines.append("reals = []")
@@ -576,6 +657,7 @@ def dump(config: Config) -> str:
                 f"fall = {hc.fall}",
                 f"via = {_toml(hc.via)}",
             ]
+    lines += routing.dump_decaps(config.decap)
     return "\n".join(lines) + "\n"
 
 

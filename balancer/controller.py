@@ -22,16 +22,16 @@ import socket
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from balancer import _abi, encaps, maglev, objects
+from balancer import _abi, encaps, katran_hash, maglev, nexthop, objects, route_plan
 from balancer import config as cfg
-from balancer.datapath import Datapath, Transaction, program_for
+from balancer.datapath import Datapath, Transaction, program_for, settings_bytes
 from balancer.egress import Egress, check_mtu, resolve
-from balancer.errors import DatapathError, LbError
+from balancer.errors import DatapathError, HostError, LbError
 
 PIN_ROOT = os.environ.get("LBCTL_PIN_ROOT", "/sys/fs/bpf/lbctl")
 STATE_ROOT = os.environ.get("LBCTL_STATE_ROOT", "/run/lbctl")
@@ -44,7 +44,13 @@ DEFAULT_OBJECT = "balancer.o"
 
 def vip_flags(vip: cfg.Vip) -> int:
     flags = 0
-    if vip.hash == "no-sport":
+    if vip.katran:
+        fields = katran_hash.fields_of(vip.hash, vip.port)
+        flags |= _abi.VipFlag.HASH_KATRAN
+        flags |= _abi.VipFlag.HASH_NO_SPORT if fields.no_sport else 0
+        flags |= _abi.VipFlag.HASH_DPORT_ONLY if fields.dport_only else 0
+        flags |= _abi.VipFlag.HASH_KATRAN_NO_DPORT if fields.zero_dport else 0
+    elif vip.hash == "no-sport":
         flags |= _abi.VipFlag.HASH_NO_SPORT
     elif vip.hash == "dport-only":
         flags |= _abi.VipFlag.HASH_DPORT_ONLY
@@ -54,7 +60,18 @@ def vip_flags(vip: cfg.Vip) -> int:
         flags |= _abi.VipFlag.OUTER_SRC_FLOW
     if vip.gue_csum == "zero":
         flags |= _abi.VipFlag.GUE_CSUM_ZERO
+    flags |= {"none": 0, "quic": _abi.VipFlag.SID_QUIC, "stable-routing": _abi.VipFlag.SID_STABLE,
+              "tcp-option": _abi.VipFlag.SID_TCP}[vip.server_id_from]
+    if vip.udp_flow_migration:
+        flags |= _abi.VipFlag.UDP_MIGRATE
+    if vip.src_routes:
+        flags |= _abi.VipFlag.SRC_ROUTES
     return int(flags)
+
+
+def ring_kind(vip: cfg.Vip) -> str:
+    """How the VIP's ring is built: "l4lab" (weights in proportion), or Katran's "katran-v1" / "katran-v2"."""
+    return f"katran-{vip.katran_ring}" if vip.katran else "l4lab"
 
 
 @dataclass
@@ -69,6 +86,8 @@ class State:
     real_ids: dict[str, int] = field(default_factory=dict)         # address -> real id
     ring_inputs: dict[str, list[list[Any]]] = field(default_factory=dict)  # vip -> [[addr, weight]]
     down: dict[str, list[str]] = field(default_factory=dict)       # vip -> reals failed by health checks
+    object_sha256: str = ""                                        # of `object` when it was loaded
+    nexthop: dict[str, str] = field(default_factory=dict)          # the NextHop the settings hold
     egress: dict[str, Any] = field(default_factory=dict)           # two-arm: Egress.to_json(); {} one-arm
 
     def to_json(self) -> str:
@@ -90,6 +109,7 @@ class ApplyReport:
     reals_added: int = 0
     reals_removed: int = 0
     ring_slots: int = 0
+    routes: int = 0  # entries written or removed in the maps of routing beyond the hash (route_plan.py)
     sessions_flushed: int = 0
 
     @property
@@ -110,6 +130,7 @@ class _Plan:
     down: dict[str, set[str]]          # vip -> reals marked down for this apply
     new_down: dict[str, list[str]]     # the same, as saved in State.down
     ring_inputs: dict[str, list[list[Any]]] = field(default_factory=dict)  # filled by the ring writes
+    routes: route_plan.Wanted = field(default_factory=dict)  # server ids, pins, prefix VIPs, decaps, downs
 
 
 class Instance:
@@ -154,7 +175,7 @@ class Instance:
         obj = objects.find(obj)  # the state file records the path, so `lbctl status` names the file
         dp = Datapath.load(obj, max_vips=d.max_vips, max_reals=d.max_reals, ring_size=d.ring_size,
                            lru_size=d.lru_size, fallback_size=d.fallback_size, udp_timeout_s=d.udp_timeout_s,
-                           egress=egress, programs=(program_for(d.frags),))
+                           katran_max_vips=d.katran_max_vips, egress=egress, programs=(program_for(d.frags),))
         pin_dir = cls.pin_dir(name)
         try:
             dp.pin(pin_dir, exclusive=True)  # refuses a directory it did not make; undoes its own part
@@ -166,7 +187,7 @@ class Instance:
                 link = dp.attach(ifname, mode, frags=d.frags)
                 link.pin(f"{pin_dir}/link_{ifname}")
             state = State(instance=name, object=obj, interfaces=dict.fromkeys(ifaces, mode),
-                          egress=egress.to_json() if egress else {})
+                          object_sha256=objects.digest(obj), egress=egress.to_json() if egress else {})
             inst = cls(name, dp, state)
             inst.save()
             inst.apply(c)
@@ -194,8 +215,8 @@ class Instance:
         """
         obj = objects.find(obj)
         frags = self.config.datapath.frags
-        new = Datapath.load_reusing(obj, self.dp, self.config.datapath.udp_timeout_s, self.egress,
-                                    programs=(program_for(frags),))
+        new = Datapath.load_reusing(obj, self.dp, self.config.datapath.udp_timeout_s,
+                                    self.config.datapath.katran_max_vips, self.egress, programs=(program_for(frags),))
         prog = new.programs[program_for(frags)]
         try:
             for link in self.dp.links:
@@ -203,8 +224,16 @@ class Instance:
         finally:
             new.close()  # the links hold the new program; the maps stay pinned
         self.state.object = obj
+        self.state.object_sha256 = objects.digest(obj)
         self.save()
         return {"links": len(self.dp.links)}
+
+    def runs(self, obj: str) -> bool:
+        """Whether the program running is object obj as it is now (same path, same content when known)."""
+        path = objects.find(obj)
+        if os.path.abspath(path) != os.path.abspath(self.state.object):
+            return False
+        return not self.state.object_sha256 or objects.digest(path) == self.state.object_sha256
 
     def save(self) -> None:
         path = self.state_path(self.name)
@@ -242,16 +271,21 @@ class Instance:
         slots are written (see _ring_unsure), so a controller killed mid-ring is repaired by the
         next apply.
         """
-        _check_fits(new, self.dp)
+        _check_fits(new, self.dp, self.config if self.state.config else None)
         self._check_egress(new)
+        hop = self.next_hop(new.encap)
         plan = self._plan(new, down if down is not None else self.state.down)
+        plan.routes = route_plan.wanted(new, plan.vip_nums, plan.real_ids, plan.down,
+                                        {v.name: vip_flags(v) for v in new.vips})
         report = ApplyReport()
         with self.dp.transaction(crash_after_slots=_crash_after_slots()) as tx:
-            self._write_settings(tx, plan, report)
+            self._write_settings(tx, plan, report, hop)
             self._write_new_reals(tx, plan, report)
             self._write_vips(tx, plan, report)
             self._write_address_entries(tx, plan)
+            report.routes += route_plan.write(tx, self.dp, plan.routes)
             self._remove_vips(tx, plan, report)
+            report.routes += route_plan.remove_unwanted(tx, self.dp, plan.routes)
             self._clear_old_reals(tx, plan, report)
         report.sessions_flushed = self._flush_left_reals(plan)
         st = self.state
@@ -260,6 +294,7 @@ class Instance:
         st.real_ids = plan.real_ids
         st.ring_inputs = plan.ring_inputs
         st.down = plan.new_down
+        st.nexthop = hop.to_dict()
         self.save()
         return report
 
@@ -273,6 +308,20 @@ class Instance:
                           "the egress is fixed at load: `lbctl unload`, then `lbctl load` with the new config")
         if self.egress:
             check_mtu(self.egress, new.datapath.mtu)
+
+    def next_hop(self, encap: cfg.EncapConfig) -> nexthop.NextHop:
+        """Where encap sends frames now (balancer/nexthop.py), found on the link the encapsulated frames
+        leave by (a two-arm LB's egress, else its interfaces). When the kernel has lost the neighbour
+        that this same encap config found before, its last MAC is kept: a router that is down or
+        being replaced gets it back, and health applies are not refused meanwhile."""
+        links = [self.egress.ifname] if self.egress else list(self.state.interfaces)
+        try:
+            return nexthop.resolve(encap.nexthop_mac, str(encap.nexthop) if encap.nexthop else None, links)
+        except HostError:
+            last = self.state.nexthop
+            if last and self.state.config and self.config.encap == encap and last.get("mac") != nexthop.NONE:
+                return nexthop.NextHop(**last)
+            raise
 
     def _plan(self, new: cfg.Config, down: Mapping[str, Iterable[str]]) -> _Plan:
         """Number the VIPs and reals of new: keep existing numbers, hand out the smallest free ones.
@@ -288,7 +337,8 @@ class Instance:
         for vname in new_vips:
             if vname not in vip_nums:
                 vip_nums[vname] = next(free_vip_nums)
-        wanted_reals = {str(r.address) for v in new.vips for r in v.reals}
+        wanted_reals = {str(r.address) for v in new.vips for r in v.reals} | \
+            {str(p.real) for v in new.vips for p in v.src_routes}
         real_ids = {addr: rid for addr, rid in st.real_ids.items() if addr in wanted_reals}
         free_real_ids = _free_numbers([*real_ids.values(), *st.real_ids.values()], 1)
         for addr in sorted(wanted_reals, key=_addr_sort):
@@ -306,12 +356,13 @@ class Instance:
                      vip_nums=vip_nums, real_ids=real_ids, down=down_sets,
                      new_down={k: sorted(v) for k, v in down_sets.items() if v and k in new_vips})
 
-    def _write_settings(self, tx: Transaction, plan: _Plan, report: ApplyReport) -> None:
-        new, old = plan.new, plan.old
-        if self.state.config == "" or old.encap != new.encap or old.datapath.mtu != new.datapath.mtu:
-            tx.put_settings(nexthop_mac=new.encap.nexthop_mac, src4=str(new.encap.src4),
-                            src6=str(new.encap.src6), gue_port=new.encap.gue_port, mtu=new.datapath.mtu)
-            report.settings = 1
+    def _write_settings(self, tx: Transaction, plan: _Plan, report: ApplyReport, hop: nexthop.NextHop) -> None:
+        """Settings first, with the next hop's MAC as found now: counts of prefix VIPs and decap addresses
+        raised early only cost lookups that miss, and dropped early only skip entries about to go."""
+        new = plan.new
+        want = settings_bytes(nexthop_mac=hop.mac, src4=str(new.encap.src4), src6=str(new.encap.src6),
+                              gue_port=new.encap.gue_port, mtu=new.datapath.mtu, **route_plan.counts(plan.routes))
+        report.settings = int(tx.put_entry(("lb_settings", b"\0" * 4, want)))
 
     def _write_new_reals(self, tx: Transaction, plan: _Plan, report: ApplyReport) -> None:
         for addr, rid in plan.real_ids.items():
@@ -327,16 +378,18 @@ class Instance:
             down = plan.down.get(vname, set())
             inputs = [[str(r.address), 0 if str(r.address) in down else r.weight] for r in vip.reals]
             plan.ring_inputs[vname] = inputs
-            if not _same_ring(vname, num, inputs, plan.real_ids, st):
-                new_ring = _ring(inputs, plan.real_ids, self.dp.ring_size)
-                if vname in st.ring_inputs and st.vip_nums.get(vname) == num:
-                    old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size)
+            old_vip = plan.old_vips.get(vname)
+            same_kind = old_vip is not None and ring_kind(old_vip) == ring_kind(vip)
+            if not (same_kind and _same_ring(vname, num, inputs, plan.real_ids, st)):
+                new_ring = _ring(inputs, plan.real_ids, self.dp.ring_size, ring_kind(vip))
+                if old_vip is not None and vname in st.ring_inputs and st.vip_nums.get(vname) == num:
+                    old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size, ring_kind(old_vip))
                 else:  # a new or renumbered VIP: diff against what the slots hold now
                     old_ring = self.dp.ring_array(num)
                 slots, _vals = maglev.ring_diff(old_ring, new_ring)
                 self._write_ring(tx, vname, num, slots, new_ring, plan, report)
-            if tx.put_vip(str(vip.address), vip.port, vip.proto, vip_num=num, flags=vip_flags(vip),
-                          encap=int(encaps.mode_of(vip.encap))):
+            if vip.prefix_len is None and tx.put_vip(str(vip.address), vip.port, vip.proto, vip_num=num,
+                                                     flags=vip_flags(vip), encap=int(encaps.mode_of(vip.encap))):
                 if vname in plan.old_vips:
                     report.vips_changed += 1
                 else:
@@ -354,10 +407,11 @@ class Instance:
         for ICMP echo and for the fragment / options / malformed drops."""
         addr_nums: dict[str, int] = {}
         for vname, vip in plan.new_vips.items():
-            addr_nums.setdefault(str(vip.address), plan.vip_nums[vname])
+            if vip.prefix_len is None:  # a prefix VIP's address-only entry is a prefix too (route_plan.py)
+                addr_nums.setdefault(str(vip.address), plan.vip_nums[vname])
         for address, num in addr_nums.items():
             tx.put_vip(address, 0, 0, vip_num=num)
-        for address in {str(v.address) for v in plan.old_vips.values()} - set(addr_nums):
+        for address in {str(v.address) for v in plan.old_vips.values() if v.prefix_len is None} - set(addr_nums):
             tx.del_vip(address, 0, 0)
 
     def _remove_vips(self, tx: Transaction, plan: _Plan, report: ApplyReport) -> None:
@@ -366,9 +420,10 @@ class Instance:
         for vname, vip in plan.old_vips.items():
             if vname in plan.new_vips:
                 continue
-            tx.del_vip(str(vip.address), vip.port, vip.proto)
+            if vip.prefix_len is None:
+                tx.del_vip(str(vip.address), vip.port, vip.proto)
             num = st.vip_nums[vname]
-            old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size) \
+            old_ring = _ring(st.ring_inputs[vname], st.real_ids, self.dp.ring_size, ring_kind(vip)) \
                 if vname in st.ring_inputs else self.dp.ring_array(num)  # a crash's leftovers
             slots = np.flatnonzero(old_ring).astype(np.uint32)
             self._write_ring(tx, vname, num, slots, np.zeros(self.dp.ring_size, dtype=np.uint32),
@@ -390,7 +445,7 @@ class Instance:
                 left = {str(r.address) for r in plan.old_vips[vname].reals} - {str(r.address) for r in vip.reals}
                 for addr in sorted(left):
                     flushed += self.dp.flush_sessions(
-                        str(vip.address), vip.port, vip.proto, self.state.real_ids[addr])
+                        vip.address_text, vip.port, vip.proto, self.state.real_ids[addr])
         return flushed
 
     def _ring_unsure(self, vname: str, down: dict[str, list[str]]) -> None:
@@ -437,13 +492,19 @@ class Instance:
             num = self.state.vip_nums.get(v.name)
             down = set(self.state.down.get(v.name, []))
             reals = [{"address": str(r.address), "weight": r.weight,
-                      "id": self.state.real_ids.get(str(r.address)),
+                      "id": self.state.real_ids.get(str(r.address)), "server_id": r.server_id,
                       "healthy": str(r.address) not in down} for r in v.reals]
-            vips.append({"vip": v.name, "vip_num": num, "encap": v.encap, "hash": v.hash, "lru": v.lru,
-                         "outer_src": v.outer_src, "reals": reals})
+            vips.append({"vip": v.name, "vip_num": num, "encap": v.encap, "hash": v.hash, "ring": ring_kind(v),
+                         "lru": v.lru, "outer_src": v.outer_src, "server_id_from": v.server_id_from,
+                         "udp_flow_migration": v.udp_flow_migration,
+                         "src_routes": [{"prefix": str(p.prefix), "real": str(p.real)} for p in v.src_routes],
+                         "reals": reals})
+        hop = nexthop.NextHop(**self.state.nexthop) if self.state.nexthop else None
         egress = self.egress
         return {"instance": self.name, "object": self.state.object, "interfaces": self.attach_modes(),
-                "requested_modes": self.state.interfaces, "vips": vips,
+                "requested_modes": self.state.interfaces,
+                "nexthop": {**hop.to_dict(), "describe": hop.describe()} if hop else {}, "vips": vips,
+                "decap": [{"address": str(d.address), "action": d.action} for d in c.decap],
                 "egress": egress.status() if egress else None}
 
     def stats(self) -> dict[str, Any]:
@@ -467,9 +528,15 @@ def _crash_after_slots() -> int | None:
     return int(crash) if crash else None
 
 
-def _check_fits(c: cfg.Config, dp: Datapath) -> None:
+def _check_fits(c: cfg.Config, dp: Datapath, applied: cfg.Config | None) -> None:
+    """The load-time settings of `c` are those the datapath was loaded with (`applied`: the config
+    applied last, None before the first apply)."""
     if c.datapath.ring_size != dp.ring_size:
         raise LbError(f"cannot change ring_size from {dp.ring_size} to {c.datapath.ring_size} "
+                      "while loaded; run `lbctl unload` and `lbctl load` again")
+    was = applied.datapath.katran_max_vips if applied else c.datapath.katran_max_vips
+    if c.datapath.katran_max_vips != was:
+        raise LbError(f"cannot change katran_max_vips from {was} to {c.datapath.katran_max_vips} "
                       "while loaded; run `lbctl unload` and `lbctl load` again")
 
 
@@ -494,7 +561,11 @@ def _same_ring(vname: str, num: int, inputs: list[list[Any]], real_ids: Mapping[
             and all(real_ids.get(str(a)) == st.real_ids.get(str(a)) for a, _w in inputs))
 
 
-def _ring(inputs: list[list[Any]], real_ids: Mapping[str, int], size: int) -> maglev.Ring:
+def _ring(inputs: list[list[Any]], real_ids: Mapping[str, int], size: int, kind: str) -> maglev.Ring:
+    """The ring of a VIP's [[address, weight]] inputs, built as ring_kind() says."""
     reals = {real_ids[a]: (a, int(w)) for a, w in inputs if a in real_ids}
-    return maglev.build_ring(reals, size)
+    if kind == "l4lab":
+        return maglev.build_ring(reals, size)
+    backends = [maglev.Backend(rid, a, w) for rid, (a, w) in reals.items()]
+    return katran_hash.build_ring(backends, size, cast(katran_hash.RingKind, kind.removeprefix("katran-")))
 

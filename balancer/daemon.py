@@ -10,7 +10,15 @@ waits for three kinds of event:
 * SIGHUP: the file is read again and applied through the same transactional apply; a file that
   does not validate, or an apply the datapath refuses, is logged and the running state is kept;
 * SIGTERM or SIGINT: health checks and the metrics endpoint stop and the process exits 0, leaving
-  the datapath loaded and forwarding (``lbctl unload`` removes it).
+  the datapath loaded and forwarding (``lbctl unload`` removes it);
+* a neighbour or route change (``nexthop_mac = "auto"``): the next hop is resolved again and, when
+  its MAC moved, the config applied again, which rewrites the datapath's setting;
+* a request on its control socket (balancer/control.py), from an `lbctl` that found the instance
+  owned: ``upgrade`` swaps the program behind the links (maps, sessions and health state stay),
+  ``reload`` does what SIGHUP does and answers how it went.
+
+When the config names an object (``datapath.object``) that is not the one running (another path, or
+the same file rebuilt), a start that adopts the instance and a reload both upgrade to it.
 
 Reals of a VIP with a health check start healthy, except those the instance's state recorded as
 down (a restarted daemon keeps draining them until they pass ``rise`` probes). Health checks with
@@ -27,6 +35,7 @@ SIGHUP reload, ``STOPPING=1`` on SIGTERM, and ``WATCHDOG=1`` from its event loop
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import platform
@@ -41,7 +50,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from balancer import _abi, controller, health, preflight
+from balancer import _abi, control, controller, health, nexthop, objects, preflight
 from balancer import config as cfg
 from balancer.controller import DEFAULT_OBJECT, Instance
 from balancer.errors import ConfigError, LbError, crash_report
@@ -52,6 +61,7 @@ from balancer.sdnotify import Notifier
 __all__ = ["Daemon", "run"]
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+FOLLOW_RESOLVE_S = 1.0  # how long a re-resolution after a routing change may solicit the neighbour
 
 
 @dataclass(frozen=True)
@@ -59,7 +69,12 @@ class _Signal:
     signum: int
 
 
-Event = _Signal | health.Transition
+@dataclass(frozen=True)
+class _RoutingChanged:
+    """A neighbour or route changed in the kernel (balancer/nexthop.py Watch)."""
+
+
+Event = _Signal | health.Transition | control.Request | _RoutingChanged
 
 
 def _version() -> str:
@@ -88,10 +103,14 @@ class Daemon:
         self.last_reload: tuple[bool, float] = (False, 0.0)  # the last start/SIGHUP apply: ok, when it last was
         self.tunnel: health.TunnelEncap | None = None
         self.loaded = False  # whether this start loaded the instance (rather than adopting it)
+        self.control: control.Server | None = None
+        self.watch = nexthop.Watch(self._routing_changed)
+        self._routing_pending = threading.Event()
+        self._lost: str | None = None  # the MAC kept while the next hop could not be resolved (logged once)
 
     # -- start ---------------------------------------------------------------------------------
 
-    def start(self, interfaces: Sequence[str], mode: str | None, obj: str, force_reload: bool = False) -> None:
+    def start(self, interfaces: Sequence[str], mode: str | None, obj: str = "", force_reload: bool = False) -> None:
         """Read the config, check the host, bind metrics, load or adopt the instance, apply, then
         start probes and metrics. Everything that can be refused is checked before the datapath is
         touched; a datapath this start loaded itself is unloaded again if a later step fails."""
@@ -105,6 +124,11 @@ class Daemon:
             targets = self._targets(self.config)
             self.monitor.set_targets(targets, down)
             self._apply("start", self.config, raise_errors=True, targets=targets)
+            if not self.loaded:
+                self._upgrade_if_named(self.config, "start")
+            self.control = control.Server(control.socket_path(controller.STATE_ROOT, self.name), self.events.put)
+            self.control.start()
+            self.watch.start()
         except BaseException:
             if self.loaded:
                 self.close()
@@ -152,6 +176,7 @@ class Daemon:
             return inst
         ifaces = list(interfaces) or list(self.config.datapath.interfaces)
         attach_mode = mode or self.config.datapath.mode
+        obj = obj or self.config.datapath.object or DEFAULT_OBJECT
         inst = Instance.load(self.name, ifaces, attach_mode, self.config, obj)
         self.loaded = True
         self.log.info("loaded", instance=self.name, interfaces=inst.attach_modes(), object=obj,
@@ -208,25 +233,116 @@ class Daemon:
                              vip=t.vip, real=t.address, detail=ev.detail,
                              check=t.check.type, port=t.check.port)
                 self._apply("health", self.config, raise_errors=False)
+            elif isinstance(ev, control.Request):
+                self._on_request(ev)
+            elif isinstance(ev, _RoutingChanged):
+                self._follow_nexthop()
             elif ev.signum == signal.SIGHUP:
-                self.notify(RELOADING=1, MONOTONIC_USEC=time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
-                try:
-                    self.reload()
-                finally:
-                    self.notify(READY=1, STATUS=self.status_line())
+                self._reload_notified()
             else:
                 self.notify(STOPPING=1, STATUS="stopping; the datapath stays loaded")
                 self.log.info("stopping", signal=signal.Signals(ev.signum).name,
                               detail="the datapath stays loaded and forwarding; `lbctl unload` removes it")
                 return 0
 
-    def reload(self) -> None:
-        """Read the file again and apply it; on any error log it and keep the running state."""
+    def _reload_notified(self) -> tuple[bool, str]:
+        """reload() between RELOADING=1 and READY=1 to systemd."""
+        self.notify(RELOADING=1, MONOTONIC_USEC=time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
+        try:
+            return self.reload()
+        finally:
+            self.notify(READY=1, STATUS=self.status_line())
+
+    def _keepalive(self) -> None:
+        """WATCHDOG=1 now, before a long step, when the unit has a watchdog (serve() pings between events)."""
+        if self.notifier.watchdog_s:
+            self.notify(WATCHDOG=1)
+
+    def _routing_changed(self) -> None:
+        """From the watch's thread: queue one re-resolution (never more than one pending)."""
+        if not self._routing_pending.is_set():
+            self._routing_pending.set()
+            self.events.put(_RoutingChanged())
+
+    def _follow_nexthop(self) -> None:
+        """Resolve the next hop again; when its MAC moved, apply (which rewrites the setting)."""
+        self._routing_pending.clear()
+        inst = self.instance
+        assert inst is not None
+        encap = self.config.encap
+        if encap.nexthop_mac != nexthop.AUTO:
+            return
+        was = inst.state.nexthop.get("mac")
+        try:
+            hop = nexthop.resolve(encap.nexthop_mac, str(encap.nexthop) if encap.nexthop else None,
+                                  list(inst.state.interfaces), timeout=FOLLOW_RESOLVE_S)
+        except LbError as exc:
+            if was != self._lost:
+                self.log.warning("nexthop_lost", error=str(exc), detail=f"frames keep going to {was}")
+                self._lost = was
+            return
+        self._lost = None
+        if hop.mac != was:
+            self.log.info("nexthop_changed", mac=hop.mac, previous=was, address=hop.address,
+                          interface=hop.interface, source=hop.source)
+            self._apply("nexthop", self.config, raise_errors=False)
+
+    def _on_request(self, req: control.Request) -> None:
+        """Carry out a request from the control socket and answer it (never raises: a failure is the answer)."""
+        self.log.info("request", verb=req.verb, client_pid=req.peer_pid,
+                      **{k: str(v) for k, v in req.args.items() if k == "object"})
+        try:
+            if req.verb == "describe":
+                inst = self.instance
+                req.answer(True, f"lbctl run (pid {os.getpid()})", pid=os.getpid(),
+                           config=os.path.abspath(self.config_path),
+                           object=inst.state.object if inst else "")
+            elif req.verb == "upgrade":
+                req.answer(True, self.upgrade(str(req.args.get("object") or DEFAULT_OBJECT), "request"))
+            else:
+                ok, message = self._reload_notified()
+                req.answer(ok, message)
+        except LbError as exc:
+            req.answer(False, str(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug: answered and logged, the daemon keeps running
+            req.answer(False, crash_report("lbctl run", exc, (controller.STATE_ROOT,)))
+
+    def upgrade(self, obj: str, trigger: str) -> str:
+        """Swap the program behind the instance's links for obj (maps, sessions and health state
+        stay); logged as upgraded or upgrade_failed, and the LbError re-raised."""
+        inst = self.instance
+        assert inst is not None
+        previous = inst.state.object
+        self._keepalive()  # loading and verifying a program takes a while on a slow machine
+        try:
+            with self.lock:
+                done = inst.upgrade(obj)
+        except LbError as exc:
+            self.log.error("upgrade_failed", trigger=trigger, object=obj, error=str(exc),
+                           detail=f"the links keep running {previous}")
+            raise
+        self.log.info("upgraded", trigger=trigger, object=inst.state.object, previous=previous,
+                      sha256=inst.state.object_sha256, links=done["links"])
+        return (f"replaced the program behind {done['links']} link(s) with {inst.state.object} (was {previous}); "
+                "maps, sessions and health state kept")
+
+    def _upgrade_if_named(self, config: cfg.Config, trigger: str) -> str:
+        """Upgrade to the config's datapath.object when it names one that is not running; "" if none."""
+        inst = self.instance
+        assert inst is not None
+        if not config.datapath.object or inst.runs(config.datapath.object):
+            return ""
+        return self.upgrade(objects.find(config.datapath.object), trigger)
+
+    def reload(self) -> tuple[bool, str]:
+        """Read the file again and apply it (and upgrade to its object if it names another); on any
+        error log it and keep the running state. Returns (applied, what happened)."""
         self.log.info("reload", config=self.config_path)
+        self._keepalive()
         metrics = self.metrics
         try:
             new = self._read_config()
-            if new.datapath != self.config.datapath:
+            if _restart_keys(new.datapath) != _restart_keys(self.config.datapath):
                 self.log.warning("restart_needed", keys="datapath",
                                  detail="datapath settings (interfaces, mode, map sizes, frags) take effect "
                                         "only when the instance is loaded again (`lbctl unload`, then restart)")
@@ -236,16 +352,22 @@ class Daemon:
         except LbError as exc:  # ConfigError included
             self._count("reload", False)
             self._reload_failed(str(exc), metrics)
-            return
+            return False, str(exc)
         if not self._apply("reload", new, raise_errors=False, targets=targets):  # counted there
-            self._reload_failed("the datapath refused the new configuration (see apply_failed)", metrics)
-            return
+            why = "the datapath refused the new configuration (see apply_failed)"
+            self._reload_failed(why, metrics)
+            return False, f"{self.config_path}: {why}; the running configuration is kept"
         self.config = new
         if metrics is not self.metrics:
             old, self.metrics = self.metrics, metrics
             if old is not None:
                 old.stop()
             self.log.info("metrics_moved", metrics=metrics.listen if metrics else "")
+        try:
+            upgraded = self._upgrade_if_named(new, "reload")
+        except LbError as exc:
+            return False, f"applied {self.config_path}, but the upgrade to its object failed: {exc}"
+        return True, f"applied {self.config_path}" + (f"; {upgraded}" if upgraded else "")
 
     def status_line(self) -> str:
         return f"forwarding {len(self.config.vips)} VIPs; metrics at {self.metrics.listen if self.metrics else '-'}"
@@ -326,6 +448,10 @@ class Daemon:
 
     def close(self) -> None:
         """Stop probes and metrics and close our file descriptors; pins keep the datapath loaded."""
+        if self.control is not None:
+            self.control.stop()
+            self.control = None
+        self.watch.stop()
         self.monitor.stop()
         if self.metrics is not None:
             self.metrics.stop()
@@ -338,6 +464,11 @@ class Daemon:
             self.instance = None
 
 
+def _restart_keys(d: cfg.DatapathConfig) -> cfg.DatapathConfig:
+    """The datapath settings a reload cannot change (all but the object, which it upgrades to)."""
+    return dataclasses.replace(d, object="")
+
+
 def _forget_lock(lock: Path, instance: str) -> None:
     """Remove the lock file (still held) when no instance stays behind: a start that failed."""
     if not Instance.state_path(instance).exists():
@@ -345,11 +476,13 @@ def _forget_lock(lock: Path, instance: str) -> None:
 
 
 def run(config_path: str, instance: str, *, interfaces: Sequence[str] = (), mode: str | None = None,
-        obj: str = DEFAULT_OBJECT, log: Logger | None = None, force_reload: bool = False) -> int:
+        obj: str = "", log: Logger | None = None, force_reload: bool = False) -> int:
     """Run the daemon until SIGTERM/SIGINT. Exit status: 0 stopped, 2 bad config at start, 1 other errors.
 
-    The daemon owns the instance while it runs (preflight.instance_lock): a second daemon, or a
-    command that writes to the instance, is refused. An unexpected exception is logged as one
+    The daemon owns the instance while it runs (preflight.instance_lock): a second daemon is refused,
+    and a command that writes to the instance hands its write over on the control socket or is
+    refused naming the command that works (balancer/handover.py). obj "" loads the config's
+    datapath.object, else balancer.o. An unexpected exception is logged as one
     line naming the file that holds its traceback."""
     log = log or Logger()
     daemon = Daemon(config_path, instance, log, Notifier.from_environment())

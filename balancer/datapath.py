@@ -148,8 +148,10 @@ def vip_key(address: str, port: int, proto: str | int) -> bytes:
 
 
 def settings_bytes(*, nexthop_mac: str, src4: str = "0.0.0.0/32", src6: str = "::/128",
-                   gue_port: int = _abi.Limits.DEFAULT_GUE_PORT, mtu: int = _abi.Limits.DEFAULT_MTU) -> bytes:
-    """struct lb_settings: next-hop MAC, outer source prefixes (host bits = flow-derived), GUE port, MTU."""
+                   gue_port: int = _abi.Limits.DEFAULT_GUE_PORT, mtu: int = _abi.Limits.DEFAULT_MTU,
+                   cidr_vips: int = 0, decaps: int = 0) -> bytes:
+    """struct lb_settings: next-hop MAC, outer source prefixes (host bits = flow-derived), GUE port, MTU,
+    and how many entries lb_vip_cidrs and lb_decaps hold (0 spares other packets their lookups)."""
     s = _abi.Settings()
     ctypes.memmove(ctypes.addressof(s) + _abi.Settings.nexthop_mac.offset,
                    bytes.fromhex(nexthop_mac.replace(":", "")), 6)
@@ -162,6 +164,8 @@ def settings_bytes(*, nexthop_mac: str, src4: str = "0.0.0.0/32", src6: str = ":
     s.src6_mask = _u32x4(net6.hostmask.packed)
     s.mtu = mtu
     s.configured = 1
+    s.cidr_vips = cidr_vips
+    s.decaps = decaps
     return bytes(s)
 
 
@@ -185,9 +189,10 @@ def _real_entry(real_id: int, address: str, flags: int = _abi.RealFlag.PRESENT) 
     return real_id.to_bytes(4, "little"), real_bytes(address, flags)
 
 
-def verify_abi(path: str) -> None:
-    """Refuse an object whose BTF contract differs from the generated balancer/_abi.py."""
-    name = Path(path).stem.removesuffix(".bpf")
+def verify_abi(path: str, kind: str = "") -> None:
+    """Refuse an object whose BTF contract differs from the generated balancer/_abi.py; kind names
+    the object's contract ("balancer"), else its file name does (a renamed build needs kind)."""
+    name = kind or Path(path).stem.removesuffix(".bpf")
     want = _abi.DIGESTS.get(name)
     got = read_contract(path).digest()
     if want is None or want != got:
@@ -215,9 +220,22 @@ def program_for(frags: bool) -> str:
     return PROGRAMS[1] if frags else PROGRAMS[0]
 
 
-def _more_rodata(udp_timeout_s: float, egress: Egress | None) -> dict[str, int]:
-    """The .rodata values besides the ring size: UDP idle timeout, the kernel's tick, two-arm's egress."""
-    return {"cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), **kclock.rodata(), **(egress.rodata() if egress else {})}
+def _more_rodata(udp_timeout_s: float, katran_max_vips: int, egress: Egress | None) -> dict[str, int]:
+    """The .rodata values besides the ring size: UDP idle timeout, the kernel's tick, Katran's MAX_VIPS,
+    two-arm's egress."""
+    return {"cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), "cfg_katran_max_vips": katran_max_vips,
+            **kclock.rodata(), **(egress.rodata() if egress else {})}
+
+
+# The program arrays that inline decap tail-calls (bpf/include/maps.h), and the program each holds.
+PROG_ARRAYS = {"lb_progs": "balancer_xdp", "lb_progs_frags": "balancer_xdp_frags"}
+
+
+def fill_prog_arrays(maps: dict[str, Map], progs: dict[str, Program]) -> None:
+    """Put each loaded balancer program into its own program array (slot 0), for inline decap's tail call."""
+    for array, prog in PROG_ARRAYS.items():
+        if prog in progs:
+            maps[array].update(b"\0" * 4, progs[prog].fd.to_bytes(4, "little"))
 
 
 def _sum_counters(m: Map, index: int) -> tuple[int, int]:
@@ -247,7 +265,8 @@ class Datapath:
              max_reals: int = _abi.Limits.DEFAULT_MAX_REALS, ring_size: int = _abi.Limits.DEFAULT_RING_SIZE,
              lru_size: int = _abi.Limits.DEFAULT_LRU_SIZE, fallback_size: int | None = None,
              udp_timeout_s: float = _abi.Limits.DEFAULT_UDP_TIMEOUT_S,
-             egress: Egress | None = None, programs: Sequence[str] = PROGRAMS) -> Datapath:
+             katran_max_vips: int = _abi.Limits.DEFAULT_KATRAN_MAX_VIPS, egress: Egress | None = None,
+             programs: Sequence[str] = PROGRAMS) -> Datapath:
         """Load the balancer: `lru_size` session entries per possible CPU in each session table (IPv4
         flows, IPv6 flows), each one table for every CPU; two-arm when `egress` is given (balancer/egress.py);
         only the `programs` named (an LB attaches one: the verifier's walk of the other costs as much).
@@ -256,21 +275,25 @@ class Datapath:
         so there is no shared fallback table any more (configs that set it still load).
         """
         obj_path = objects.find(obj_path)
-        verify_abi(obj_path)
+        verify_abi(obj_path, "balancer")
         obj = BpfObject(obj_path)
         try:
-            _patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size, **_more_rodata(udp_timeout_s, egress)})
+            _patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size,
+                                            **_more_rodata(udp_timeout_s, katran_max_vips, egress)})
             obj.set_max_entries("lb_vips", max_vips * VIP_ENTRIES_PER_VIP)
             obj.set_max_entries("lb_vip_stats", max_vips)
             obj.set_max_entries("lb_reals", max_reals)
             obj.set_max_entries("lb_real_stats", max_reals)
             obj.set_max_entries("lb_ring", max_vips * ring_size)
+            obj.set_max_entries("lb_vip_cidrs", max_vips * VIP_ENTRIES_PER_VIP)
+            obj.set_max_entries("lb_server_ids", max_reals)
             for table in SESSION_TABLES:
                 obj.set_max_entries(table, lru_size * min(num_possible_cpus(), _abi.Limits.MAX_CPUS))
             _autoload(obj, programs)
             obj.load()
             maps = {n: obj.map(n) for n in BALANCER_MAPS}
             progs = {n: obj.program(n) for n in programs}
+            fill_prog_arrays(maps, progs)
             if egress:
                 for devmap in ("lb_egress", "lb_egress_frags"):
                     maps[devmap].update(b"\0" * 4, egress.ifindex.to_bytes(4, "little"))
@@ -288,20 +311,22 @@ class Datapath:
 
     @classmethod
     def load_reusing(cls, obj_path: str, running: Datapath, udp_timeout_s: float,
-                     egress: Egress | None = None, programs: Sequence[str] = PROGRAMS) -> Datapath:
+                     katran_max_vips: int = _abi.Limits.DEFAULT_KATRAN_MAX_VIPS, egress: Egress | None = None,
+                     programs: Sequence[str] = PROGRAMS) -> Datapath:
         """Load obj_path (its `programs`) on top of running's maps (sessions, rings, counters, lb_egress kept)."""
         obj_path = objects.find(obj_path)
-        verify_abi(obj_path)
+        verify_abi(obj_path, "balancer")
         obj = BpfObject(obj_path)
         try:
             _patch_rodata(obj, "balancer", {"cfg_ring_size": running.ring_size,
-                                            **_more_rodata(udp_timeout_s, egress)})
+                                            **_more_rodata(udp_timeout_s, katran_max_vips, egress)})
             for name, m in running.maps.items():
                 obj.reuse_map(name, m.fd)
             _autoload(obj, programs)
             obj.load()
             maps = {n: obj.map(n) for n in BALANCER_MAPS}
             progs = {n: obj.program(n) for n in programs}
+            fill_prog_arrays(maps, progs)  # inline decap's tail calls go to the new program from now on
             return cls(maps, progs, running.ring_size, obj)
         except BaseException:
             obj.close()
@@ -319,19 +344,23 @@ class Datapath:
                 yield table, key, session_flow(table, key), _abi.Session.from_buffer_copy(value)
 
     def flush_sessions(self, address: str, port: int, proto: str | int, real_id: int) -> int:
-        """Delete the sessions of a VIP (port 0: every port) that point at real_id, in every table.
+        """Delete the sessions of a VIP (port 0: every port; `address` may be a prefix VIP's prefix) that
+        point at real_id, in every table.
 
         Used when a real leaves a VIP, so that its flows re-hash at once (and fail fast at the
         real they now reach) whether or not the real still serves other VIPs. Returns the count.
         """
-        raw, fam = addr_words(address)
+        net = ipaddress.ip_network(address, strict=False)
+        fam = _abi.Family.INET if net.version == 4 else _abi.Family.INET6
         pnum, nport = proto_number(proto), socket.htons(port)
         removed = 0
         for table, key, flow, sess in list(self.sessions()):
-            if sess.real_id == real_id and bytes(flow.dst) == raw and flow.family == fam and \
-                    flow.proto == pnum and (port == 0 or flow.dport == nport):
+            if sess.real_id == real_id and flow.family == fam and flow.proto == pnum and \
+                    (port == 0 or flow.dport == nport) and \
+                    ipaddress.ip_address(bytes(flow.dst)[:4 if net.version == 4 else 16]) in net:
                 removed += self.maps[table].delete(key)
         return removed
+
     @classmethod
     def open_pinned(cls, pin_dir: str) -> Datapath:
         """Reopen a datapath that an earlier process loaded and pinned (maps and links)."""
@@ -446,6 +475,14 @@ class Datapath:
     def set_settings(self, **kwargs: Any) -> None:
         """Write the runtime settings (see settings_bytes for the arguments)."""
         self.maps["lb_settings"].update(b"\0" * 4, settings_bytes(**kwargs))
+
+    def put_entry(self, entry: tuple[str, bytes, bytes]) -> None:
+        """Write one (map, key, value) entry (balancer/routes.py builds them)."""
+        name, key, value = entry
+        self.maps[name].update(key, value)
+
+    def delete_entry(self, name: str, key: bytes) -> bool:
+        return self.maps[name].delete(key)
 
     def settings(self) -> _abi.Settings:
         raw = self.maps["lb_settings"].lookup(b"\0" * 4) or b"\0" * ctypes.sizeof(_abi.Settings)
@@ -684,6 +721,24 @@ class Transaction:
 
     def put_real(self, real_id: int, address: str) -> None:
         self._put(self._dp.maps["lb_reals"], *_real_entry(real_id, address))
+
+    def put_entry(self, entry: tuple[str, bytes, bytes]) -> bool:
+        """Write one (map, key, value) entry (balancer/routes.py) unless it holds it; whether it wrote."""
+        name, key, value = entry
+        m = self._dp.maps[name]
+        if m.lookup(key) == value:
+            return False
+        self._put(m, key, value)
+        return True
+
+    def delete_entry(self, name: str, key: bytes) -> bool:
+        m = self._dp.maps[name]
+        old = m.lookup(key)
+        if old is None:
+            return False
+        self._undo.append(lambda: _restore(m, key, old))
+        m.delete(key)
+        return True
 
     def del_real(self, real_id: int) -> None:
         """Mark a real id empty (lb_reals is an array: the entry stays, zeroed)."""

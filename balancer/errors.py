@@ -8,7 +8,8 @@
     ├── DatapathError            the kernel refused an operation on a program, interface or map
     │   └── AbiMismatchError     a compiled object does not match the controller's view of the ABI
     └── HostError                the host lacks what the command needs (bpffs, a capability, a free
-                                 port, the instance's lock), found before anything was changed
+        │                        port, the instance's lock), found before anything was changed
+        └── InstanceOwnedError   another process (`lbctl run`) holds the instance's lock
 
 An error outside this tree is a bug: the CLIs print one line and the path of a log holding its
 traceback (``crash_report``), never the traceback itself.
@@ -28,8 +29,8 @@ import tempfile
 import time
 import traceback
 
-__all__ = ["AbiMismatchError", "ConfigError", "DatapathError", "HostError", "LbError", "RingError",
-           "crash_report", "show_value"]
+__all__ = ["AbiMismatchError", "ConfigError", "DatapathError", "HostError", "InstanceOwnedError", "LbError",
+           "RingError", "crash_report", "show_value"]
 
 
 class LbError(Exception):
@@ -93,6 +94,20 @@ class AbiMismatchError(DatapathError):
 
 class HostError(LbError):
     """The host lacks something the command needs; raised by the checks that run before any change."""
+
+
+class InstanceOwnedError(HostError):
+    """The instance's lock is held: ``owner`` is what the lock file says (``lbctl run (pid 812)``)."""
+
+    def __init__(self, message: str, instance: str, owner: str) -> None:
+        super().__init__(message)
+        self.instance = instance
+        self.owner = owner
+
+    @property
+    def by_daemon(self) -> bool:
+        """Whether the owner is a daemon (`lbctl run`), which takes requests on its control socket."""
+        return self.owner.startswith("lbctl run")
 
 
 def crash_report(prog: str, exc: BaseException, log_dirs: tuple[str, ...] = ()) -> str:

@@ -40,10 +40,12 @@ XDP_FLAGS_DRV_MODE = 1 << 2
 class MapType(IntEnum):
     HASH = 1
     ARRAY = 2
+    PROG_ARRAY = 3
     PERCPU_HASH = 5
     PERCPU_ARRAY = 6
     LRU_HASH = 9
     LRU_PERCPU_HASH = 10
+    LPM_TRIE = 11
     ARRAY_OF_MAPS = 12
     HASH_OF_MAPS = 13
     DEVMAP = 14
@@ -458,7 +460,7 @@ class Program:
         _check(lib().bpf_prog_test_run_opts(self.fd, ctypes.byref(opts)),
                f"test-run program '{self.name}'")
         out = dout.raw[: opts.data_size_out] if dout is not None else b""
-        return RunResult(opts.retval, out, opts.duration)
+        return RunResult(ctypes.c_int32(opts.retval).value, out, opts.duration)  # tc's -1 (UNSPEC) is -1
 
     def attach_xdp(self, ifindex: int, mode: str = "native", ifname: str = "") -> Link:
         """Attach through a BPF link; mode native fails rather than falling back to generic."""

@@ -52,6 +52,7 @@ __all__ = [
     "Ring",
     "build_ring",
     "clear_cache",
+    "fill",
     "is_prime",
     "permutation",
     "quotas",
@@ -176,7 +177,7 @@ def _owners(live: tuple[tuple[str, int], ...], size: int) -> npt.NDArray[np.int6
     turns = who[np.lexsort((who, when))]
 
     perms = [permutation(address, size) for address, _ in live]
-    owner = _fill(size, [p[0] for p in perms], [p[1] for p in perms], turns)
+    owner = fill(size, [p[0] for p in perms], [p[1] for p in perms], turns)
     owner.flags.writeable = False
     return owner
 
@@ -204,11 +205,14 @@ def _native() -> Any:
     return fn
 
 
-def _fill(size: int, offsets: list[int], skips: list[int], turns: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Play ``turns``: on each, that real takes the next still-free slot of its permutation.
+def fill(size: int, offsets: list[int], skips: list[int], turns: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Play ``turns``: on each, that real takes the next still-free slot of its permutation
+    (``offsets[i] + j * skips[i]``, j counting up); for each slot, the index of the real that took it.
 
     In C when the library is built (about 1 ms for 65537 slots), else in Python (tens of ms);
     both give the same ring, slot for slot."""
+    if len(turns) != size or (size and not 0 <= int(np.min(turns)) <= int(np.max(turns)) < len(offsets)):
+        raise RingError(f"a fill of {size} slots needs {size} turns, each naming one of {len(offsets)} reals")
     fn = _native()
     if fn is None:
         return np.asarray(_fill_python(size, offsets, skips, [int(t) for t in turns]), dtype=np.int64)
@@ -239,7 +243,7 @@ def slot_counts(ring: Ring) -> dict[int, int]:
 
 
 def _fill_python(size: int, offsets: list[int], skips: list[int], turns: list[int]) -> list[int]:
-    """_fill in Python: the reference the C fill is tested against, and the fallback without it."""
+    """fill() in Python: the reference the C fill is tested against, and the fallback without it."""
     taken = bytearray(size)
     owner = [0] * size
     pos = list(offsets)

@@ -13,6 +13,7 @@ A name with a `/` in it is a path and is used as given.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 from pathlib import Path
 
@@ -45,3 +46,12 @@ def find(name: str) -> str:
                             f"looked in {where}; run `make bpf` in the source tree, reinstall with "
                             f"`pip install .` (it needs clang), or set {ENV} to a folder holding bpf/{name}")
     return str(found)
+
+
+def digest(path: str) -> str:
+    """The SHA-256 of the file at path (hex): tells a rebuilt object from the one running under the same name."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

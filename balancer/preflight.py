@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from balancer.errors import HostError
+from balancer.errors import HostError, InstanceOwnedError
 
 BPFFS = "/sys/fs/bpf"
 
@@ -193,8 +193,9 @@ def instance_lock(state_root: str, name: str, holder: str) -> Iterator[Path]:
             if exc.errno not in (_errno.EWOULDBLOCK, _errno.EAGAIN):
                 raise
             owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            raise HostError(f"instance '{name}' is owned by {owner}, which holds {path}; "
-                            "change the daemon's config and send it SIGHUP, or stop it first") from None
+            raise InstanceOwnedError(f"instance '{name}' is owned by {owner}, which holds {path}; "
+                                     "change the daemon's config and send it SIGHUP, or stop it first",
+                                     name, owner) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{holder} (pid {os.getpid()})\n".encode(), 0)
         yield path

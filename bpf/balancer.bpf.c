@@ -3,8 +3,11 @@
 #include "maps.h"
 #include "counters.h"
 #include "session.h"
+#include "katran_hash.h"
 #include "encap.h"
 #include "icmp.h"
+#include "route.h"
+#include "decap_inline.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -54,8 +57,51 @@ static __always_inline struct lb_vip_meta *find_vip(const union vip_key_words *w
 	return NULL; /* empty (no VIP has this key), or another key's */
 }
 
-/* The VIP serving (addr, port, proto): the exact entry, else the port-0 wildcard. */
-static __always_inline struct lb_vip_meta *lookup_vip(const __u32 *addr, __u16 port, __u8 proto, __u8 family)
+/* An address as the VIP lookups read it: four 32-bit words, network order (an IPv4 address in w[0]). */
+struct vip_addr {
+	__u32 w[4];
+};
+
+/* The VIP that is a prefix holding addr (lb_vip_cidrs), for (port, proto) else every port: its meta
+ * copied to *out, 1; 0 when none, or when no VIP is a prefix. A global function (it cannot hand back
+ * the map's pointer): the exact VIPs' packets never reach it. */
+__noinline int find_vip_cidr(const struct vip_addr *addr, __u32 tail_word, struct lb_vip_meta *out)
+{
+	struct lb_settings *s = bpf_map_lookup_elem(&lb_settings, &lb_zero_key);
+	union vip_key_tail tail = { .word = tail_word };
+	struct lb_vip_cidr_key key = {};
+	struct lb_vip_meta *vip;
+
+	if (!addr || !out || !s || !s->cidr_vips)
+		return 0;
+	key.prefixlen = 32 + 128;
+	key.port = tail.port;
+	key.proto = tail.proto;
+	key.family = tail.family;
+	__builtin_memcpy(key.addr, addr->w, sizeof(key.addr));
+	vip = bpf_map_lookup_elem(&lb_vip_cidrs, &key);
+	if (!vip && key.port != LB_MATCH_ANY_PORT) {
+		key.port = LB_MATCH_ANY_PORT;
+		vip = bpf_map_lookup_elem(&lb_vip_cidrs, &key);
+	}
+	if (!vip)
+		return 0;
+	*out = *vip;
+	return 1;
+}
+
+/* Whether any VIP is a prefix (settings.cidr_vips): an array lookup the verifier inlines. */
+static __always_inline int cidr_vips_counted(void)
+{
+	struct lb_settings *s = bpf_map_lookup_elem(&lb_settings, &lb_zero_key);
+
+	return s && s->cidr_vips;
+}
+
+/* The VIP serving (addr, port, proto): the exact entry, else the port-0 wildcard, else a VIP that is
+ * a prefix holding the address (its meta copied into *cidr). */
+static __always_inline const struct lb_vip_meta *lookup_vip(const __u32 *addr, __u16 port, __u8 proto,
+							    __u8 family, struct lb_vip_meta *cidr)
 {
 	union vip_key_tail tail = { .port = port, .proto = proto, .family = family };
 	union vip_key_words want;
@@ -64,23 +110,28 @@ static __always_inline struct lb_vip_meta *lookup_vip(const __u32 *addr, __u16 p
 	__builtin_memcpy(want.w, addr, sizeof(want.key.addr));
 	want.w[4] = tail.word;
 	vip = find_vip(&want);
-	if (vip || port == LB_MATCH_ANY_PORT)
+	if (vip)
 		return vip;
-	tail.port = LB_MATCH_ANY_PORT;
-	want.w[4] = tail.word;
-	return find_vip(&want);
+	if (port != LB_MATCH_ANY_PORT) {
+		tail.port = LB_MATCH_ANY_PORT;
+		want.w[4] = tail.word;
+		vip = find_vip(&want);
+		if (vip)
+			return vip;
+		tail.port = port;
+	}
+	if (!cidr_vips_counted()) /* the call and its return cost non-VIP packets 25-30 ns here */
+		return NULL;
+	return find_vip_cidr((const struct vip_addr *)addr, tail.word, cidr) ? cidr : NULL;
 }
-
-/* An address as the VIP lookups read it: four 32-bit words, network order (an IPv4 address in w[0]). */
-struct vip_addr {
-	__u32 w[4];
-};
 
 /* Whether some VIP uses this address (the controller's address-only entry). A global function: the
  * verifier checks it once for its three callers, which reach it on paths it would otherwise walk apart. */
 __noinline int is_vip_addr(const struct vip_addr *addr, __u8 family)
 {
-	return addr && lookup_vip(addr->w, LB_MATCH_ANY_PORT, LB_MATCH_ADDR_ONLY, family) != NULL;
+	struct lb_vip_meta cidr;
+
+	return addr && lookup_vip(addr->w, LB_MATCH_ANY_PORT, LB_MATCH_ADDR_ONLY, family, &cidr) != NULL;
 }
 
 /* The flow key that hashing and sessions use, after the VIP's hashing flags: a copy on this stack
@@ -142,8 +193,14 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 	ring_size = cfg_ring_size;
 	if (!ring_size)
 		return LB_DROP_NO_REAL;
-	hash = hash_flow(key);
-	slot = vip_num * ring_size + ring_index(hash, ring_size);
+	if (vip_flags & LB_VIP_HASH_KATRAN) { /* a ring shared with Katran nodes: Katran's hash and slot */
+		hash = hash_flow_katran(key, vip_flags);
+		slot = hash % ring_size;
+	} else {
+		hash = hash_flow(key);
+		slot = ring_index(hash, ring_size);
+	}
+	slot += vip_num * ring_size;
 	ring_entry = bpf_map_lookup_elem(&lb_ring, &slot);
 	ring_real = ring_entry ? *ring_entry : 0;
 
@@ -157,6 +214,19 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 			} else if (sc.hash) {
 				hash = sc.hash; /* a session hit: the hash it was made with */
 			}
+		}
+	}
+	/* Server ids, pinned sources, UDP migration (route.h); an ICMP error follows the flow's session
+	 * or the ring instead: the stack of forward_steered()'s call chain has no room for route_extra(). */
+	if (!steering && (vip_flags & LB_VIP_ROUTE_EXTRA)) {
+		struct route_choice rc = { .vip_num = vip_num, .vip_flags = vip_flags, .real_id = real_id,
+					   .insert = sc.insert, .may_insert = sc.may_insert };
+
+		route_extra(ctx, pkt, flow, &rc);
+		sc.insert = rc.insert;
+		if (rc.real_id != real_id) {
+			real_id = rc.real_id;
+			real = real_id ? bpf_map_lookup_elem(&lb_reals, &real_id) : NULL;
 		}
 	}
 	if (!real_id) {
@@ -209,8 +279,32 @@ __noinline int forward_steered(struct xdp_md *ctx, const struct packet *pkt, con
 	return reason;
 }
 
+/* Two-arm (cfg_egress_ifindex set): an encapsulated frame leaves by the egress interface, from its MAC,
+ * through the program's devmap: LB_TX_ENCAP, its redirect set up, or LB_DROP_NO_EGRESS when the devmap
+ * has no entry (the interface is gone); any other reason as it is. Called where forward() returns, not
+ * in balance(): there the frags program's frame grew past the verifier's 512 bytes. The ICMP answers
+ * the LB makes itself (echo, too big) go back to their sender by the interface they came in on, whose
+ * neighbour routes to the client. */
+static __always_inline int egress_of(struct xdp_md *ctx, int reason, const int frags)
+{
+	void *data, *data_end;
+
+	if (reason != LB_TX_ENCAP || !cfg_egress_ifindex) /* the reason first: others read no .rodata */
+		return reason;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (data + PARSE_ETH_LEN > data_end)
+		return LB_DROP_ENCAP_FAILED; /* never: the encap wrote the header */
+	*(__u32 *)(data + 6) = (__u32)cfg_egress_mac;
+	*(__u16 *)(data + 10) = (__u16)(cfg_egress_mac >> 32);
+	return bpf_redirect_map(frags ? (void *)&lb_egress_frags : (void *)&lb_egress, 0, 0) == XDP_REDIRECT
+		       ? LB_TX_ENCAP
+		       : LB_DROP_NO_EGRESS;
+}
+
 /* ICMP and ICMPv6: echo for VIPs, errors about VIP flows steered to their real, the rest passed. */
-static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *pkt, struct lb_tally *t)
+static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *pkt, struct lb_tally *t,
+					const int frags)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -218,7 +312,8 @@ static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *
 	int to_vip = is_vip_addr((const struct vip_addr *)pkt->flow.dst, pkt->flow.family);
 	__u8 *icmp = l4_header(data, data_end, pkt, sizeof(struct icmp4_hdr));
 	struct lb_flow quoted = {};
-	struct lb_vip_meta *vip;
+	struct lb_vip_meta cidr;
+	const struct lb_vip_meta *vip;
 	__u8 type;
 
 	if (!icmp)
@@ -226,13 +321,16 @@ static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *
 	type = icmp[0];
 	if (!v4 && type > ICMP6_ECHO_REPLY) /* neighbour discovery, MLD, router advertisements */
 		return LB_PASS_ICMP_NOT_VIP;
-	if (type == (v4 ? ICMP4_ECHO_REQUEST : ICMP6_ECHO_REQUEST))
-		return to_vip ? icmp_echo_reply(ctx, pkt) : LB_PASS_ICMP_NOT_VIP;
+	if (type == (v4 ? ICMP4_ECHO_REQUEST : ICMP6_ECHO_REQUEST)) {
+		if (!to_vip)
+			return LB_PASS_ICMP_NOT_VIP;
+		return icmp_checksum_ok(ctx, pkt) ? icmp_echo_reply(ctx, pkt) : LB_DROP_ICMP_CHECKSUM;
+	}
 	if ((v4 ? icmp4_is_error(type) : icmp6_is_error(type)) &&
 	    icmp_quoted_flow(data, data_end, pkt, &quoted) == 0) {
-		vip = lookup_vip(quoted.dst, quoted.dport, quoted.proto, quoted.family);
+		vip = lookup_vip(quoted.dst, quoted.dport, quoted.proto, quoted.family, &cidr);
 		if (vip)
-			return forward_steered(ctx, pkt, &quoted, vip, t);
+			return egress_of(ctx, forward_steered(ctx, pkt, &quoted, vip, t), frags);
 	}
 	return to_vip ? LB_DROP_ICMP_UNSUPPORTED : LB_PASS_ICMP_NOT_VIP;
 }
@@ -254,11 +352,34 @@ static __always_inline __u64 l4_word(const struct packet *pkt, __u32 ports)
 	return ports | (__u64)pkt->flow.proto << 32 | (__u64)pkt->flow.family << 40;
 }
 
-static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struct lb_tally *t)
+/* A packet that is no VIP's: passed, unless it is a tunnel to one of our decap addresses
+ * (decap_inline.h); one whose inner packet is to be balanced runs the program again from the start, by
+ * a tail call into the array holding this very program (`frags`: a constant, each program has its own). */
+static __always_inline int not_vip(struct xdp_md *ctx, const struct packet *pkt, const int frags)
+{
+	struct lb_settings *s = bpf_map_lookup_elem(&lb_settings, &lb_zero_key);
+	int r;
+
+	if (!s || !s->decaps) /* no call for other packets while no address is a decap address */
+		return LB_PASS_NOT_VIP;
+	r = decap_inline(ctx, pkt);
+
+	if (r != DECAP_RECIRCULATE)
+		return r;
+	count_event_now(LB_EV_DECAP_INLINE);
+	if (frags)
+		bpf_tail_call(ctx, &lb_progs_frags, 0);
+	else
+		bpf_tail_call(ctx, &lb_progs, 0);
+	return LB_DROP_DECAP_FAILED; /* the array is empty (the loader fills it), or tunnels nest too deep */
+}
+
+static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struct lb_tally *t, const int frags)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct lb_vip_meta *vip;
+	struct lb_vip_meta cidr;
+	const struct lb_vip_meta *vip;
 	int r;
 
 	r = parse_eth(data, data_end, pkt);
@@ -288,50 +409,37 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struc
 		*(__u64 *)&pkt->flow.sport = l4_word(pkt, *(const __u32 *)uh);
 		pkt->udp_csum_zero = !uh->check;
 	} else if (pkt->flow.proto == (pkt->flow.family == LB_AF_INET ? IPPROTO_ICMP : IPPROTO_ICMPV6)) {
-		return handle_icmp(ctx, pkt, t);
+		return handle_icmp(ctx, pkt, t, frags);
+	} else if (pkt->flow.proto == IPPROTO_IPIP || pkt->flow.proto == IPPROTO_IPV6) {
+		return not_vip(ctx, pkt, frags);
 	} else {
 		return LB_PASS_NOT_VIP;
 	}
 
-	vip = lookup_vip(pkt->flow.dst, pkt->flow.dport, pkt->flow.proto, pkt->flow.family);
+	vip = lookup_vip(pkt->flow.dst, pkt->flow.dport, pkt->flow.proto, pkt->flow.family, &cidr);
 	if (!vip)
-		return LB_PASS_NOT_VIP;
-	return forward(ctx, pkt, &pkt->flow, vip, t, 0);
+		return pkt->flow.proto == IPPROTO_UDP ? not_vip(ctx, pkt, frags) : LB_PASS_NOT_VIP;
+	return egress_of(ctx, forward(ctx, pkt, &pkt->flow, vip, t, 0), frags);
 
 truncated:
 	return is_vip_addr((const struct vip_addr *)pkt->flow.dst, pkt->flow.family) ? LB_DROP_MALFORMED_L4
 										      : LB_PASS_NOT_VIP;
 }
 
-/* Two-arm (cfg_egress_ifindex set): an encapsulated frame leaves by the egress interface, through the
- * program's devmap, from that interface's MAC: LB_TX_ENCAP, its redirect set up, or LB_DROP_NO_EGRESS
- * when the devmap has no entry (the interface is gone). The ICMP answers the LB makes itself (echo, too
- * big) go back to their sender by the interface they came in on, whose neighbour routes to the client. */
-static __always_inline int redirect_egress(struct xdp_md *ctx, int frags)
-{
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-
-	if (data + PARSE_ETH_LEN > data_end)
-		return LB_DROP_ENCAP_FAILED; /* never: the encap wrote the header */
-	*(__u32 *)(data + 6) = (__u32)cfg_egress_mac;
-	*(__u16 *)(data + 10) = (__u16)(cfg_egress_mac >> 32);
-	return bpf_redirect_map(frags ? (void *)&lb_egress_frags : (void *)&lb_egress, 0, 0) == XDP_REDIRECT
-		       ? LB_TX_ENCAP
-		       : LB_DROP_NO_EGRESS;
-}
-
 static __always_inline int action_of(int reason)
 {
 	switch (reason) {
-	case LB_TX_ENCAP:
+	case LB_TX_ENCAP: /* two-arm: egress_of() set the redirect up */
+		return cfg_egress_ifindex ? XDP_REDIRECT : XDP_TX;
 	case LB_TX_ICMP_ECHO:
 	case LB_TX_ICMP_TOO_BIG:
+	case LB_TX_DECAP_EGRESS:
 		return XDP_TX;
 	case LB_PASS_NOT_IP:
 	case LB_PASS_NOT_VIP:
 	case LB_PASS_ICMP_NOT_VIP:
 	case LB_PASS_FRAG_NOT_VIP:
+	case LB_PASS_DECAP_LOCAL:
 		return XDP_PASS;
 	default:
 		return XDP_DROP;
@@ -346,12 +454,7 @@ static __always_inline int balance(struct xdp_md *ctx, int frags)
 	int reason;
 
 	pkt.frame_len = frags ? bpf_xdp_get_buff_len(ctx) : ctx->data_end - ctx->data;
-	reason = process(ctx, &pkt, &tally);
-	if (reason == LB_TX_ENCAP && cfg_egress_ifindex) { /* the reason first: other packets read no .rodata */
-		reason = redirect_egress(ctx, frags);
-		count_packet(reason, pkt.frame_len, &tally);
-		return reason == LB_TX_ENCAP ? XDP_REDIRECT : action_of(reason);
-	}
+	reason = process(ctx, &pkt, &tally, frags);
 	count_packet(reason, pkt.frame_len, &tally);
 	return action_of(reason);
 }

@@ -8,7 +8,8 @@
  * the packet's hash; UDP checksum 0 over IPv4, computed over IPv6). The outer source is the probe's
  * own source address, so the real's decapsulation (kernel tunl0 / fou, or our decap program) hands
  * it the VIP-addressed packet and the real answers directly (DSR), as it would a client. Unmarked
- * packets, and marks the controller did not write, pass untouched. A marked probe that cannot be
+ * packets, and marks the controller did not write, are not ours: they go on untouched to whatever
+ * runs after this program (TC_ACT_UNSPEC, tcx's "next"), as from Katran's. A marked probe that cannot be
  * encapsulated (family mismatch, no room, an IPv6 GUE probe too long to checksum here) is dropped,
  * never sent to the VIP bare: the probe then fails instead of being answered by whichever real the
  * balancer would pick.
@@ -175,10 +176,10 @@ int hc_encap(struct __sk_buff *skb)
 	struct lb_hc_target *t;
 
 	if (!mark)
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	t = bpf_map_lookup_elem(&lb_hc_reals, &mark);
 	if (!t || !(t->real.flags & LB_REAL_PRESENT))
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	/* a probe whose family is not its real's is dropped, as is anything not IP */
 	if (skb->protocol == bpf_htons(ETH_P_IP) && t->real.family == LB_AF_INET)
 		return encap_ip4(skb, t);

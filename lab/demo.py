@@ -16,8 +16,11 @@ and for each encap id checks four things, each a figure the demo measured and co
                its connections must be reset (fail fast), no connection of a surviving real may
                break (collateral 0) and no new flow may reach it.
 
-It prints a summary, writes a demo result (and rss, pmtu and churn results beside it) and the
-HTML report, and always removes the lab. The whole run takes under a minute on 2 vCPUs.
+Once the lab is down it compares the encaps' throughput with the software bench, cut to a few
+seconds per encap (lab/demo_bench.py; `--no-bench` skips it). It prints a summary, writes a demo
+result (and rss, pmtu and bench results beside it) and the HTML report, whose sections without
+results are left out and listed with the command that fills each, and always removes the lab. The
+whole run takes under two minutes on 2 vCPUs.
 """
 
 from __future__ import annotations
@@ -394,12 +397,24 @@ def _step(what: str) -> Callable[[], None]:
     return lambda: print(f" {time.monotonic() - t0:.1f} s", flush=True)
 
 
+def _throughput() -> list[str]:
+    """The software bench of every encap, a few seconds each (its result written); its table's lines."""
+    from lab import demo_bench
+
+    done = _step("throughput of every encap: the software bench, a few seconds each")
+    report = demo_bench.throughput(say=lambda _line: None)
+    done()
+    return demo_bench.table(report)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="l4lab demo", description="Compare the encap modes on real traffic.")
     ap.add_argument("--name", default="l4lab", help="lab name (default l4lab)")
     ap.add_argument("--topology", default="default", help="a name from lab/topologies or a path (default %(default)s)")
     ap.add_argument("--requests", type=int, default=16, help="requests per VIP, service and encap")
     ap.add_argument("--encap", action="append", choices=sorted(SAME_FAMILY), help="default: all")
+    ap.add_argument("--no-bench", action="store_true",
+                    help="skip the throughput comparison (the software bench, a few seconds per encap)")
     ap.add_argument("--nic", action="store_true",
                     help="also measure the spread on a real NIC: a VM real with a 4-queue virtio-net doing "
                          "Toeplitz RSS (lab/nicdemo.py; about 45 s more, so not in the one-minute default)")
@@ -452,8 +467,11 @@ def main(argv: list[str] | None = None) -> int:
               f"(the demo waited {time.monotonic() - waited:.1f} s for it)", flush=True)
         done = _step("lab down")
     done()
+    throughput = None if args.no_bench else _throughput()
     print(f"\nthe LB {lb_shape} (topology {topo.name})")
     print(summary(runs, nreals))
+    if throughput:
+        print("\n" + "\n".join(throughput))
     report = write_outputs(runs, nreals, shape=lb_shape, topology_name=topo.name)
     if report is not None:
         print(f"\nreport: {os.path.relpath(report, Path.cwd())}")

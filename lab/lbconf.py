@@ -2,9 +2,13 @@
 
 The topology already says everything the LB needs: its interface towards the router, the VIPs and
 their ports, the reals' addresses (per family) and the outer source prefixes. The next-hop MAC is
-the router's interface MAC, read from the running lab. A two-arm LB (its node's `egress`) receives
-on its other link and sends encapsulated frames by the egress, to the MAC of the egress link's
-neighbour, with that link's MTU as its too-big limit.
+left to the balancer (``nexthop_mac = "auto"``): it finds the router's MAC in the LB node's kernel,
+as it would on any host, through the LB node's default route. `peer_mac` reads a MAC from the
+running lab for checks that want to know it. A two-arm LB (its node's `egress`) receives on its
+other link and sends encapsulated frames by the egress, to the egress link's neighbour (`encap.nexthop`:
+its address there; the LB's default route leaves by the ingress), with that link's MTU as its too-big
+limit. An LB VM (`uplink`) has its addresses on a VLAN device above the bond it balances on, where the
+balancer does not look for neighbours: its next hop's MAC is given, read from the router's end.
 """
 
 from __future__ import annotations
@@ -66,6 +70,11 @@ def real_addresses(topo: Topology, family: int) -> dict[str, str]:
     return out
 
 
+def vip_binds(topo: Topology, port: int) -> list[str]:
+    """ADDR:PORT ([ADDR]:PORT for IPv6) of every VIP address of the topology, for services on the reals."""
+    return [f"[{v.address}]:{port}" if v.address.version == 6 else f"{v.address}:{port}" for v in topo.vips]
+
+
 def peer_mac(lab: str, node: str, ifname: str) -> str:
     with entered(netns_name(lab, node)), IPRoute() as ipr:
         idx = ipr.link_lookup(ifname=ifname)
@@ -73,6 +82,26 @@ def peer_mac(lab: str, node: str, ifname: str) -> str:
             raise LabError(f"cannot find {ifname} in {netns_name(lab, node)}: is lab '{lab}' up?")
         mac: str = ipr.get_links(idx[0])[0].get_attr("IFLA_ADDRESS")
         return mac
+
+
+def _nexthop_mac(topo: Topology, lab: str, lb: str) -> str:
+    """"auto", or for an LB VM the router's MAC on its link (read from the running lab)."""
+    if topo.node(lb).uplink is None:
+        return "auto"
+    _, peer, peer_if = lb_link(topo, lb)
+    return peer_mac(lab, peer, peer_if)
+
+
+def _egress_neighbour(topo: Topology, lb: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """A two-arm LB's next hop: the first address of the egress link's other end."""
+    egress = egress_link(topo, lb)
+    assert egress is not None
+    _, peer, peer_if, _ = egress
+    for link in topo.links:
+        for ep in link.endpoints:
+            if (ep.node, ep.ifname) == (peer, peer_if) and ep.addresses:
+                return ep.addresses[0].ip
+    raise LabError(f"topology '{topo.name}' gives {peer}/{peer_if}, the egress link's other end, no address")
 
 
 def balancer_config(topo: Topology, lab: str, *, encaps: dict[int, str], lb: str = "lb",
@@ -83,11 +112,10 @@ def balancer_config(topo: Topology, lab: str, *, encaps: dict[int, str], lb: str
     served by every real node (or those named in `reals`) at weight 1 or as `weights` says.
 
     `mtu` is the too-big limit: 1500 by default, a two-arm LB's egress link's MTU. `ifname` and
-    `nexthop_mac` replace the topology's interface name and the MAC read from the running netns
-    lab, for a lab built elsewhere (lab/remote/target.py)."""
+    `nexthop_mac` replace the topology's interface name and the next hop the balancer finds itself,
+    for a lab built elsewhere (lab/remote/target.py)."""
     lb_if = lb_link(topo, lb)[0]
     egress = egress_link(topo, lb)
-    _, peer, peer_if = emitting_link(topo, lb)
     if mtu is None:
         mtu = egress[3] if egress else 1500
     src4 = next((p for p in topo.lb_source_prefixes if p.version == 4), ipaddress.IPv4Network("0.0.0.0/32"))
@@ -108,6 +136,7 @@ def balancer_config(topo: Topology, lab: str, *, encaps: dict[int, str], lb: str
     return cfg.Config(
         datapath=cfg.DatapathConfig(interfaces=(ifname or lb_if,), mode=mode, mtu=mtu,  # type: ignore[arg-type]
                                     lru_size=4096, fallback_size=4096, egress=egress[0] if egress else ""),
-        encap=cfg.EncapConfig(nexthop_mac=nexthop_mac or peer_mac(lab, peer, peer_if), src4=src4, src6=src6),
+        encap=cfg.EncapConfig(nexthop_mac=nexthop_mac or _nexthop_mac(topo, lab, lb), src4=src4, src6=src6,
+                              nexthop=_egress_neighbour(topo, lb) if egress and not nexthop_mac else None),
         vips=tuple(vips),
     )

@@ -600,13 +600,15 @@ def _undo_state_dir(undo: Undo) -> str:
 
 def _undo_balancer(undo: Undo) -> str | None:
     """Remove a balancer instance the lab loaded: its pins (which detaches links no process holds),
-    its state file and its lock, whichever of them a daemon or a failed lbctl left."""
-    from balancer import controller, preflight
+    its state file, its lock and a daemon's control socket, whichever of them a daemon or a failed
+    lbctl left."""
+    from balancer import control, controller, preflight
     from balancer.datapath import Datapath
 
     name = undo.target
     pins = Path(controller.Instance.pin_dir(name))
-    files = [controller.Instance.state_path(name), preflight.lock_path(controller.STATE_ROOT, name)]
+    files = [controller.Instance.state_path(name), preflight.lock_path(controller.STATE_ROOT, name),
+             control.socket_path(controller.STATE_ROOT, name)]
     if not pins.exists() and not any(f.exists() for f in files):
         return None
     holder = _lock_holder(files[1])

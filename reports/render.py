@@ -5,11 +5,11 @@
     python -m reports.render --results DIR --out FILE
 
 The page reads only results files (reports.schema). It opens with the encapsulation modes at a
-glance (the newest demo run), then one section per kind; a kind with no results keeps its section
-and says "no results of this kind"; it ends with the runs (latest per machine and generator) and a
-trend per figure over commits. Charts are inline SVG (reports/svg.py) whose every mark has a
-<title> (hover value), zoomable with the wheel; every chart and table links its data as CSV and
-JSON (data: URLs). The Jinja2 template only lays them out.
+glance (the newest demo run), then one section per kind that has results, then the runs (latest per
+machine and generator) and a trend per figure over commits; the kinds without results are left out
+and listed last, each with the command that measures it (FILLED_BY). Charts are inline SVG
+(reports/svg.py) whose every mark has a <title> (hover value), zoomable with the wheel; every chart
+and table links its data as CSV and JSON (data: URLs). The Jinja2 template only lays them out.
 """
 
 from __future__ import annotations
@@ -58,6 +58,13 @@ __all__ = ["DEFAULT_OUT", "NO_RESULTS", "compare_html", "figures", "main", "rend
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "index.html"
 NO_RESULTS = "no results of this kind"
+# The command that fills each section, for the list of sections a report leaves out.
+FILLED_BY = {
+    "summary": "make demo", "demo": "make demo", "bench": "make bench", "versus": "l4lab bench --katran",
+    "rss": "make demo", "pmtu": "make demo", "churn": "l4lab conform", "failover": "l4lab conform",
+    "conformance": "l4lab conform", "duts": "l4lab conform --dut ipvs", "corpus": "make test", "fuzz": "make soak",
+    "history": "make demo",
+}
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
 _ENCAP_COLOURS = dict(zip(ENCAP_IDS, svg.PALETTE, strict=False))
 PREAMBLE_AND_GAP = 20  # bytes on the wire around every frame (L1): preamble + delimiter 8, gap 12
@@ -1158,9 +1165,10 @@ def _corpus(results: list[Result]) -> Section:
     section.tables.append(
         Table(
             f"What the {p.cases} cases proved ({result.id})",
-            ["byte-exact", "verdict and real", "of which Katran's real", "deliberate deviations", "not applicable"],
-            [[Cell(str(v), "num") for v in (p.byte_exact, p.verdict_and_real, p.katrans_real, p.deviations,
-                                             p.not_applicable)]],
+            ["byte-exact transforms", "verdict-exact", "same real", "of which Katran's real",
+             "deliberate deviations", "not applicable"],
+            [[Cell(str(v), "num") for v in (p.byte_exact, p.verdict_exact, p.same_real + p.verdict_and_real,
+                                             p.katrans_real, p.deviations, p.not_applicable)]],
         )
     )
     return section
@@ -1270,7 +1278,19 @@ def render_html(results: list[Result], source: str = "", now: datetime | None = 
         _fuzz(results),
         _history(results),
     ]
-    return _page(sections, results, source, now, "l4lab report")
+    return _page(_left_out(sections), results, source, now, "l4lab report")
+
+
+def _left_out(sections: list[Section]) -> list[Section]:
+    """The sections with data, then one listing those without and the command that fills each."""
+    empty = [s for s in sections if s.empty]
+    if not empty:
+        return sections
+    rows = [[Cell(s.title), Cell(FILLED_BY.get(s.id, "make test"))] for s in empty]
+    missing = Section("missing", "Not in this report",
+                      "Kinds of results these results files hold none of, and the command that measures each.",
+                      tables=[Table("sections left out", ["section", "measured by"], rows)])
+    return [s for s in sections if not s.empty] + [missing]
 
 
 def _write(target: Path, page: str) -> Path:

@@ -386,8 +386,8 @@ def write_sample(
                 ConformancePayload(test=test, encap=encap, outcome=outcome, duration_s=duration),  # type: ignore[arg-type]
             )
     put(Kind.CORPUS, "test_katran_fixtures",
-        CorpusPayload(cases=193, byte_exact=48, verdict_and_real=24, deviations=8, not_applicable=113,
-                      katrans_real=4))
+        CorpusPayload(cases=193, byte_exact=22, verdict_exact=40, same_real=112, deviations=14,
+                      not_applicable=5, katrans_real=78))
     put(Kind.FUZZ, "test_fuzz_volume", fuzz_payload(rng))
     return paths
 

@@ -652,21 +652,29 @@ class DemoPayload:
 
 @dataclass(frozen=True)
 class CorpusPayload:
-    """Katran's fixture corpus replayed through our programs: what each case proved, in four counts."""
+    """Katran's fixture corpus replayed through our programs: what each case proved.
+
+    Since issue 30 in five counts (byte_exact: transforms only; verdict_exact; same_real; deviations;
+    not_applicable); files before it have verdict_and_real instead of the middle two, and byte_exact
+    counted unchanged frames too."""
 
     cases: int = field(metadata=_rule(_at_least(1)))
-    byte_exact: int = field(metadata=_rule(_at_least(0)))  # our output is Katran's, byte for byte
-    verdict_and_real: int = field(metadata=_rule(_at_least(0)))  # Katran's verdict, a live real of the VIP
+    byte_exact: int = field(metadata=_rule(_at_least(0)))  # our transformed output is Katran's, byte for byte
     deviations: int = field(metadata=_rule(_at_least(0)))  # deliberately otherwise, pinned verdict and reason
-    not_applicable: int = field(metadata=_rule(_at_least(0)))  # a feature l4lab does not implement
-    katrans_real: int = field(default=0, metadata=_rule(_at_least(0)))  # of verdict_and_real: Katran's own real
+    not_applicable: int = field(metadata=_rule(_at_least(0)))  # something l4lab does not do, and why
+    verdict_and_real: int = field(default=0, metadata=_rule(_at_least(0)))  # before issue 30 only
+    katrans_real: int = field(default=0, metadata=_rule(_at_least(0)))  # of same_real: Katran's own real
+    verdict_exact: int = field(default=0, metadata=_rule(_at_least(0)))  # Katran's verdict, frame untouched
+    same_real: int = field(default=0, metadata=_rule(_at_least(0)))  # Katran's encapsulation, its real or a live one
 
     def problems(self) -> Iterator[tuple[str, str]]:
-        total = self.byte_exact + self.verdict_and_real + self.deviations + self.not_applicable
+        total = (self.byte_exact + self.verdict_and_real + self.verdict_exact + self.same_real + self.deviations
+                 + self.not_applicable)
         if total != self.cases:
-            yield "cases", f"must equal the four counts' sum ({total}) but got {self.cases}"
-        if self.katrans_real > self.verdict_and_real:
-            yield "katrans_real", f"must be ≤ verdict_and_real ({self.verdict_and_real}) but got {self.katrans_real}"
+            yield "cases", f"must equal the counts' sum ({total}) but got {self.cases}"
+        if self.katrans_real > self.verdict_and_real + self.same_real:
+            yield "katrans_real", (f"must be ≤ same_real ({self.same_real + self.verdict_and_real}) but got "
+                                   f"{self.katrans_real}")
 
 
 # --- fuzz ---------------------------------------------------------------------------------------

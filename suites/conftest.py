@@ -9,9 +9,13 @@ and the encap modes every lab test runs over.
 
 from __future__ import annotations
 
+import ctypes
+import os
+
 import pytest
 
 from balancer.encaps import SAME_FAMILY, EncapCase, by_id
+from lab.dut import katran, katran_ring
 
 
 @pytest.fixture(params=SAME_FAMILY)
@@ -27,3 +31,29 @@ def encap(request: pytest.FixtureRequest) -> EncapCase:
     """
     case: EncapCase = by_id(request.param)  # indirect parametrize may pass the id as a plain str
     return case
+
+
+@pytest.fixture(scope="session")
+def katran_checkout() -> katran.Checkout:
+    """Name: katran_checkout. Scope: session. Depends: $L4LAB_KATRAN_SRC.
+
+    The user's Katran checkout (its BPF program and its ring code are built from it), or a skip that
+    says how to get one::
+
+        def test_x(katran_checkout):
+            obj = katran.build(katran_checkout, "ipip")
+    """
+    if not os.environ.get(katran.ENV):
+        pytest.skip(f"{katran.ENV} is not set, so Katran's own code cannot be asked: {katran.HOW_TO_GET}")
+    return katran.Checkout.find(None)
+
+
+@pytest.fixture(scope="session")
+def katran_ring_code(katran_checkout: katran.Checkout, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """Name: katran_ring_code. Scope: session. Depends: katran_checkout, clang++.
+
+    Katran's control-plane ring builder compiled from the checkout (lab/dut/katran_ring.py)::
+
+        ring = katran_ring.ring(katran_ring_code, backends, 65537, "v2")
+    """
+    return katran_ring.build(katran_checkout, tmp_path_factory.mktemp("katran-ring"))

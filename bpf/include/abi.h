@@ -22,6 +22,10 @@ enum lb_limits {
 	LB_DEFAULT_MTU = 1500,
 	LB_VIP_INDEX_SLOTS = 4096,        /* slots of lb_vip_index: lb_vips keys, hashed (a power of 2) */
 	LB_VIP_INDEX_HASH = 0x9e3779b1,   /* its multiplier (Fibonacci hashing of the folded key) */
+	LB_MAX_SRC_ROUTES = 65536,        /* source prefixes pinned to reals, over every VIP (lb_src_routes) */
+	LB_MAX_DECAPS = 64,               /* addresses of this LB that inline decap serves (lb_decaps) */
+	LB_MAX_DOWN_REALS = 65536,        /* (VIP, real) pairs down for UDP flow migration (lb_down_reals) */
+	LB_DEFAULT_KATRAN_MAX_VIPS = 512, /* Katran's MAX_VIPS: its flow hash's seeds (LB_VIP_HASH_KATRAN) */
 };
 
 enum lb_family {
@@ -43,6 +47,28 @@ enum lb_vip_flag {
 	LB_VIP_NO_LRU = 1 << 2,          /* bypass the session tables: the ring decides every packet */
 	LB_VIP_OUTER_SRC_FLOW = 1 << 3,  /* outer source derived from the flow hash inside the prefix */
 	LB_VIP_GUE_CSUM_ZERO = 1 << 4,   /* GUE outer UDP checksum 0 (default: computed), v4 and v6 alike */
+	LB_VIP_HASH_KATRAN = 1 << 5,     /* Katran's flow hash and slot (hash % ring size), for Katran's ring */
+	LB_VIP_HASH_KATRAN_NO_DPORT = 1 << 6, /* with HASH_KATRAN: zero the destination port (Katran does
+	                                       * for a port-0 VIP without F_HASH_SRC_DST_PORT) */
+	LB_VIP_SID_QUIC = 1 << 8,        /* server id from the QUIC connection id (route.h) */
+	LB_VIP_SID_TCP = 1 << 9,         /* server id from the TCP header option kind 183 (Katran's TPR) */
+	LB_VIP_SID_STABLE = 1 << 10,     /* server id from Katran's UDP stable-routing header */
+	LB_VIP_SRC_ROUTES = 1 << 11,     /* new flows from a pinned source prefix go to its real (lb_src_routes) */
+	LB_VIP_UDP_MIGRATE = 1 << 12,    /* a UDP session to a real down for this VIP is chosen again */
+};
+
+/* The flags whose VIPs forward() hands to route_extra() (route.h): off the path of every other VIP. */
+enum lb_vip_route_mask {
+	LB_VIP_ROUTE_EXTRA = LB_VIP_SID_QUIC | LB_VIP_SID_TCP | LB_VIP_SID_STABLE | LB_VIP_SRC_ROUTES |
+			     LB_VIP_UDP_MIGRATE,
+};
+
+/* What inline decap does with a tunnel packet addressed to one of the LB's own addresses (lb_decaps). */
+enum lb_decap_action {
+	LB_DECAP_ACTION_NONE = 0,    /* not a decap address: tunnel packets pass untouched */
+	LB_DECAP_ACTION_BALANCE,     /* the inner packet is balanced as if it had arrived bare */
+	LB_DECAP_ACTION_LOCAL,       /* the inner packet goes to this host's stack (XDP_PASS) */
+	LB_DECAP_ACTION_EGRESS,      /* the inner packet goes back out to the next hop, MACs swapped (XDP_TX) */
 };
 
 /* Per-real flags (bit set in lb_real.flags). */
@@ -72,6 +98,12 @@ enum lb_reason {
 	LB_DROP_NO_SETTINGS,      /* the settings array is empty (controller never configured it) */
 	LB_DROP_ICMP_UNSUPPORTED, /* ICMP to a VIP that is neither echo nor a parsable error */
 	LB_DROP_VLAN_STACKED,     /* more than one 802.1Q tag */
+	LB_DROP_ICMP_CHECKSUM,    /* an ICMP echo request to a VIP whose checksum is wrong: no reply */
+	LB_PASS_DECAP_LOCAL,      /* inline decap: the inner packet handed to this host's stack */
+	LB_TX_DECAP_EGRESS,       /* inline decap: the inner packet sent back out to the next hop */
+	LB_DROP_DECAP_MALFORMED,  /* inline decap: the tunnel to our address has no readable inner packet */
+	LB_DROP_DECAP_FAILED,     /* inline decap: a helper refused (adjust_head, the tail call) */
+	LB_DROP_TTL_EXPIRED,      /* inline decap: the inner packet's TTL / hop limit ran out */
 	LB_DROP_NO_EGRESS,        /* two-arm: the egress interface is not in lb_egress (gone, or not written) */
 	LB_REASON_COUNT,
 };
@@ -84,6 +116,12 @@ enum lb_event {
 	LB_EV_RST_NO_ENTRY,   /* an RST did not create a session */
 	LB_EV_UDP_EXPIRED,    /* a UDP session older than the timeout was replaced */
 	LB_EV_ICMP_STEERED,   /* an ICMP error about a VIP flow sent to the flow's real */
+	LB_EV_SID_ROUTED,     /* a server id (QUIC, TCP option, stable routing) chose the real */
+	LB_EV_SID_UNKNOWN,    /* a server id no real has: session or ring instead */
+	LB_EV_SID_NONE,       /* a packet of a server-id VIP with no usable id (QUIC initial, SYN, id 0) */
+	LB_EV_SRC_PINNED,     /* a new flow's source prefix is pinned to a real (lb_src_routes) */
+	LB_EV_UDP_MIGRATED,   /* a UDP session pointed at a real down for its VIP: chosen again */
+	LB_EV_DECAP_INLINE,   /* a tunnel to one of our addresses stripped, its inner packet balanced */
 	LB_EVENT_COUNT,
 };
 
@@ -180,6 +218,32 @@ struct lb_settings {
 	__u16 mtu;           /* egress MTU: an encapsulated IP packet larger than this is too big */
 	__u16 pad;
 	__u32 configured;    /* non-zero once the controller has written this element */
+	__u32 cidr_vips;     /* entries in lb_vip_cidrs: 0 spares non-VIP packets its lookups */
+	__u32 decaps;        /* entries in lb_decaps: 0 spares non-VIP tunnel packets its lookup */
+};
+
+/* Key of lb_vip_cidrs, an LPM trie: a VIP that is a prefix (every address of it served by one ring).
+ * prefixlen counts from `port`: 32 (port, proto, family) + the prefix's length. */
+struct lb_vip_cidr_key {
+	__u32 prefixlen;
+	__u16 port;   /* network order; 0: every port */
+	__u8 proto;   /* 0 with port 0: the address-only entry, as in lb_vips */
+	__u8 family;
+	__u32 addr[4];
+};
+
+/* Key of lb_src_routes, an LPM trie: a client source prefix pinned to a real for one VIP. prefixlen
+ * counts from vip_num: 32 + the prefix's length. Value: the real id. */
+struct lb_src_key {
+	__u32 prefixlen;
+	__u32 vip_num;
+	__u32 addr[4];
+};
+
+/* Key of lb_down_reals: a real that health checks took down for a VIP (UDP flow migration). */
+struct lb_down_key {
+	__u32 vip_num;
+	__u32 real_id;
 };
 
 /* One slot of lb_vip_index, a direct-mapped copy of lb_vips that the controller derives from it.
@@ -225,5 +289,7 @@ const volatile enum lb_event lb_abi_event __attribute__((used)) = LB_EV_LRU_HIT;
 const volatile enum lb_decap_reason lb_abi_decap_reason __attribute__((used)) = LB_DECAP_IPIP;
 const volatile enum lb_vip_match lb_abi_vip_match __attribute__((used)) = LB_MATCH_ANY_PORT;
 const volatile enum lb_vip_slot_state lb_abi_vip_slot_state __attribute__((used)) = LB_VIP_SLOT_EMPTY;
+const volatile enum lb_vip_route_mask lb_abi_vip_route_mask __attribute__((used)) = LB_VIP_ROUTE_EXTRA;
+const volatile enum lb_decap_action lb_abi_decap_action __attribute__((used)) = LB_DECAP_ACTION_NONE;
 
 #endif

@@ -66,6 +66,27 @@ static __always_inline void swap_macs(struct ethhdr *eth)
 	__builtin_memcpy(eth->h_dest, tmp, ETH_ALEN);
 }
 
+/* Whether the ICMP / ICMPv6 message of pkt sums right (ICMPv6 with its pseudo-header). A request whose
+ * checksum is wrong gets no reply, as from the kernel's stack: an IPv4 reply is summed afresh and
+ * would carry a right checksum for a damaged request. A global function: echo is off the forwarding
+ * path. */
+__noinline int icmp_checksum_ok(struct xdp_md *ctx, const struct packet *pkt)
+{
+	__u32 len;
+	__s64 sum;
+
+	if (!pkt)
+		return 0;
+	len = pkt->ip_len - (pkt->l4_off - pkt->l2_len);
+	sum = csum_region(ctx, pkt->l4_off, len);
+	if (sum < 0)
+		return 0;
+	if (pkt->flow.family == LB_AF_INET6)
+		sum += csum_words(pkt->flow.src, 8) + csum_words(pkt->flow.dst, 8) + bpf_htons(len) +
+		       bpf_htons(IPPROTO_ICMPV6);
+	return csum_fold(sum) == 0;
+}
+
 /* Turns an echo request into its reply in place (addresses and MACs swapped, TTL 64). */
 static __always_inline int icmp_echo_reply(struct xdp_md *ctx, const struct packet *pkt)
 {

@@ -34,6 +34,8 @@ const volatile __u64 cfg_udp_timeout_ns = LB_DEFAULT_UDP_TIMEOUT_S * 1000000000U
  * and the idle clock is bpf_ktime_get_coarse_ns() instead. */
 const volatile __u32 cfg_jiffy_ns = 0;
 const volatile __u64 cfg_jiffies_at_boot = 0;
+/* The Katran fleet's MAX_VIPS, for the seeds of Katran's flow hash (hash.h, LB_VIP_HASH_KATRAN VIPs). */
+const volatile __u32 cfg_katran_max_vips = LB_DEFAULT_KATRAN_MAX_VIPS;
 /* Two-arm: the egress interface's MAC, the source of what leaves by it: its six bytes first in memory.
  * Load-time, as cfg_egress_ifindex, so the verifier drops the two-arm code from a one-arm program. */
 const volatile __u64 cfg_egress_mac = 0;
@@ -95,6 +97,56 @@ LB_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, LB_DEFAULT_MAX_REALS, __u32, struct lb_counter
 
 /* Per CPU, one record that every packet updates once: its reason and the events it met. */
 LB_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, 1, __u32, struct lb_counts) lb_counts SEC(".maps");
+
+/* server id -> real id, for VIPs that route by server id (route.h): QUIC connection ids, Katran's TCP
+ * option, its UDP stable-routing header. One table for every VIP, as a server id names a host. */
+LB_MAP(BPF_MAP_TYPE_HASH, LB_DEFAULT_MAX_REALS, __u32, __u32) lb_server_ids SEC(".maps");
+
+/* VIPs that are prefixes (struct lb_vip_cidr_key -> the VIP's meta), looked up when lb_vips has no
+ * entry for a packet's destination and settings.cidr_vips says there are any. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, LB_DEFAULT_MAX_VIPS);
+	__type(key, struct lb_vip_cidr_key);
+	__type(value, struct lb_vip_meta);
+} lb_vip_cidrs SEC(".maps");
+
+/* Client source prefixes pinned to a real, per VIP (struct lb_src_key -> real id; Katran's LPM_SRC). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, LB_MAX_SRC_ROUTES);
+	__type(key, struct lb_src_key);
+	__type(value, __u32);
+} lb_src_routes SEC(".maps");
+
+/* (VIP, real) pairs that health checks took down: a UDP session of such a VIP to such a real is chosen
+ * again (LB_VIP_UDP_MIGRATE). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, LB_MAX_DOWN_REALS);
+	__type(key, struct lb_down_key);
+	__type(value, __u32);
+} lb_down_reals SEC(".maps");
+
+/* Addresses of this LB whose IPIP / GUE packets are decapsulated here (struct lb_addr_key -> enum
+ * lb_decap_action). */
+LB_MAP(BPF_MAP_TYPE_HASH, LB_MAX_DECAPS, struct lb_addr_key, __u32) lb_decaps SEC(".maps");
+
+/* The balancer itself, for a decapsulated packet to be balanced afresh (a tail call; the loader puts
+ * the program in slot 0). Two arrays: the kernel ties a program array to one kind of program, with or
+ * without multi-buffer frames. */
+#define LB_PROG_ARRAY \
+	struct { \
+		__uint(type, BPF_MAP_TYPE_PROG_ARRAY); \
+		__uint(max_entries, 1); \
+		__type(key, __u32); \
+		__type(value, __u32); \
+	}
+LB_PROG_ARRAY lb_progs SEC(".maps");
+LB_PROG_ARRAY lb_progs_frags SEC(".maps");
 
 enum scratch_limits {
 	SCRATCH_LEN = 512, /* bpf_csum_diff sums at most 512 bytes per call */

@@ -60,6 +60,10 @@ class Capability(StrEnum):
     OUTER_SOURCE_CHOICE = "outer-source-choice"  # the outer source is configured: fixed, or per flow in a prefix
     PACKET_TEST_RUN = "packet-test-run"      # the datapath runs on a synthetic packet without a wire
     MULTI_LB = "multi-lb"                    # several instances announce one VIP (BGP, BFD) with one ring
+    NEXTHOP_FOLLOW = "nexthop-follow"        # finds its next hop's MAC itself and follows the router's changes
+    SERVER_ID_ROUTING = "server-id-routing"  # a real's id in a QUIC connection id / TCP option picks the real
+    SOURCE_PINNING = "source-pinning"        # client prefixes pinned to a real (longest prefix match)
+    INLINE_DECAP = "inline-decap"            # tunnels addressed to the LB itself stripped and balanced
     TWO_ARM = "two-arm"                      # receives on one interface, sends what it encapsulates out of another
     BOND_VLAN = "bond-vlan"                  # balances 802.1Q-tagged traffic on a bond, keeping the tag
 
@@ -188,6 +192,8 @@ class L4labDut(Dut):
         Capability.HITLESS_UPGRADE, Capability.CRASH_SAFE_APPLY, Capability.OWNER_QUERY,
         Capability.RING_READBACK, Capability.SESSION_READBACK, Capability.SESSION_TABLE_OFF,
         Capability.OUTER_SOURCE_CHOICE, Capability.PACKET_TEST_RUN, Capability.MULTI_LB,
+        Capability.NEXTHOP_FOLLOW,
+        Capability.SERVER_ID_ROUTING, Capability.SOURCE_PINNING, Capability.INLINE_DECAP,
         Capability.TWO_ARM, Capability.BOND_VLAN,
     })
     node = "lb"

@@ -231,19 +231,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class ChurnClient:
-    """The client above, running in a lab node; `mark()` and `stop()` talk to it over its stdin."""
+    """The client above, running in a lab node; `mark()` and `stop()` talk to it over its stdin.
+
+    `module` and `role` name another node program that speaks the same JSON lines (lab.nodes.quic_echo's
+    client); `_read` and `_send` are its channel."""
+
+    module: str = "lab.nodes.churn_client"
+    role: tuple[str, ...] = ()
+    what: str = "churn client"
 
     def __init__(self, lab: str | Any, node: str, vip: str, port: int, *args: str, ready_timeout: float = 30.0) -> None:
         """`lab` is a netns lab's name, or a lab.harness.Lab (netns or --target; over ssh the
         client ends when its input closes, as it does here)."""
-        module_args = ["--vip", vip, "--port", str(port), *args]
+        module_args = [*self.role, "--vip", vip, "--port", str(port), *args]
         if isinstance(lab, str):
-            full = nsenter_argv(netns_name(lab, node),
-                                [sys.executable, "-m", "lab.nodes.churn_client", *module_args])
-            self.where = f"the churn client in {netns_name(lab, node)}"
+            full = nsenter_argv(netns_name(lab, node), [sys.executable, "-m", self.module, *module_args])
+            self.where = f"the {self.what} in {netns_name(lab, node)}"
         else:
-            full = lab.python_argv(node, "lab.nodes.churn_client", *module_args)
-            self.where = f"the churn client in {lab.where(node)}"
+            full = lab.python_argv(node, self.module, *module_args)
+            self.where = f"the {self.what} in {lab.where(node)}"
         self.proc = subprocess.Popen(full, cwd=_REPO, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:

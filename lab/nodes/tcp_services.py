@@ -128,8 +128,13 @@ class Services:
     """One `kind` server per node of a lab, bound to `binds`; ready on entry, stopped on exit."""
 
     def __init__(self, lab: str | Any, nodes: Sequence[str], kind: str, binds: Sequence[str],
-                 cpu: int | None = None) -> None:
-        """`lab` is a netns lab's name, or a lab.harness.Lab (netns or --target)."""
+                 cpu: int | None = None, module: str = "lab.nodes.tcp_services",
+                 node_args: dict[str, list[str]] | None = None) -> None:
+        """`lab` is a netns lab's name, or a lab.harness.Lab (netns or --target). `module` is the node
+        program (another that takes KIND --node N --bind B... and prints "ready", such as
+        lab.nodes.quic_echo), `node_args` more arguments for some nodes."""
+        self.module = module
+        self.node_args = node_args or {}
         self.lab = lab
         self.remote = not isinstance(lab, str) and lab.target is not None
         self.cpu = cpu
@@ -144,11 +149,11 @@ class Services:
                 args = [self.kind, "--node", node, *[a for b in self.binds for a in ("--bind", b)]]
                 args += ["--cpu", str(self.cpu)] if self.cpu is not None else []
                 args += ["--until-eof"] if self.remote else []
+                args += self.node_args.get(node, [])
                 if isinstance(self.lab, str):
-                    full = nsenter_argv(netns_name(self.lab, node),
-                                        [sys.executable, "-m", "lab.nodes.tcp_services", *args])
+                    full = nsenter_argv(netns_name(self.lab, node), [sys.executable, "-m", self.module, *args])
                 else:
-                    full = self.lab.python_argv(node, "lab.nodes.tcp_services", *args)
+                    full = self.lab.python_argv(node, self.module, *args)
                 self.procs[node] = subprocess.Popen(
                     full, cwd=_REPO, text=True, stdin=subprocess.PIPE if self.remote else subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)

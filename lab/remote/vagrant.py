@@ -162,6 +162,12 @@ def _vips(topo: Topology) -> list[dict[str, Any]]:
     ]
 
 
+def _router_address(topo: Topology, node: str, ifname: str) -> cfg.IpAddress:
+    """The first address (IPv4 first) of node's interface ifname: the LB's next hop."""
+    ep = next(e for e in topo.endpoints_of(node) if e.ifname == ifname)
+    return min((a.ip for a in ep.addresses), key=lambda ip: ip.version)
+
+
 def lb_config(topo: Topology, lb: str) -> str:
     """The balancer config (TOML) of LB node `lb` on its Vagrant machine."""
     ifname, peer, peer_if = lb_link(topo, lb)
@@ -183,7 +189,9 @@ def lb_config(topo: Topology, lb: str) -> str:
     config = cfg.Config(
         # virtio-net may refuse native XDP (too few queues): auto falls back to generic.
         datapath=cfg.DatapathConfig(interfaces=(ifname,), mode="auto"),
-        encap=cfg.EncapConfig(nexthop_mac=mac_for(topo.name, peer, peer_if), gue_port=GUE_PORT,
+        # The machine's default route is Vagrant's management NIC: name the router on the lab link,
+        # whose MAC the balancer finds itself (nexthop_mac = "auto").
+        encap=cfg.EncapConfig(nexthop=_router_address(topo, peer, peer_if), gue_port=GUE_PORT,
                               src4=src4, src6=src6),
         vips=tuple(vips),
     )

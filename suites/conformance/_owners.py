@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import struct
 import sys
 from typing import Any
 
@@ -32,15 +33,28 @@ from lab.lbconf import real_addresses
 SHARED = ("lb_vips", "lb_vip_index", "lb_reals", "lb_ring", "lb_settings")
 
 
-def owners(instance: str, vip: str, port: int, client: str, sports: list[int]) -> dict[int, str]:
-    """The real address the instance's ring gives each flow client:sport -> vip:port (TCP)."""
+def _udp(tmpl: bytearray, l4_off: int) -> bytearray:
+    """The SYN template as a UDP datagram of the same flow (protocol, UDP header, lengths): 12 bytes of
+    payload, where _frame writes its TCP checksum (the UDP checksum stays 0, none)."""
+    eth, ip = tmpl[:ETH], tmpl[ETH:l4_off]
+    udp = bytearray(struct.pack("!HHHH", 40000, int.from_bytes(tmpl[l4_off + 2: l4_off + 4], "big"), 20, 0)) + bytes(12)
+    if ip[0] >> 4 == 4:
+        ip[9], ip[2:4] = 17, struct.pack("!H", 20 + len(udp))
+    else:
+        ip[6], ip[4:6] = 17, struct.pack("!H", len(udp))
+    return bytearray(eth + ip + udp)
+
+
+def owners(instance: str, vip: str, port: int, client: str, sports: list[int], proto: str = "tcp") -> dict[int, str]:
+    """The real address the instance's ring gives each flow client:sport -> vip:port (TCP or UDP)."""
     inst = Instance.open(instance)
     try:
         obj_path = inst.state.object
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
         try:
-            _patch_rodata(obj, "balancer", {"cfg_ring_size": inst.dp.ring_size})
+            _patch_rodata(obj, "balancer", {"cfg_ring_size": inst.dp.ring_size,
+                                            "cfg_katran_max_vips": inst.config.datapath.katran_max_vips})
             for table in SESSION_TABLES:  # its own tables: the running sessions are not consulted
                 obj.set_max_entries(table, 64)
             obj.set_autoload("balancer_xdp_frags", False)  # only balancer_xdp runs: half the verifier's work
@@ -54,6 +68,8 @@ def owners(instance: str, vip: str, port: int, client: str, sports: list[int]) -
                           {"balancer_xdp": obj.program("balancer_xdp")}, inst.dp.ring_size, obj)
         with shadow:
             tmpl, src_off, l4_off = _template(vip, port)
+            if proto == "udp":
+                tmpl = _udp(tmpl, l4_off)
             src = ipaddress.ip_address(client).packed
             out: dict[int, str] = {}
             for sport in sports:
@@ -70,7 +86,8 @@ def _outer_dst(frame: bytes) -> str:
     return str(ipaddress.IPv4Address(frame[ETH + 16: ETH + 20]))
 
 
-def ring_owners(lab: Any, balancer: Any, vip: str, port: int, conns: list[dict[str, Any]]) -> dict[int, str]:
+def ring_owners(lab: Any, balancer: Any, vip: str, port: int, conns: list[dict[str, Any]],
+                proto: str = "tcp") -> dict[int, str]:
     """The node its VIP's ring gives each connection ({index, addr, port} of a churn client) now.
 
     `lab` is a lab.harness.Lab, `balancer` a lab.harness.LabBalancer (run on its node)."""
@@ -80,7 +97,8 @@ def ring_owners(lab: Any, balancer: Any, vip: str, port: int, conns: list[dict[s
         mine = [c for c in conns if c["addr"] == client]
         answer = json.loads(lab.python(
             balancer.node, "suites.conformance._owners", "--instance", balancer.instance, "--vip", vip,
-            "--port", str(port), "--client", client, "--sports", ",".join(str(c["port"]) for c in mine)).stdout)
+            "--port", str(port), "--client", client, "--proto", proto,
+            "--sports", ",".join(str(c["port"]) for c in mine)).stdout)
         out.update({c["index"]: by_addr.get(answer[str(c["port"])], answer[str(c["port"])]) for c in mine})
     return out
 
@@ -97,10 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--client", required=True, help="the client's address (the flows' source)")
     ap.add_argument("--sports", required=True, help="comma-separated client ports")
+    ap.add_argument("--proto", choices=("tcp", "udp"), default="tcp", help="the flows' protocol")
     args = ap.parse_args(argv)
     sports = [int(p) for p in args.sports.split(",") if p]
-    json.dump({str(k): v for k, v in owners(args.instance, args.vip, args.port, args.client, sports).items()},
-              sys.stdout)
+    found = owners(args.instance, args.vip, args.port, args.client, sports, args.proto)
+    json.dump({str(k): v for k, v in found.items()}, sys.stdout)
     return 0
 
 

@@ -211,6 +211,15 @@ class Daemon:
         return code
 
 
+def _daemon(stack: contextlib.ExitStack, b: LabBalancer, tmp_path: Path) -> Daemon:
+    """`lbctl run` of b's config file, logging to tmp_path, stopped when stack closes."""
+    log = tmp_path / "lbctl-run.log"
+    log.touch()
+    daemon = Daemon(b, b.config_path, log)
+    stack.callback(daemon.stop)
+    return daemon
+
+
 @pytest.mark.needs(Capability.HITLESS_RESTART)
 def test_daemon_killed_and_restarted_keeps_forwarding_and_rewrites_nothing(
         lab: Lab, lb: LabBalancer, tmp_path: Path) -> None:
@@ -266,6 +275,116 @@ def test_upgrade_under_traffic(lab: Lab, lb: LabBalancer, tmp_path: Path) -> Non
     sys.stdout.write(f"XDP program {prog_before} -> {prog_after} on the same maps\n")
 
 
+@pytest.mark.needs(Capability.HITLESS_UPGRADE)
+def test_upgrade_through_the_daemon_under_traffic(lab: Lab, lb: LabBalancer, tmp_path: Path) -> None:
+    """`lbctl upgrade` while `lbctl run` owns the instance and probes the reals: the daemon swaps in a
+    build that really differs (suites/variant.py), then the original again; 0 requests fail."""
+    from suites.variant import build_variant
+
+    variant, original = build_variant(tmp_path), REPO / "build" / "bpf" / "balancer.o"
+    conf = _config(lb, {PORT_A: None})
+    # Tunnel probes: the echo listens on the VIP only.
+    check = cfg.HealthCheck(port=PORT_A, type="tcp", interval_s=0.5, timeout_s=0.4, via="tunnel")
+    lb.config_path.write_text(cfg.dump(replace(conf, vips=tuple(replace(v, healthcheck=check) for v in conf.vips))))
+    with contextlib.ExitStack() as stack:
+        daemon = _daemon(stack, lb, tmp_path)
+        assert daemon.wait("running")["health_targets"] == 3
+        client = stack.enter_context(_client(lab, PORT_A))
+        progs, checks = [_prog_id(lb)], [_checks_ok(lb)]
+        for obj in (variant, original):
+            client.mark(f"upgrade to {obj}")
+            done = lb.lbctl("upgrade", "--object", str(obj))
+            assert done.stdout.startswith(f"replaced the program behind 1 link(s) with {obj}"), done.stdout
+            progs.append(_prog_id(lb))
+        report = client.stop(after=OBSERVE_S)
+        checks.append(_checks_ok(lb))
+        upgraded = [e for e in daemon.events() if e.get("event") == "upgraded"]
+        probes_failed = [e for e in daemon.events() if e.get("event") == "real_down"]
+        assert daemon.stop() == 0
+    assert [e["object"] for e in upgraded] == [str(variant), str(original)], upgraded
+    assert len(set(progs)) == 3, f"the link's program ids across the two upgrades: {progs}"
+    assert not probes_failed, f"a health check failed during the upgrades: {probes_failed}"
+    assert checks[1] > checks[0] + 3, f"passed health checks before and after the upgrades: {checks}"
+    _verdict("lbctl upgrade through lbctl run, twice", report)
+    sys.stdout.write(f"XDP program {' -> '.join(map(str, progs))}; {checks[1] - checks[0]:.0f} health checks "
+                     "passed meanwhile, none failed\n")
+
+
+# Runs in the client node: a TCP request to VIP:PORT every 20 ms for SECONDS, each with a 0.2 s budget;
+# writes a JSON line [start, end, answered] per request to PATH, on the kernel's monotonic clock (the test's too).
+RESUME_PROBE = r"""
+import json, socket, sys, time
+vip, port, seconds, path = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+stop = time.monotonic() + seconds
+with open(path, "w") as out:
+    while time.monotonic() < stop:
+        t = time.monotonic()
+        try:
+            with socket.create_connection((vip, port), timeout=0.2) as s:
+                s.settimeout(0.2); s.sendall(b"probe\n"); ok = bool(s.recv(100))
+        except OSError:
+            ok = False
+        print(json.dumps([t, time.monotonic(), ok]), file=out, flush=True)
+        time.sleep(max(0.0, t + 0.02 - time.monotonic()))  # the probe's pace
+"""
+NEW_ROUTER_MAC = "00:00:5e:00:53:01"  # from the range IANA reserves for documentation (RFC 7042)
+
+
+@pytest.mark.needs(Capability.NEXTHOP_FOLLOW)
+def test_router_mac_replaced_traffic_resumes_within_a_second(lab: Lab, lb: LabBalancer, tmp_path: Path) -> None:
+    """With nexthop_mac = "auto" (the lab sets no MAC) and `lbctl run`, the router's MAC is replaced
+    mid-run (`ip link set ... address ...`; the router announces it): the datapath's next-hop MAC follows
+    and new requests are answered again within 1 s; no long-lived connection fails."""
+    _, router, rt_if = lb_link(lab.topology, "lb")
+    old_mac = lab.mac(router, rt_if)
+    lb.config_path.write_text(cfg.dump(_config(lb, {PORT_A: None})))
+    assert cfg.load(lb.config_path).encap.nexthop_mac == "auto"
+    with contextlib.ExitStack() as stack:
+        daemon = _daemon(stack, lb, tmp_path)
+        daemon.wait("running")
+        assert _settings_mac(lb.instance) == old_mac
+        client = stack.enter_context(_client(lab, PORT_A))
+        lines = tmp_path / "probe.jsonl"
+        probe = subprocess.Popen(lab.argv("client", [sys.executable, "-c", RESUME_PROBE, _vip(lab), str(PORT_A),
+                                                     "4", str(lines)]))
+        stack.callback(probe.kill)
+        poll(10.0, lambda: lines.exists() and lines.read_text().count("true") >= 10, "10 answered probe requests")
+        stack.callback(lab.run, router, ["ip", "link", "set", "dev", rt_if, "address", old_mac])
+        changed = time.monotonic()
+        lab.run(router, ["ip", "link", "set", "dev", rt_if, "address", NEW_ROUTER_MAC])
+        poll(5.0, lambda: _settings_mac(lb.instance) == NEW_ROUTER_MAC, "the datapath's next-hop MAC following")
+        followed = time.monotonic() - changed
+        assert probe.wait(timeout=30) == 0
+        attempts = [json.loads(line) for line in lines.read_text().splitlines()]
+        report = client.stop(after=OBSERVE_S)
+        moved = daemon.wait("nexthop_changed")
+    assert (moved["mac"], moved["previous"], moved["source"]) == (NEW_ROUTER_MAC, old_mac, "default route")
+    before = [a for a in attempts if a[1] < changed]
+    assert before and all(ok for _, _, ok in before), f"the probe's requests before the change: {before}"
+    resumed = next((end - changed for start, end, ok in attempts if start >= changed and ok), None)
+    assert resumed is not None, f"no request answered after the router's MAC changed: {attempts[-5:]}"
+    sys.stdout.write(f"\nrouter MAC {old_mac} -> {NEW_ROUTER_MAC}: the datapath followed in {followed * 1000:.0f} ms, "
+                     f"the first new request after the change was answered {resumed * 1000:.0f} ms after it "
+                     f"({len(attempts)} probe requests)\n")
+    assert followed < 1.0 and resumed < 1.0, (followed, resumed)
+    _verdict("router MAC replaced", report)
+
+
+def _settings_mac(instance: str) -> str:
+    inst = Instance.open(instance)
+    try:
+        return ":".join(f"{b:02x}" for b in bytes(inst.dp.settings().nexthop_mac))
+    finally:
+        inst.close()
+
+
+def _checks_ok(b: LabBalancer) -> float:
+    """The daemon's passed health checks so far, from its metrics endpoint in the LB node."""
+    text = b.lab.run(b.node, ["curl", "-sf", "http://127.0.0.1:9100/metrics"]).stdout
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("l4lab_health_checks_total{") and 'result="ok"' in line)
+
+
 def _prog_id(b: LabBalancer) -> int:
     ifname = b.lab.ifname("lb", lb_link(b.lab.topology, "lb")[0])
     link = json.loads(b.lab.run(b.node, ["ip", "-j", "-d", "link", "show", "dev", ifname]).stdout)[0]
@@ -317,11 +436,13 @@ def _u32(raw: bytes) -> memoryview:
 def _model_ring(instance: str, port: int) -> bytes:
     """The ring the controller's model builds from the instance's recorded inputs (its state)."""
     from balancer.controller import _ring as build
+    from balancer.controller import ring_kind
 
     inst = Instance.open(instance)
     try:
         name = next(n for n in inst.state.vip_nums if n.endswith(f":{port}/tcp"))
-        return bytes(build(inst.state.ring_inputs[name], inst.state.real_ids, inst.dp.ring_size).tobytes())
+        kind = ring_kind(next(v for v in inst.config.vips if v.name == name))
+        return bytes(build(inst.state.ring_inputs[name], inst.state.real_ids, inst.dp.ring_size, kind).tobytes())
     finally:
         inst.close()
 

@@ -160,6 +160,8 @@ BAD = [
     (("real", "add", "198.51.100.100", "80", "tcp", "203.0.113.999"), 2, "does not appear to be an IPv4"),
     (("vip", "add", "198.51.100.300", "80", "tcp"), 2, "does not appear to be an IPv4 or IPv6 address"),
     (("vip", "add", "198.51.100.100", "80", "tcp"), 2, "VIP 198.51.100.100:80/tcp exists already"),
+    (("vip", "add", "198.51.100.101", "80", "tcp", "--katran-ring", "v2"), 2,
+     "--katran-ring applies only to a katran hash (--hash katran...), not --hash 5tuple"),
 ]
 
 
@@ -175,6 +177,24 @@ def test_bad_input_is_one_line_and_changes_nothing(loaded_ctl: Ctl, args: tuple[
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert ctl.state() == before
+
+
+def test_a_katran_compatible_vip_through_the_cli(loaded_ctl: Ctl) -> None:
+    """`--hash katran --katran-ring v2`: stored, shown by status (text and JSON) and vip list; then removed."""
+    ctl = loaded_ctl
+    before = ctl.state()
+    done = ctl("vip", "add", "198.51.100.101", "80", "tcp", "--hash", "katran", "--katran-ring", "v2")
+    assert done.returncode == 0, done.stderr
+    try:
+        vips = {v["vip"]: v for v in json.loads(ctl("status", "--json").stdout)["vips"]}
+        assert (vips["198.51.100.101:80/tcp"]["hash"], vips["198.51.100.101:80/tcp"]["ring"]) == ("katran", "katran-v2")
+        assert vips["198.51.100.100:80/tcp"]["ring"] == "l4lab"
+        assert "hash katran  ring katran-v2" in ctl("status").stdout
+        listed = {v["vip"]: v for v in json.loads(ctl("vip", "list", "--json").stdout)}
+        assert listed["198.51.100.101:80/tcp"]["ring"] == "katran-v2"
+    finally:
+        assert ctl("vip", "del", "198.51.100.101", "80", "tcp").returncode == 0
+    assert json.loads(ctl.state())["vip_nums"] == json.loads(before)["vip_nums"]
 
 
 def test_ipv6_vip_refuses_an_ipv4_real(ctl: Ctl) -> None:
@@ -204,7 +224,7 @@ def test_native_mode_fails_instead_of_falling_back(ctl: Ctl) -> None:
     assert done.returncode == 1, done.stdout
     assert "cannot attach XDP program 'balancer_xdp' to 'lo' in native mode" in done.stderr
     assert "try --mode generic" in done.stderr
-    generic = ctl("load", "--interface", "lo", "--mode", "generic")
+    generic = ctl("load", "--interface", "lo", "--mode", "generic", "--config", str(ctl.tmp / "lb.toml"))
     assert generic.returncode == 0, generic.stderr
     assert "WARNING: XDP runs in generic (skb) mode on 'lo'" in generic.stderr
 
@@ -289,9 +309,9 @@ def test_listings_and_apply_print_json(ctl: Ctl) -> None:
     report = json.loads(applied.stdout)
     assert report["file"] == str(more) and report["vips_added"] == 1 and report["vips_removed"] == 0, report
     vips = json.loads(ctl("vip", "list", "--json").stdout)
-    assert vips == [{"vip": "198.51.100.100:80/tcp", "encap": "ipip", "hash": "5tuple", "lru": True,
+    assert vips == [{"vip": "198.51.100.100:80/tcp", "encap": "ipip", "hash": "5tuple", "ring": "l4lab", "lru": True,
                      "outer_src": "flow", "reals": 2},
-                    {"vip": "198.51.100.101:53/udp", "encap": "gue1", "hash": "5tuple", "lru": True,
+                    {"vip": "198.51.100.101:53/udp", "encap": "gue1", "hash": "5tuple", "ring": "l4lab", "lru": True,
                      "outer_src": "fixed", "reals": 0}]
     reals = json.loads(ctl("real", "list", "198.51.100.100", "80", "tcp", "--json").stdout)
     assert [(r["address"], r["weight"]) for r in reals] == [("203.0.113.18", 1), ("203.0.113.34", 2)]
@@ -411,3 +431,38 @@ def test_fresh_venv_install_runs_lbctl_without_the_source_tree(ctl: Ctl, tmp_pat
     assert status["object"] == str(site / "balancer" / "_build" / "bpf" / "balancer.o")
     assert (site / "balancer" / "_build" / "lib" / "libl4lab_maglev.so").is_file()
     assert ctl("unload").returncode == 0
+
+
+def test_server_ids_pins_prefix_vips_and_decap_through_the_cli(ctl: Ctl) -> None:
+    assert ctl("load", "-c", str(ctl.tmp / "lb.toml")).returncode == 0
+    steps = [
+        ("vip", "add", "198.51.100.100", "443", "udp", "--server-id-from", "quic", "--udp-flow-migration"),
+        ("real", "add", "198.51.100.100", "443", "udp", "203.0.113.18", "--server-id", "1024"),
+        ("vip", "add", "198.51.100.128/25", "80", "tcp", "--server-id-from", "tcp-option"),
+        ("real", "add", "198.51.100.128/25", "80", "tcp", "203.0.113.34", "--server-id", "197634"),
+        ("src-route", "add", "198.51.100.100", "443", "udp", "192.0.2.0/24", "203.0.113.34"),
+        ("decap", "add", "198.51.100.7", "--action", "local"),
+    ]
+    for step in steps:
+        r = ctl(*step)
+        assert r.returncode == 0, (step, r.stderr)
+    status = json.loads(ctl("status", "--json").stdout)
+    vips = {v["vip"]: v for v in status["vips"]}
+    assert vips["198.51.100.100:443/udp"]["server_id_from"] == "quic"
+    assert vips["198.51.100.100:443/udp"]["udp_flow_migration"] is True
+    assert vips["198.51.100.100:443/udp"]["reals"][0]["server_id"] == 1024
+    assert vips["198.51.100.100:443/udp"]["src_routes"] == [{"prefix": "192.0.2.0/24", "real": "203.0.113.34"}]
+    assert vips["198.51.100.128/25:80/tcp"]["reals"][0]["server_id"] == 197634
+    assert status["decap"] == [{"address": "198.51.100.7", "action": "local"}]
+    assert json.loads(ctl("decap", "list", "--json").stdout) == status["decap"]
+    assert "192.0.2.0/24 -> 203.0.113.34" in ctl("src-route", "list", "198.51.100.100", "443", "udp").stdout
+    clash = ctl("real", "add", "198.51.100.100", "443", "udp", "203.0.113.50", "--server-id", "1024")
+    assert clash.returncode == 2 and clash.stderr.count("\n") == 1
+    assert "server id 1024 names real 203.0.113.18" in clash.stderr
+    bad = ctl("vip", "add", "198.51.100.101", "80", "tcp", "--server-id-from", "quic")
+    assert bad.returncode == 2 and 'needs proto = "udp"' in bad.stderr
+    for step in (("src-route", "del", "198.51.100.100", "443", "udp", "192.0.2.0/24"),
+                 ("decap", "del", "198.51.100.7")):
+        assert ctl(*step).returncode == 0
+    status = json.loads(ctl("status", "--json").stdout)
+    assert status["decap"] == [] and not any(v["src_routes"] for v in status["vips"])

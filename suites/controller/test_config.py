@@ -45,6 +45,7 @@ def test_example_file_loads_with_the_default_lab() -> None:
         "198.51.100.100:80/tcp",
         "198.51.100.100:9000/udp",
         "[2001:db8:100::100]:80/tcp",
+        "198.51.100.100:443/udp",
     ]
     assert [str(r.address) for r in c.vips[0].reals] == ["203.0.113.18", "203.0.113.34", "203.0.113.50"]
     assert [str(r.address) for r in c.vips[1].reals] == ["203.0.113.18", "203.0.113.34", "203.0.113.50"]
@@ -52,6 +53,10 @@ def test_example_file_loads_with_the_default_lab() -> None:
     assert c.vips[1].encap == "gue1" and c.vips[1].outer_src == "fixed" and c.vips[1].gue_csum == "compute"
     assert c.vips[0].healthcheck == HealthCheck(port=80)
     assert c.datapath.interfaces == ("lb-rt",)
+    quic = c.vips[3]
+    assert (quic.server_id_from, quic.udp_flow_migration, [r.server_id for r in quic.reals]) == \
+        ("quic", True, [101, 102, 103])
+    assert [(d.address, d.action) for d in c.decap] == [(quic.address.__class__("198.51.100.2"), "balance")]
 
 
 def test_gue_checksum_zero_is_a_vip_flag() -> None:
@@ -63,6 +68,25 @@ def test_gue_checksum_zero_is_a_vip_flag() -> None:
     assert c.vips[0].gue_csum == "zero" and vip_flags(c.vips[0]) & _abi.VipFlag.GUE_CSUM_ZERO
     computed = parse('[[vips]]\naddress = "198.51.100.100"\nport = 80\nproto = "tcp"\nencap = "gue1"')
     assert computed.vips[0].gue_csum == "compute" and not vip_flags(computed.vips[0]) & _abi.VipFlag.GUE_CSUM_ZERO
+
+
+@pytest.mark.parametrize(("hash_name", "port", "fields"), [
+    ("katran", 80, 0), ("katran", 0, "HASH_KATRAN_NO_DPORT"), ("katran-no-sport", 80, "HASH_NO_SPORT"),
+    ("katran-no-sport", 0, "HASH_NO_SPORT|HASH_KATRAN_NO_DPORT"), ("katran-dport-only", 0, "HASH_DPORT_ONLY"),
+    ("katran-src-dst-port", 0, 0), ("katran-src-dst-port", 80, 0)])
+def test_katran_hashes_are_vip_flags(hash_name: str, port: int, fields: str | int) -> None:
+    """Katran zeroes the destination port of a port-0 VIP's flows unless the VIP hashes it."""
+    from balancer import _abi
+    from balancer.controller import ring_kind, vip_flags
+
+    c = parse(f'[[vips]]\naddress = "198.51.100.100"\nport = {port}\nproto = "tcp"\nhash = "{hash_name}"\n'
+              'katran_ring = "v2"')
+    want = _abi.VipFlag.HASH_KATRAN | _abi.VipFlag.OUTER_SRC_FLOW
+    for name in str(fields).split("|") if fields else ():
+        want |= _abi.VipFlag[name]
+    assert vip_flags(c.vips[0]) == want
+    assert c.vips[0].katran and c.vips[0].katran_ring == "v2" and ring_kind(c.vips[0]) == "katran-v2"
+    assert ring_kind(parse(VIP).vips[0]) == "l4lab" and not parse(VIP).vips[0].katran
 
 
 def test_example_round_trips() -> None:
@@ -87,9 +111,10 @@ def test_empty_file_gives_the_documented_defaults() -> None:
         fallback_size=16384,
         udp_timeout_s=30,
         frags=False,
+        katran_max_vips=512,
     )
     assert c.encap == EncapConfig(
-        nexthop_mac="02:00:00:00:00:01",
+        nexthop_mac="auto",
         gue_port=6080,
         src4=ipaddress.IPv4Network("198.51.100.128/25"),
         src6=ipaddress.IPv6Network("2001:db8:1b:80::/64"),
@@ -198,17 +223,17 @@ def test_normalisations() -> None:
         (
             "[datapath]\nmtus = 1500",
             "lb.toml: datapath.mtus is not a known key; known keys here: egress, fallback_size, frags, interfaces, "
-            "lru_size, max_reals, max_vips, mode, mtu, ring_size, udp_timeout_s",
+            "katran_max_vips, lru_size, max_reals, max_vips, mode, mtu, object, ring_size, udp_timeout_s",
         ),
         ("datapath = 3", "lb.toml: datapath must be a table but got 3"),
         (
             "[bgp]\nasn = 1",
-            "lb.toml: bgp is not a known key; known keys here: datapath, encap, metrics, vips",
+            "lb.toml: bgp is not a known key; known keys here: datapath, decap, encap, metrics, vips",
         ),
         # encap
         (
             '[encap]\nnexthop_mac = "02:00:00:00:01"',
-            'lb.toml: encap.nexthop_mac must be a MAC address such as "02:00:00:00:00:01" '
+            'lb.toml: encap.nexthop_mac must be "auto" or a MAC address such as "02:00:00:00:00:01" '
             'but got "02:00:00:00:01"',
         ),
         (
@@ -248,7 +273,8 @@ def test_normalisations() -> None:
         ("vips = [1]", "lb.toml: vips[0] must be a table but got 1"),
         (
             '[[vips]]\nport = 80\nproto = "tcp"',
-            "lb.toml: vips[0].address is missing; it must be an IPv4 or IPv6 address",
+            'lb.toml: vips[0].address is missing; it must be an IPv4 or IPv6 address, or a prefix such as '
+            '"10.200.0.0/24"',
         ),
         (
             '[[vips]]\naddress = "198.51.100.100"\nproto = "tcp"',
@@ -260,7 +286,8 @@ def test_normalisations() -> None:
         ),
         (
             '[[vips]]\naddress = "198.51.100.300"\nport = 80\nproto = "tcp"',
-            'lb.toml: vips[0].address must be an IPv4 or IPv6 address but got "198.51.100.300"',
+            'lb.toml: vips[0].address must be an IPv4 or IPv6 address, or a prefix such as "10.200.0.0/24" '
+            'but got "198.51.100.300"',
         ),
         (
             '[[vips]]\naddress = "198.51.100.100"\nport = 80\nproto = "sctp"',
@@ -272,8 +299,19 @@ def test_normalisations() -> None:
         ),
         (
             '[[vips]]\naddress = "198.51.100.100"\nport = 80\nproto = "tcp"\nhash = "sport"',
-            'lb.toml: vips[0].hash must be "5tuple" | "no-sport" | "dport-only" but got "sport"',
+            'lb.toml: vips[0].hash must be "5tuple" | "no-sport" | "dport-only" | "katran" | "katran-no-sport" | '
+            '"katran-dport-only" | "katran-src-dst-port" but got "sport"',
         ),
+        (
+            '[[vips]]\naddress = "198.51.100.100"\nport = 80\nproto = "tcp"\nhash = "katran"\nkatran_ring = "v3"',
+            'lb.toml: vips[0].katran_ring must be "v1" | "v2" but got "v3"',
+        ),
+        (
+            '[[vips]]\naddress = "198.51.100.100"\nport = 80\nproto = "tcp"\nkatran_ring = "v2"',
+            'lb.toml: vips[0].katran_ring applies only to a katran hash (hash = "katran"...), not to '
+            'hash = "5tuple"; remove it or set hash = "katran"',
+        ),
+        ("[datapath]\nkatran_max_vips = 0", "lb.toml: datapath.katran_max_vips must be 1..4294967295 but got 0"),
         (
             '[[vips]]\naddress = "198.51.100.100"\nport = 80\nproto = "tcp"\nouter_src = "random"',
             'lb.toml: vips[0].outer_src must be "flow" | "fixed" but got "random"',
@@ -285,7 +323,8 @@ def test_normalisations() -> None:
         (
             '[[vips]]\naddress = "198.51.100.100"\nport = 80\nprot = "tcp"',
             "lb.toml: vips[0].prot is not a known key; known keys here: address, encap, gue_csum, hash, "
-            "healthcheck, lru, outer_src, port, proto, reals",
+            "healthcheck, katran_ring, lru, outer_src, port, proto, reals, server_id_from, src_routes, "
+            "udp_flow_migration",
         ),
     ],
 )
@@ -310,7 +349,7 @@ def test_error_messages(text: str, message: str) -> None:
         ),
         (
             '[{ address = "203.0.113.18", port = 8080 }]',
-            "vips[0].reals[0].port is not a known key; known keys here: address, weight",
+            "vips[0].reals[0].port is not a known key; known keys here: address, server_id, weight",
         ),
         ("[{ weight = 1 }]", "vips[0].reals[0].address is missing; it must be an IPv4 or IPv6 address"),
         ('["203.0.113.18"]', 'vips[0].reals[0] must be a table but got "203.0.113.18"'),
@@ -499,12 +538,14 @@ def _vip(draw: st.DrawFn, index: int) -> Vip:
             fall=draw(st.integers(1, 1000)),
             via=draw(st.sampled_from(config.CHECK_VIAS)),
         )
+    hash_name = draw(st.sampled_from(config.HASHES))
     return Vip(
         address=address,
         port=port,
         proto=draw(st.sampled_from(config.PROTOS)),
         encap=draw(st.sampled_from(config.ENCAPS)),
-        hash=draw(st.sampled_from(config.HASHES)),
+        hash=hash_name,
+        katran_ring=draw(st.sampled_from(config.KATRAN_RINGS)) if hash_name.startswith("katran") else "v1",
         lru=draw(st.booleans()),
         outer_src=draw(st.sampled_from(config.OUTER_SRCS)),
         gue_csum=draw(st.sampled_from(config.GUE_CSUMS)),
@@ -534,6 +575,7 @@ def _config(draw: st.DrawFn) -> Config:
             ring_size=draw(st.sampled_from([13, 1009, 65537])),
             frags=draw(st.booleans()),
             udp_timeout_s=draw(st.integers(1, 86400)),
+            katran_max_vips=draw(st.integers(1, 2**32 - 1)),
         ),
         encap=EncapConfig(
             nexthop_mac=draw(st.from_regex(r"[0-9a-f][02468ace](:[0-9a-f]{2}){5}", fullmatch=True)),
@@ -570,3 +612,14 @@ def test_edited_config_round_trips() -> None:
     )
     edited = dataclasses.replace(c, vips=(*c.vips, vip))
     assert config.loads(config.dump(edited)) == edited
+
+
+def test_nexthop_auto_and_its_address() -> None:
+    c = parse('[encap]\nnexthop = "2001:db8:1b::1"\n')
+    assert (c.encap.nexthop_mac, c.encap.nexthop) == ("auto", ipaddress.IPv6Address("2001:db8:1b::1"))
+    assert config.loads(config.dump(c)) == c and 'nexthop = "2001:db8:1b::1"' in config.dump(c)
+    assert "nexthop =" not in config.dump(parse(""))  # unset: not written
+    assert error_of('[encap]\nnexthop_mac = "02:00:00:00:00:01"\nnexthop = "192.0.2.1"\n') == \
+        'lb.toml: encap.nexthop applies only to nexthop_mac = "auto" (it names the address whose MAC is ' \
+        "looked up); remove one of the two"
+    assert error_of('[encap]\nnexthop = "router"\n').startswith("lb.toml: encap.nexthop must be an IPv4 or IPv6")

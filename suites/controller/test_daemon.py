@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -196,6 +197,9 @@ max_vips = 8
 max_reals = 16
 lru_size = 1024
 fallback_size = 256
+
+[encap]
+nexthop = "{REALS[0]}"  # nexthop_mac = "auto": the MAC is rl0's, found through the kernel
 
 [metrics]
 listen = "127.0.0.1:{METRICS_PORT}"
@@ -614,7 +618,8 @@ def test_sighup_applies_a_changed_config_and_keeps_state_on_a_bad_one(world: Wor
     err = world.wait_event("reload_failed", mark, 10.0)
     assert err["level"] == "error"
     assert err["error"] == f"{config}: vips[0].bogus_key is not a known key; known keys here: address, " \
-        "encap, gue_csum, hash, healthcheck, lru, outer_src, port, proto, reals"
+        "encap, gue_csum, hash, healthcheck, katran_ring, lru, outer_src, port, proto, reals, server_id_from, " \
+        "src_routes, udp_flow_migration"
     world.write_config([*REALS, EXTRA_REAL, "2001:db8::5"], extra='via = "tunnel"\n')
     n_failed = len([r for r in world.logs() if r["event"] == "reload_failed"])
     world.daemon.send_signal(signal.SIGHUP)
@@ -846,3 +851,116 @@ def test_install_script_installs_into_a_root_and_is_idempotent(tmp_path: Path) -
         refused = subprocess.run(["bash", str(script), "--root", str(root)], capture_output=True, text=True,
                                  env=dict(os.environ, PATH=f"{in_tree}:/usr/bin:/bin"))
         assert refused.returncode == 1 and "lives in the source tree" in refused.stderr, refused.stderr
+
+
+def _lbctl(world: World, *args: str) -> subprocess.CompletedProcess[str]:
+    """lbctl as an operator runs it beside the daemon: its own process, in the LB netns."""
+    return subprocess.run(["nsenter", f"--net=/run/netns/{world.lb}", PY, "-m", "balancer.cli",
+                           "--instance", world.instance, *args],
+                          cwd=REPO, env=world.env(), capture_output=True, text=True, timeout=120)
+
+
+def _prog_tag(prog_id: int) -> str:
+    out = subprocess.run(["bpftool", "-j", "prog", "show", "id", str(prog_id)], check=True,
+                         capture_output=True, text=True).stdout
+    return str(json.loads(out)["tag"])
+
+
+def test_writes_are_handed_to_the_daemon_or_refused_with_the_command_that_works(
+        world: World, tmp_path: Path) -> None:
+    """With `lbctl run` owning the instance, `lbctl upgrade` is carried out by the daemon (a program that
+    really differs, behind the same link, on the same maps; health checks never stop), `lbctl apply`
+    of the daemon's own file is its reload, answered; other writes are refused naming the file to edit."""
+    from suites.variant import build_variant
+
+    variant = build_variant(tmp_path)
+    for addr in REALS:
+        world.start_server(addr)
+    config = world.write_config(REALS)
+    mark = world.start_daemon(config)
+    world.wait_running(mark)
+    a = REALS[0]
+    sport = next(p for p in range(22000, 22100) if world.flow_real(p) == a)
+    prog, tag = world.prog_id(), _prog_tag(world.prog_id())
+    checks_before = _get(_samples(world.scrape()[2]), "l4lab_health_checks_total", vip=TCP_VIP, real=a, result="ok")
+
+    done = _lbctl(world, "upgrade", "--object", str(variant))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"replaced the program behind 1 link(s) with {variant} (was {OBJ})"), done.stdout
+    upgraded = world.wait_event("upgraded", mark, SETTLE_S)
+    assert upgraded["trigger"] == "request" and upgraded["object"] == str(variant), upgraded
+    assert world.prog_id() != prog and _prog_tag(world.prog_id()) != tag  # other instructions are running
+    assert world.flow_real(sport) == a  # its session survived the swap
+    poll(SETTLE_S, lambda: _get(_samples(world.scrape()[2]), "l4lab_health_checks_total", vip=TCP_VIP, real=a,
+                                result="ok") > checks_before + RISE, "health checks after the upgrade")
+    assert world.daemon is not None and world.daemon.poll() is None
+    print(f"\nupgrade through the daemon: program {prog} (tag {tag}) -> {world.prog_id()} "
+          f"(tag {_prog_tag(world.prog_id())}); flow {sport} stayed on {a}")
+
+    # apply of the daemon's own file: its reload, answered with the outcome.
+    world.write_config([*REALS, EXTRA_REAL])
+    world.start_server(EXTRA_REAL)
+    done = _lbctl(world, "apply", str(config))
+    assert (done.returncode, done.stdout.strip()) == (0, f"applied {config}"), done.stderr
+    assert world.real_id(EXTRA_REAL) in world.ring_ids(TCP_VIP)
+    config.write_text(config.read_text().replace("port = 80\n", "port = 80\nbogus_key = 1\n", 1))
+    done = _lbctl(world, "apply", str(config))
+    assert done.returncode == 1 and f"the daemon refused: {config}: vips[0].bogus_key is not a known key" \
+        in done.stderr, done.stderr
+
+    other = world.write_config(REALS, name="other.toml")
+    pid = world.daemon.pid
+    owner = f"instance '{world.instance}' is owned by lbctl run (pid {pid}), which keeps it matching {config}"
+    apply_cmd = f"`lbctl --instance {world.instance} apply {config}` (or `systemctl reload lbctl`)"
+    for args, remedy in ((("apply", str(other)), f"put the new config in {config}, then {apply_cmd}"),
+                         (("real", "del", VIP, "80", "tcp", a), f"edit the reals in {config}, then {apply_cmd}"),
+                         (("unload",), f"stop the daemon first (`systemctl stop lbctl`, or `kill {pid}`)")):
+        done = _lbctl(world, *args)
+        assert done.returncode == 1, (args, done.stderr)
+        assert done.stderr.strip().startswith(f"lbctl: {owner}; {remedy}"), (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1
+
+    # The socket: root's only, and a request it does not know is answered, not obeyed.
+    sock_path = world.state_root / f"{world.instance}.sock"
+    assert stat.S_IMODE(sock_path.stat().st_mode) & 0o077 == 0  # no access for group or others
+    for line in (b'{"verb": "unload"}\n', b"unload\n"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(str(sock_path))
+            s.sendall(line)
+            answer = json.loads(s.makefile().readline())
+        assert answer["ok"] is False and answer["exit"] == 2, answer
+        assert answer["message"].startswith(f"bad request on {sock_path}: "), answer
+    assert world.daemon.poll() is None and Instance.state_path(world.instance).exists()
+
+
+def test_a_reload_upgrades_to_the_object_the_config_names(world: World, tmp_path: Path) -> None:
+    """`systemctl reload lbctl` (SIGHUP) upgrades when datapath.object names another object (here a
+    build renamed as a user would keep two), and does nothing to the program when it names the one
+    running."""
+    from suites.variant import build_variant
+
+    variant = tmp_path / "balancer-next.o"
+    shutil.copy(build_variant(tmp_path), variant)
+    for addr in REALS:
+        world.start_server(addr)
+    config = world.write_config(REALS, extra="")
+    config.write_text(config.read_text().replace("[datapath]\n", f'[datapath]\nobject = "{OBJ}"\n', 1))
+    mark = world.start_daemon(config)
+    world.wait_running(mark)
+    prog = world.prog_id()
+    assert world.daemon is not None
+    world.daemon.send_signal(signal.SIGHUP)
+    world.wait_event("applied", mark, SETTLE_S, match=lambda r: r["trigger"] == "reload")
+    assert world.prog_id() == prog and not any(r["event"] == "upgraded" for r in world.logs()[mark:])
+
+    config.write_text(config.read_text().replace(f'object = "{OBJ}"', f'object = "{variant}"'))
+    world.daemon.send_signal(signal.SIGHUP)
+    upgraded = world.wait_event("upgraded", mark, SETTLE_S)
+    assert (upgraded["trigger"], upgraded["object"], upgraded["previous"]) == ("reload", str(variant), str(OBJ))
+    assert world.prog_id() != prog
+    inst = Instance.open(world.instance)
+    try:
+        assert inst.state.object == str(variant)
+    finally:
+        inst.close()

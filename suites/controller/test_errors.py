@@ -16,6 +16,7 @@ from balancer.errors import (
     ConfigError,
     DatapathError,
     HostError,
+    InstanceOwnedError,
     LbError,
     RingError,
     show_value,
@@ -28,6 +29,7 @@ def test_public_surface_is_the_documented_tree() -> None:
         "ConfigError",
         "DatapathError",
         "HostError",
+        "InstanceOwnedError",
         "LbError",
         "RingError",
         "crash_report",
@@ -38,6 +40,7 @@ def test_public_surface_is_the_documented_tree() -> None:
     assert issubclass(AbiMismatchError, DatapathError)
     assert issubclass(RingError, LbError)
     assert issubclass(RingError, ValueError)
+    assert issubclass(InstanceOwnedError, HostError)
     assert not issubclass(ConfigError, DatapathError)
     assert issubclass(HostError, LbError) and not issubclass(HostError, DatapathError)
 

@@ -75,6 +75,7 @@ VERBS: dict[str, tuple[str, ...]] = {
     "run": ("run", "--config", "{changed}"),
 }
 READS = {"status", "stats", "vip-list", "real-list"}
+HANDED_OVER = {"upgrade"}  # carried out by a daemon that owns the instance (balancer/handover.py)
 
 DROPPED = "-bpf,-perfmon,-sys_admin,-net_admin"
 HIDE_BPFFS = 'mount -t tmpfs tmpfs /sys/fs/bpf && exec "$@"'
@@ -104,6 +105,13 @@ class Lb:
 
     def pins(self) -> Path:
         return Path(controller.Instance.pin_dir(self.instance))
+
+
+def mac_only(lb: Lb) -> Path:
+    """A config of defaults but the next-hop MAC (this netns has no router to find one through)."""
+    path = lb.tmp / "mac-only.toml"
+    path.write_text('[datapath]\ninterfaces = ["flt1"]\n\n[encap]\nnexthop_mac = "02:00:00:00:00:01"\n')
+    return path
 
 
 def snapshot(lb: Lb) -> dict[str, object]:
@@ -255,7 +263,8 @@ def test_force_reload_loads_once_the_interface_is_free(lb: Lb) -> None:
     refused without the flag, loaded with it, because no XDP program is on the interface any more."""
     before = snapshot(lb)
     other = lb.instance + "-fr"
-    argv = [PY, "-m", "balancer.cli", "--instance", other, "load", "--interface", "flt1", "--mode", "generic"]
+    argv = [PY, "-m", "balancer.cli", "--instance", other, "load", "--interface", "flt1", "--mode", "generic",
+            "--config", str(mac_only(lb))]
     try:
         assert lb.run(lb.inside(argv)).returncode == 0
         shutil.rmtree(controller.Instance.pin_dir(other))
@@ -275,8 +284,8 @@ def test_force_reload_loads_once_the_interface_is_free(lb: Lb) -> None:
 
 
 def test_a_daemon_owns_the_instance(lb: Lb) -> None:
-    """While `lbctl run` runs, a second daemon and every verb that writes are refused naming it;
-    reads still work; nothing changes."""
+    """While `lbctl run` runs, a second daemon and every verb that writes but upgrade are refused naming
+    it; reads still work; nothing changes. Upgrade is handed to the daemon."""
     log = lb.tmp / "daemon.log"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     with open(log, "w") as out:
@@ -291,13 +300,23 @@ def test_a_daemon_owns_the_instance(lb: Lb) -> None:
 
         poll(30.0, running, f"the daemon's running event in {log}")
         before = snapshot(lb)
-        for verb, done in run_all({verb: lb.inside(lb.argv(verb)) for verb in VERBS}).items():
+        refused = {verb: argv for verb in VERBS if verb not in HANDED_OVER for argv in [lb.inside(lb.argv(verb))]}
+        for verb, done in run_all(refused).items():
             if verb in READS:
                 assert done.returncode == 0, (verb, done.stderr)
                 continue
             assert done.returncode == 1, (verb, done.stderr)
             assert f"instance '{lb.instance}' is owned by lbctl run (pid {daemon.pid})" in refusal(done, verb), verb
         assert snapshot(lb) == before
+        # upgrade is the daemon's to carry out (test_daemon.py checks it in full): it swaps the program only.
+        done = lb.run(lb.inside(lb.argv("upgrade")))
+        assert done.returncode == 0 and done.stdout.startswith("replaced the program behind"), done.stderr
+        after = snapshot(lb)
+        # Links and the tail-call arrays (lb_progs*) hold program ids: an upgrade changes exactly those.
+        def same(k: str) -> bool:
+            return "link show" not in k and "/lb_progs" not in k
+        assert {k: v for k, v in after.items() if same(k)} == {k: v for k, v in before.items() if same(k)}
+        assert after != before  # the link runs another program
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=20) == 0, log.read_text()
@@ -421,7 +440,7 @@ def test_unload_removes_pins_left_without_a_state_file(lb: Lb) -> None:
     other = lb.instance + "-left"
     try:
         assert lb.run(lb.inside([PY, "-m", "balancer.cli", "--instance", other, "load", "--interface",
-                                 "flt1"])).returncode == 0
+                                 "flt1", "--config", str(mac_only(lb))])).returncode == 0
         controller.Instance.state_path(other).unlink()
         done = lb.run(lb.inside([PY, "-m", "balancer.cli", "--instance", other, "unload"]))
         assert done.returncode == 0, done.stderr

@@ -390,8 +390,16 @@ def test_c_fill_matches_the_python_fill() -> None:
         turns = np.array([i % n for i in range(size)], dtype=np.int64)
         rng.shuffle(turns)  # type: ignore[arg-type]
         want = maglev._fill_python(size, offsets, skips, [int(t) for t in turns])
-        got = maglev._fill(size, offsets, skips, turns)
+        got = maglev.fill(size, offsets, skips, turns)
         assert got.tolist() == want, f"C and Python fills differ for {n} reals, {size} slots"
+
+
+@pytest.mark.parametrize(("turns", "reals"), [([0] * 12, 2), ([0] * 13 + [1], 2), ([0] * 12 + [2], 2),
+                                              ([-1] + [0] * 12, 2)], ids=["short", "long", "unknown", "negative"])
+def test_a_fill_refuses_turns_that_do_not_fill_the_ring(turns: list[int], reals: int) -> None:
+    """Exactly one turn per slot, each naming a real (the C fill would read past its arrays)."""
+    with pytest.raises(RingError, match="a fill of 13 slots needs 13 turns, each naming one of 2 reals"):
+        maglev.fill(13, [0] * reals, [1] * reals, np.array(turns, dtype=np.int64))
 
 
 def test_rings_are_the_same_without_the_c_fill(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ pinned to one CPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -62,7 +62,9 @@ def balancer_factory(_program_pool: ProgramPool) -> Iterator[BalancerFactory]:
     require_datapath()
     taken: list[Datapath] = []
 
-    def make(configure: bool = True, world: bool = True, fresh: bool = False, **load_args: object) -> RunBalancer:
+    def make(configure: bool = True, world: bool | Callable[[RunBalancer], None] = True, fresh: bool = False,
+             **load_args: object) -> RunBalancer:
+        """`world`: True for standard_world, False for none, or a function that programs another."""
         args = {**LOAD_ARGS, **load_args}
         dp = _program_pool.take(Datapath.load, str(BALANCER_OBJ), args, fresh=fresh)
         taken.append(dp)
@@ -70,7 +72,7 @@ def balancer_factory(_program_pool: ProgramPool) -> Iterator[BalancerFactory]:
         if configure:
             b.settings()
         if world:
-            standard_world(b)
+            (standard_world if world is True else world)(b)  # type: ignore[operator]
         return b
 
     yield make

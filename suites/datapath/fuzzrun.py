@@ -51,7 +51,7 @@ class FastRun:
             return None
         if ret < 0:
             raise OSError(-ret, f"test-run of {self.prog.name} on {len(frame)} bytes: {frame.hex()}")
-        return int(self.opts.retval)
+        return ctypes.c_int32(self.opts.retval).value
 
     @property
     def out(self) -> bytes:
@@ -264,3 +264,88 @@ class ProgramTally:
         self.problems[what] += 1
         if self.problems[what] <= 3:
             self.examples.append(f"{self.name}: {what}: {frame.hex()}")
+
+
+def _lower_ttl(inner: bytearray) -> bool:
+    """The inline decap's hop: TTL / hop limit one lower, the IPv4 checksum updated as RFC 1624 says
+    (so a wrong one stays wrong, as in bpf/include/decap_inline.h); False when it would run out."""
+    if inner[0] >> 4 == 4:
+        if inner[8] <= 1:
+            return False
+        old = struct.unpack_from("!H", inner, 8)[0]
+        inner[8] -= 1
+        new = struct.unpack_from("!H", inner, 8)[0]
+        total = (~struct.unpack_from("!H", inner, 10)[0] & 0xFFFF) + (~old & 0xFFFF) + new
+        while total >> 16:
+            total = (total & 0xFFFF) + (total >> 16)
+        struct.pack_into("!H", inner, 10, ~total & 0xFFFF)
+        return True
+    if inner[7] <= 1:
+        return False
+    inner[7] -= 1
+    return True
+
+
+def _outer(frame: bytes, l2: int) -> tuple[int, bytes, int] | None:
+    """(next protocol, destination, offset past the outer IP headers) of an outer header the balancer
+    parses whole and hands to inline decap: IPv4 without options or fragments, lengths right; IPv6
+    with hop-by-hop, destination-options and finished routing headers walked (tunnel.h)."""
+    if frame[12:14] == b"\x08\x00" or (l2 == 18 and frame[16:18] == b"\x08\x00"):
+        if len(frame) < l2 + 20 or frame[l2] != 0x45:
+            return None
+        total, frag = struct.unpack_from("!H", frame, l2 + 2)[0], struct.unpack_from("!H", frame, l2 + 6)[0]
+        if total < 20 or total > len(frame) - l2 or frag & 0x3FFF:
+            return None
+        return frame[l2 + 9], frame[l2 + 16: l2 + 20], l2 + 20
+    if len(frame) < l2 + 40 or frame[l2] >> 4 != 6:
+        return None
+    plen = struct.unpack_from("!H", frame, l2 + 4)[0]
+    if plen == 0 or 40 + plen > len(frame) - l2:
+        return None
+    nh, off = frame[l2 + 6], l2 + 40
+    for _ in range(8):
+        if nh not in (0, 43, 60):
+            break
+        if off > 384 or len(frame) < off + 8 or (nh == 43 and frame[off + 3]):
+            return None
+        nh, off = frame[off], off + (frame[off + 1] + 1) * 8
+    if nh in (0, 43, 60, 44, 51) or off > 384 or off > l2 + 40 + plen:
+        return None
+    return nh, frame[l2 + 24: l2 + 40], off
+
+
+def decapped(frame: bytes, decaps: dict[bytes, int], gue_port: int) -> tuple[int, bytes] | None:
+    """(decap action, the frame it becomes) for a tunnel to one of the LB's decap addresses whose inner
+    packet inline decap goes on with, as bpf/include/decap_inline.h and tunnel.h read it; None else."""
+    where = l3_offset(frame)
+    if where is None or (where[0] == 18 and frame[12:14] != b"\x81\x00"):
+        return None
+    l2 = where[0]
+    outer = _outer(frame, l2)
+    if outer is None or outer[1] not in decaps:
+        return None
+    proto, dst, off = outer
+    if proto == 17:
+        if len(frame) < off + 8 or struct.unpack_from("!H", frame, off + 2)[0] != gue_port:
+            return None
+        off += 8
+        if len(frame) < off + 4:
+            return None
+        first = frame[off]
+        if first >> 6 == 0:
+            if first & 0x20 or frame[off + 1] not in (4, 41):
+                return None  # a control message passes; another protocol is dropped (malformed)
+            off += 4 + (first & 0x1F) * 4
+        elif first >> 6 != 1:
+            return None
+    elif proto not in (4, 41):
+        return None
+    if off > 512 or len(frame) <= off:
+        return None
+    inner = bytearray(frame[off:])
+    version = inner[0] >> 4
+    if version not in (4, 6) or len(inner) < (20 if version == 4 else 40) or \
+            (proto in (4, 41) and version != (4 if proto == 4 else 6)) or not _lower_ttl(inner):
+        return None
+    ethertype = b"\x08\x00" if version == 4 else b"\x86\xdd"
+    return decaps[dst], frame[:l2 - 2] + ethertype + bytes(inner)

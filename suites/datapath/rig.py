@@ -112,19 +112,18 @@ L = TypeVar("L", Datapath, Decap)
 _PoolKey = tuple[str, str, tuple[tuple[str, object], ...]]
 
 # What a fresh load holds in each kind of map: hashes are empty, arrays (per-CPU too) are zeros.
-_EMPTY_AT_LOAD = {MapType.HASH, MapType.PERCPU_HASH, MapType.LRU_HASH, MapType.LRU_PERCPU_HASH}
+_EMPTY_AT_LOAD = {MapType.HASH, MapType.PERCPU_HASH, MapType.LRU_HASH, MapType.LRU_PERCPU_HASH, MapType.LPM_TRIE}
 _ZERO_AT_LOAD = {MapType.ARRAY, MapType.PERCPU_ARRAY}
-# Written by the load itself (lb_egress: the egress of a two-arm load, part of the pool's key) and by no table.
-_KEPT_AT_LOAD = {MapType.DEVMAP}
+_FILLED_AT_LOAD = {MapType.PROG_ARRAY, MapType.DEVMAP}  # the loader puts programs and the egress there
 
 
 def as_loaded(dp: Loaded) -> bool:
     """Put every map of dp back as the load left it (hashes emptied, arrays zeroed) and check that it
     is so; False, touching nothing, if a map is of a kind this does not know how to put back."""
-    if any(m.type not in _EMPTY_AT_LOAD | _ZERO_AT_LOAD | _KEPT_AT_LOAD for m in dp.maps.values()):
+    if any(m.type not in _EMPTY_AT_LOAD | _ZERO_AT_LOAD | _FILLED_AT_LOAD for m in dp.maps.values()):
         return False
     for m in dp.maps.values():
-        if m.type in _KEPT_AT_LOAD:
+        if m.type in _FILLED_AT_LOAD:
             continue
         if m.type in _EMPTY_AT_LOAD:
             for key in list(m.keys()):

@@ -5,7 +5,8 @@ lb_egress), every encapsulated frame is XDP_REDIRECTed, from the egress interfac
 hop, still counted TX_ENCAP; the ICMP answers the LB makes itself (echo, too big) go back by XDP_TX,
 to their sender; with the devmap empty (the interface gone) an encapsulated frame drops as
 DROP_NO_EGRESS. The test run's redirect sends nothing (no live frames): what is checked is the verdict,
-the reason and the frame. The egress is `lo` (ifindex 1, in every namespace); its MAC here is invented.
+the reason and the frame (an ICMP error steered to its flow's real leaves by the egress too). The
+egress is `lo` (ifindex 1, in every namespace); its MAC here is invented.
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ def test_a_vlan_tag_is_kept_on_the_egress(two_arm: RunBalancer) -> None:
     assert (out.verdict, out.reason) == ("XDP_REDIRECT", "TX_ENCAP")
     assert out.out[6:12] == bytes.fromhex(EGRESS.mac.replace(":", ""))
     assert out.out[12:16] == bytes(P.VLAN_TCP4)[12:16], "the 802.1Q tag (TPID and TCI) as it came in"
+
+
+def test_an_icmp_error_steered_to_its_real_leaves_by_the_egress(two_arm: RunBalancer) -> None:
+    fwd = decode_encap(two_arm.run(P.tcp_to(P.VIP4, sport=41004, flags="S")).out, P.GUE_PORT)
+    err = P.icmp_error_about(P.VIP4, P.CLIENT4, cport=41004)
+    out = two_arm.run(err)
+    assert (out.verdict, out.reason) == ("XDP_REDIRECT", "TX_ENCAP") and out.events.get("ICMP_STEERED") == 1
+    enc = decode_encap(out.out, P.GUE_PORT)
+    assert (enc.eth.src, enc.outer.dst) == (EGRESS.mac, fwd.outer.dst), "from the egress, to the flow's real"
 
 
 def test_the_lbs_own_icmp_answers_go_back_to_their_sender(two_arm: RunBalancer) -> None:

@@ -81,6 +81,21 @@ def test_outputs_render_as_the_first_table(tmp_path: Path) -> None:
     assert table.rows[1][2:6] == ["held (0)", "sd 1/8 q · sdfn 1.06", "sd 1.06 · sdfn 1.06", "1452 (1452)"]
 
 
+def test_the_throughput_table_names_its_method_and_every_case() -> None:
+    from lab.bench.ndr import SearchResult
+    from lab.bench.run import Measured, Report
+    from lab.demo_bench import METHOD, table
+
+    report = Report()
+    for name, mpps in (("xdp_drop", 5.0), ("xdp_tx", 4.0), ("ip4-ipip", 3.0), ("ip4-gue1", 2.0)):
+        report.ndr[(name, "64")] = Measured(name, 64, SearchResult(ndr_pps=mpps * 1e6, pdr_pps=mpps * 1.1e6,
+                                                                   trials=[]))
+    lines = table(report)
+    assert lines[0] == f"throughput: {METHOD}" and "live XDP frames" in METHOD and "make bench" in METHOD
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
+    assert rows["ip4-ipip"] == ["3.000", "3.300", "0.75"] and rows["ip4-gue1"][2] == "0.50"
+
+
 def test_the_report_lists_the_lb_shapes_the_demo_ran(tmp_path: Path) -> None:
     write_outputs([_good()], 3, results=tmp_path / "results", out=tmp_path / "index.html")
     out = write_outputs([_good()], 3, results=tmp_path / "results", out=tmp_path / "index.html",

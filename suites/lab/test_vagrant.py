@@ -135,9 +135,9 @@ def test_plan_lb_config_balances_the_vips_over_the_reals(name: str) -> None:
         conf = cfg.loads(entry["lb_config"], file=f"{name}/{node.name}")
         lb_net = entry["networks"][0]
         peer_node, peer_if = lb_net["peer"].split(":")
-        peer_mac = next(n["mac"] for n in _entry(plan, peer_node)["networks"] if n["ifname"] == peer_if)
+        peer_addr = next(n["addresses"][0] for n in _entry(plan, peer_node)["networks"] if n["ifname"] == peer_if)
         assert conf.datapath.interfaces == (lb_net["ifname"],)
-        assert conf.encap.nexthop_mac == peer_mac
+        assert (conf.encap.nexthop_mac, str(conf.encap.nexthop)) == ("auto", peer_addr.split("/")[0])
         reals = {str(a.ip) for r in topo.nodes_with_role("real")
                  for ep in topo.endpoints_of(r.name) for a in ep.addresses[:2]}
         served = {(str(v.address), p.port, p.proto) for v in topo.vips for p in v.ports}

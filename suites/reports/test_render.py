@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.render import NO_RESULTS, gbps, main, render
+from reports.render import FILLED_BY, NO_RESULTS, gbps, main, render
 from reports.sample import SAMPLE_COMMIT, SAMPLE_MACHINE, SAMPLE_OLDER_COMMIT, demo_payload, write_sample
 from reports.schema import (
     ENCAP_IDS,
@@ -29,6 +29,11 @@ from suites.reports._page import Page
 
 SECTIONS = ["summary", "demo", "bench", "rss", "pmtu", "churn", "failover", "conformance", "corpus", "fuzz", "history"]
 KIND_SECTIONS = [s for s in SECTIONS if s not in ("summary", "history")]
+SECTION_TITLES = {"summary": "Encapsulation modes at a glance", "demo": "Demo: real traffic in every encap",
+                  "bench": "Encapsulation comparison: throughput", "rss": "Receive-side scaling on a real server",
+                  "pmtu": "Path MTU through the balancer", "churn": "Maglev churn: removing one of N reals",
+                  "failover": "Failover timelines", "conformance": "Conformance", "corpus": "Katran's fixture corpus",
+                  "fuzz": "Fuzzed frames", "history": "Runs and trends"}
 # Charts per kind for the sample: bench ratio + absolute per generator (trex, xdp-live), one RSS grid per
 # result (the kernel's view, model and NIC for two encaps), churn disruption + collateral, one timeline
 # per failover test.
@@ -134,26 +139,33 @@ def test_measured_results_carry_no_synthetic_banner(tmp_path: Path) -> None:
     write_result("demo", "demo", demo_payload(), tmp_path / "results")
     page = _page(render(tmp_path / "results", tmp_path / "index.html"))
     assert "SYNTHETIC" not in page.text
-    assert list(page.sections) == SECTIONS
+    assert list(page.sections) == ["summary", "demo", "history", "missing"]
+
+
+def _left_out(page: Page) -> dict[str, str]:
+    """{section title: command} of the closing "Not in this report" table."""
+    table = next(t for t in page.tables if t.section == "missing")
+    assert table.header == ["section", "measured by"]
+    return dict((row[0], row[1]) for row in table.rows)
 
 
 @pytest.mark.parametrize("only", ["bench", "conformance", "churn"])
-def test_missing_kinds_say_so(tmp_path: Path, only: str) -> None:
+def test_sections_without_results_are_left_out_and_listed_with_their_command(tmp_path: Path, only: str) -> None:
     write_sample(tmp_path / "results", [only])
     page = _page(render(tmp_path / "results", tmp_path / "index.html"))
-    assert list(page.sections) == SECTIONS
-    for section in page.sections.values():
-        has_data = section.id in (only, "history")
-        assert (NO_RESULTS in section.text) is not has_data, section.id
-        assert ("no-results" in section.classes) is not has_data, section.id
+    assert list(page.sections) == [s for s in SECTIONS if s in (only, "history")] + ["missing"]
+    assert NO_RESULTS not in page.text and not any("no-results" in s.classes for s in page.sections.values())
+    assert _left_out(page) == {SECTION_TITLES[s]: FILLED_BY[s] for s in SECTIONS if s not in (only, "history")}
     assert {f.section for f in page.figures} <= {only}
 
 
-def test_no_results_at_all_renders_every_notice(tmp_path: Path) -> None:
+def test_no_results_at_all_lists_every_section_and_its_command(tmp_path: Path) -> None:
     (tmp_path / "results").mkdir()
     page = _page(render(tmp_path / "results", tmp_path / "index.html"))
-    assert [s.id for s in page.sections.values() if NO_RESULTS in s.text] == SECTIONS
-    assert page.figures == [] and page.tables == []
+    assert list(page.sections) == ["missing"]
+    assert sorted(_left_out(page).values()) == sorted(FILLED_BY[s] for s in SECTIONS)
+    assert {"make bench", "l4lab conform", "make soak", "make demo"} <= set(_left_out(page).values())
+    assert page.figures == [] and [t.section for t in page.tables] == ["missing"]
     assert "none (no results)" in page.header_text
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,7 +150,12 @@ def _stl_api() -> Any:
     """trex.stl.api from lbr-trex-client, or a GeneratorError naming the package and server version."""
     try:
         import lbr_trex_client  # noqa: F401 (sets the paths trex.* needs)
-        from trex.stl import api
+
+        with warnings.catch_warnings():
+            # Its bundled scapy 2.4.3 names TripleDES where cryptography >= 43 (aioquic's, in the lab
+            # extra) has moved it: a deprecation warning on stderr at every import, nothing broken.
+            warnings.filterwarnings("ignore", message="TripleDES has been moved")
+            from trex.stl import api
     except ImportError as exc:
         raise GeneratorError(f"the TRex generator needs the Python package {TREX_CLIENT} (client of TRex "
                              f"server {TREX_SERVER_VERSION}); install it with `pip install {TREX_CLIENT}`"
