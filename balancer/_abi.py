@@ -257,6 +257,13 @@ class SrcKey(ctypes.Structure):
     _fields_ = [("prefixlen", ctypes.c_uint32), ("vip_num", ctypes.c_uint32), ("addr", ctypes.c_uint32 * 4)]
 
 
+class SynWindow(ctypes.Structure):
+    """struct lb_syn_window (16 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [("window", ctypes.c_uint64), ("syns", ctypes.c_uint64)]
+
+
 class Tally(ctypes.Structure):
     """struct lb_tally (4 bytes)"""
 
@@ -307,6 +314,7 @@ SIZES = {
     "Session": 16,
     "Settings": 64,
     "SrcKey": 24,
+    "SynWindow": 16,
     "Tally": 4,
     "VipCidrKey": 24,
     "VipKey": 20,
@@ -324,6 +332,7 @@ RODATA = {
         "cfg_jiffies_at_boot": (72, 8),
         "cfg_katran_max_vips": (80, 4),
         "cfg_egress_mac": (88, 8),
+        "cfg_syn_lookups": (96, 8),
     },
     "decap": {
         "cfg_gue_port": (56, 2),
@@ -341,6 +350,7 @@ RODATA = {
         "cfg_flows": (4, 4),
         "cfg_src_addrs": (8, 4),
         "cfg_redirect": (12, 4),
+        "cfg_l4_check": (16, 4),
         "cfg_template": (24, 64),
     },
     "xdp_exception": {
@@ -366,6 +376,7 @@ MAPS = {
         "lb_sessions4",
         "lb_settings",
         "lb_src_routes",
+        "lb_syn_window",
         "lb_vip_cidrs",
         "lb_vip_index",
         "lb_vip_stats",
@@ -397,12 +408,12 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "25178f5c15e0c11f49914baf7bb0b32f",
+    "balancer": "55cf4acf3385d5f34aa547697d7cf90a",
     "decap": "a47b9eb4ed31a3f5def495d6fb551120",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
     "healthcheck": "d8c3c56af0d786df81bf0088805b8418",
     "pass": "8f39d9f24e7339db28876547ef6a9879",
     "tcp_sid_client": "8ca24be03c8e00d3a325c8f46e69d494",
-    "trafficgen": "37e8064bdb28e3f638edcbfe03b2332f",
+    "trafficgen": "e5191253edb60fffbc753f2293e2f2d7",
     "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",
 }

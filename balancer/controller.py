@@ -45,7 +45,7 @@ DEFAULT_OBJECT = "balancer.o"
 def vip_flags(vip: cfg.Vip) -> int:
     flags = 0
     if vip.katran:
-        fields = katran_hash.fields_of(vip.hash, vip.port)
+        fields = katran_hash.fields_of(vip.hash, vip.port, prefix=vip.prefix_len is not None)
         flags |= _abi.VipFlag.HASH_KATRAN
         flags |= _abi.VipFlag.HASH_NO_SPORT if fields.no_sport else 0
         flags |= _abi.VipFlag.HASH_DPORT_ONLY if fields.dport_only else 0

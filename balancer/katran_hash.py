@@ -8,8 +8,9 @@ folly/hash/Hash.h, FnvHash.h, SpookyHashV2.cpp); no code is copied. The facts:
 * **Flow hash** (datapath): IPv4 ``jhash_2words(src, ports, seed4)``, IPv6
   ``jhash_2words(jhash(src, 16, seed6), ports, seed4)``, where ``src`` words and ``ports`` are the
   packet's bytes read as little-endian 32-bit words (``ports``: the source port's two bytes, then the
-  destination port's). A packet that matched a VIP of port 0 (every port) has its destination port
-  zeroed unless that VIP has ``F_HASH_SRC_DST_PORT`` or ``F_HASH_DPORT_ONLY``; ``F_HASH_NO_SRC_PORT``
+  destination port's). A packet that matched no VIP of its own address and port (a VIP of port 0,
+  every port, or a CIDR VIP, whatever its port) has its destination port zeroed unless that VIP has
+  ``F_HASH_SRC_DST_PORT`` or ``F_HASH_DPORT_ONLY``; ``F_HASH_NO_SRC_PORT``
   zeroes the source port; ``F_HASH_DPORT_ONLY`` puts the destination port in the source port's
   place and zeroes the source address. The seeds are Katran's build constants: seed4 = MAX_VIPS ×
   RING_SIZE, seed6 = MAX_VIPS (512 and 65537 by default). The destination address and the
@@ -102,7 +103,7 @@ class FlowFields:
 
     no_sport: bool = False  # F_HASH_NO_SRC_PORT
     dport_only: bool = False  # F_HASH_DPORT_ONLY
-    zero_dport: bool = False  # a port-0 VIP without F_HASH_SRC_DST_PORT or F_HASH_DPORT_ONLY
+    zero_dport: bool = False  # a port-0 or CIDR VIP without F_HASH_SRC_DST_PORT or F_HASH_DPORT_ONLY
 
 
 # ---------------------------------------------------------------------------------------- jhash (lookup3)
@@ -175,14 +176,15 @@ KATRAN_FLAGS: Final = {"katran": 0, "katran-no-sport": 1, "katran-dport-only": 8
 F_HASH_SRC_DST_PORT; balancer_consts.h)."""
 
 
-def fields_of(hash_name: str, vip_port: int) -> FlowFields:
+def fields_of(hash_name: str, vip_port: int, prefix: bool = False) -> FlowFields:
     """The fields a VIP of port ``vip_port`` (0: every port) with a config's katran hash (a key of
-    KATRAN_FLAGS) hashes."""
+    KATRAN_FLAGS) hashes; ``prefix``: the VIP is a prefix (Katran's CIDR VIPs are found only after the
+    exact lookup failed, so their flows lose the destination port as a port-0 VIP's do: fixture #43)."""
     if hash_name not in KATRAN_FLAGS:
         raise ValueError(f"{hash_name!r} is not a katran hash; use one of {', '.join(KATRAN_FLAGS)}")
     keeps_dport = hash_name in ("katran-dport-only", "katran-src-dst-port")
     return FlowFields(no_sport=hash_name == "katran-no-sport", dport_only=hash_name == "katran-dport-only",
-                      zero_dport=vip_port == 0 and not keeps_dport)
+                      zero_dport=(vip_port == 0 or prefix) and not keeps_dport)
 
 
 def flow_hash(src: str | ipaddress.IPv4Address | ipaddress.IPv6Address, sport: int, dport: int,

@@ -7,7 +7,7 @@
  * still there next time, so every frame gets the template's first TG_TEMPLATE_LEN bytes written
  * back before anything else. Then, like TRex's field engine, a per-CPU sequence number picks the
  * flow: flow f uses source address base + f % cfg_src_addrs and source port base + f / cfg_src_addrs.
- * The IPv4 header and UDP checksums are updated incrementally from the template's (valid) ones;
+ * The IPv4 header and UDP or TCP checksums are updated incrementally from the template's (valid) ones;
  * the payload beyond the template is never written by the generator or the path it feeds.
  */
 #include <linux/bpf.h>
@@ -40,6 +40,7 @@ const volatile __u32 cfg_family = TG_AF_INET;         /* enum tg_family: IPv4 or
 const volatile __u32 cfg_flows = 1;                   /* number of distinct flows, >= 1 */
 const volatile __u32 cfg_src_addrs = 1;               /* how many consecutive source addresses, >= 1 */
 const volatile __u32 cfg_redirect = 0;                /* 0: XDP_TX; 1: redirect through tg_egress[0] */
+const volatile __u32 cfg_l4_check = 6;                /* the L4 checksum's offset: 6 (UDP) or 16 (TCP) */
 
 /* Frames generated on each CPU: the field engine's sequence number. */
 struct {
@@ -94,23 +95,25 @@ static __always_inline void write_template(void *data)
 		dst[i] = cfg_template[i];
 }
 
-/* Set the source word and port of one flow; saddr is the address's last 32-bit word. */
-static __always_inline void set_flow(__u32 *saddr, struct udphdr *udp, __u16 *ip_check, __u32 flow)
+/* Set the source word and port of one flow; saddr is the address's last 32-bit word, l4 the UDP or
+ * TCP header (both start with the source port), l4_check its checksum (UDP: 0 means none). */
+static __always_inline void set_flow(__u32 *saddr, __u16 *l4, __u16 *l4_check, __u16 *ip_check, __u32 flow)
 {
 	__u32 addrs = cfg_src_addrs ? cfg_src_addrs : 1;
 	__u32 old_addr = *saddr;
-	__u16 old_port = udp->source;
+	__u16 old_port = *l4;
 	__u32 new_addr = bpf_htonl(bpf_ntohl(old_addr) + flow % addrs);
 	__u16 new_port = bpf_htons((__u16)(bpf_ntohs(old_port) + flow / addrs));
+	int udp = cfg_l4_check == 6;
 
 	*saddr = new_addr;
-	udp->source = new_port;
+	*l4 = new_port;
 	if (ip_check)
 		*ip_check = update_check(*ip_check, old_addr, new_addr, 0, 0);
-	if (udp->check) {
-		udp->check = update_check(udp->check, old_addr, new_addr, old_port, new_port);
-		if (!udp->check)
-			udp->check = 0xffff;
+	if (*l4_check || !udp) {
+		*l4_check = update_check(*l4_check, old_addr, new_addr, old_port, new_port);
+		if (!*l4_check && udp)
+			*l4_check = 0xffff;
 	}
 }
 
@@ -127,14 +130,20 @@ int trafficgen_xdp(struct xdp_md *ctx)
 	flow = next_flow();
 	if (cfg_family == TG_AF_INET6) {
 		struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
-		struct udphdr *udp = (void *)(ip6 + 1);
+		__u16 *l4 = (void *)(ip6 + 1);
+		__u16 *check = (void *)l4 + cfg_l4_check;
 
-		set_flow(&ip6->saddr.in6_u.u6_addr32[3], udp, 0, flow);
+		if ((void *)(check + 1) > data + TG_TEMPLATE_LEN) /* rewritten from the template only */
+			return XDP_DROP;
+		set_flow(&ip6->saddr.in6_u.u6_addr32[3], l4, check, 0, flow);
 	} else {
 		struct iphdr *ip = data + sizeof(struct ethhdr);
-		struct udphdr *udp = (void *)(ip + 1);
+		__u16 *l4 = (void *)(ip + 1);
+		__u16 *check = (void *)l4 + cfg_l4_check;
 
-		set_flow(&ip->saddr, udp, &ip->check, flow);
+		if ((void *)(check + 1) > data + TG_TEMPLATE_LEN) /* rewritten from the template only */
+			return XDP_DROP;
+		set_flow(&ip->saddr, l4, check, &ip->check, flow);
 	}
 	if (cfg_redirect)
 		return bpf_redirect_map(&tg_egress, 0, 0);

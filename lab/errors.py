@@ -1,6 +1,7 @@
 """The errors the lab raises; each names the thing, gives the cause and suggests the fix.
 
     LabError              a lab step failed at runtime (step, command, stderr)      exit 1
+    ├── CommandError      a command run in a lab node exited non-zero               exit 1
     ├── UsageError        the command line asks for something that cannot be done    exit 2
     │   └── TopologyError a topology file is invalid (file, key, value, expected)   exit 2
     ├── LabExistsError    `up` of a lab whose name is already taken                   exit 1
@@ -25,6 +26,11 @@ class LabError(Exception):
         self.step = step
         self.command = command
         self.stderr = stderr
+
+
+class CommandError(LabError):
+    """A command run in a lab node exited non-zero: the lab (or a DUT's adapter) failed, not the DUT's
+    behaviour under test (a conformance check records it as an error, never as a finding)."""
 
 
 class UsageError(LabError):

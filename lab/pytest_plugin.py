@@ -39,6 +39,9 @@ from lab.harness import names
 from lab.harness.cpu import pinned_cpu
 from lab.harness.labs import REPO, Lab, LabBalancer, NetnsLab, TargetLab
 
+# The DUT's pieces (--dut, the needs marker, the dut fixtures, the verdicts) are a plugin of their own.
+pytest_plugins = ("lab.dut.pytest_plugin",)
+
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
 
@@ -54,13 +57,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--target", metavar="FILE", default=os.environ.get("L4LAB_TARGET") or None,
                      help="run the tests marked hardware against the lab this target file describes "
                           "(Vagrant or bare metal, over SSH; lab/remote/target.py); default $L4LAB_TARGET")
-    parser.addoption("--dut", choices=("l4lab", "ipvs", "katran"), default=os.environ.get("L4LAB_DUT") or "l4lab",
-                     help="the load balancer the conformance tests that take `dut` grade (lab/dut/__init__.py): "
-                          "l4lab (default), ipvs (Linux IPVS in a qemu VM) or katran (built from "
-                          "$L4LAB_KATRAN_SRC); default $L4LAB_DUT")
-    parser.addoption("--ipvs-scheduler", default=os.environ.get("L4LAB_IPVS_SCHEDULER") or "mh:mh-port",
-                     help="IPVS scheduler and its flags for --dut ipvs: SCHEDULER[:FLAG,...], e.g. mh:mh-port "
-                          "(default), mh:mh-port,mh-fallback, sh:sh-port, rr; default $L4LAB_IPVS_SCHEDULER")
 
 
 def pytest_configure(config: pytest.Config) -> None:

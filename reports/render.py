@@ -32,7 +32,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from reports import svg
+from reports import svg, trend
 from reports.schema import (
     ENCAP_IDS,
     IMIX_MEAN_FRAME_BYTES,
@@ -456,19 +456,28 @@ def _side_by_side(results: list[Result]) -> Section:
         encap = c.encap or "–"
         ratio = _fmt(c.ratio_above_floor) if c.ratio_above_floor is not None else "–"
         css = "num" if c.ratio_above_floor is None else ("num ok" if c.ratio_above_floor <= 1 else "num warn")
+        rounds = [r for r in c.round_ratios if r is not None]
         rows.append([Cell(encap, "key"), Cell(_SIDE_CASES.get(c.case, c.case), "key"),
                      Cell(_fmt(c.other_ns, 0), "num"), Cell(_fmt(c.ns, 0), "num"), Cell(ratio, css),
+                     Cell(f"{_fmt(min(rounds))}–{_fmt(max(rounds))}" if rounds else "–", "num",
+                          "the ratio of each round's medians: " + ", ".join(_fmt(r) for r in rounds)),
                      Cell(f"{c.path_counter} / {c.other_path_counter}", "", "the counter only this case moves, "
                           "checked after every round"),
                      Cell(str(c.calls), "num")])
     for label, ns in (("XDP_DROP floor", sbs.floor_xdp_drop_ns), ("MAC-swap XDP_TX floor", sbs.floor_xdp_tx_ns)):
         rows.append([Cell("–", "key"), Cell(label, "key"), Cell("", "num"), Cell(_fmt(ns, 0), "num"),
-                     Cell("–", "num"), Cell("–"), Cell("", "num")])
+                     Cell("–", "num"), Cell("–", "num"), Cell("–"), Cell("", "num")])
     section.tables.append(Table(
         f"Test run, median ns per call ({sbs.frame_bytes}-byte frames, {sbs.rounds} rounds, session tables of "
         f"{sbs.session_table_entries} entries per CPU) — {run}",
-        ["encap", "case", f"{name} (ns)", "l4lab (ns)", f"l4lab ÷ {name}, cost above the floor",
+        ["encap", "case", f"{name} (ns)", "l4lab (ns)", f"l4lab ÷ {name}, cost above the floor", "over the rounds",
          f"path counter checked (l4lab / {name})", "calls checked"], rows))
+    if sbs.seed is not None:
+        section.notes.append(
+            f"Order: seed {sbs.seed} (`l4lab bench --katran --seed {sbs.seed}` replays it); the cases shuffled in "
+            f"every iteration; tables created first per round: {', '.join(sbs.first_loaded)}. Session tables: "
+            + "; ".join(f"{t.program} {t.tables} × {t.entries:,} entries, {t.bytes / 2**20:.0f} MiB"
+                        for t in sbs.session_tables) + ".")
     if sbs.sizes:
         section.tables.append(Table(
             f"Program size: instructions the verifier walked, and after translation — {run}",
@@ -476,8 +485,15 @@ def _side_by_side(results: list[Result]) -> Section:
             [[Cell(z.encap, "key"), Cell(str(z.other_verified_insns), "num"), Cell(str(z.verified_insns), "num"),
               Cell(_fmt(z.verified_insns / z.other_verified_insns), "num"), Cell(str(z.other_xlated_insns), "num"),
               Cell(str(z.xlated_insns), "num")] for z in sbs.sizes]))
+    if sbs.syn_flood:
+        section.tables.append(Table(
+            f"SYN flood: every frame a new flow's TCP SYN, live frames at 64 B, NDR in Mpps (÷ XDP_TX floor) — {run}",
+            ["program", "encap", "sources", "NDR", "sessions in its tables after"],
+            [[Cell(f.program, "key"), Cell(f.encap), Cell(f"{f.sources:,}", "num"),
+              Cell(f"{_fmt(f.ndr_mpps, 3)} ({_fmt(f.ndr_mpps / f.floor_xdp_tx_mpps) if f.floor_xdp_tx_mpps else '–'})",
+                   "num"), Cell(f"{f.sessions_after:,}", "num")] for f in sbs.syn_flood]))
     if sbs.loop:
-        cost = {(lc.program, lc.encap): lc for lc in sbs.loop}
+        cost = {(lc.program, lc.encap): lc for lc in sbs.loop if lc.traffic == "udp-flows"}
         tx_cost = cost.get(("xdp_tx", None))
         loop_rows = []
         for encap in sorted({lc.encap for lc in sbs.loop if lc.encap}, key=_encap_rank):
@@ -518,7 +534,32 @@ def _side_by_side(results: list[Result]) -> Section:
             ["encap", "frame size (bytes)", "XDP_DROP floor", "MAC-swap XDP_TX floor", "l4lab", name], live))
     else:
         section.notes.append("This run measured no live frames (the test-run table only).")
+    _ratio_trends(section, results)
     return section
+
+
+def _ratio_trends(section: Section, results: list[Result]) -> None:
+    """Each ratio over every run of `l4lab bench --katran`, with jumpavg's change points (reports/trend.py)."""
+    rows = []
+    for t in trend.trends(results):
+        marks = {i: change for i, change in t.changes}
+        points = [(s.value, f"{_short(s.commit)} ({s.time.astimezone(UTC):%Y-%m-%d %H:%M}): {s.value:.3f}"
+                   + (f" — {marks[i]}: a change beyond the noise" if i in marks else ""))
+                  for i, s in enumerate(t.samples)]
+        spark = svg.sparkline(t.name, points, marks=set(marks))
+        last = t.changes[-1] if t.changes else None
+        rows.append([Cell(t.name), Cell(f"{t.better} is better"), Cell(str(len(t.samples)), "num"),
+                     Cell(" ".join(f"{s.value:.3f}" for s in t.samples), html=Markup(spark)),  # noqa: S704
+                     Cell(f"{t.samples[-1].value:.3f}", "num"),
+                     Cell(f"{last[1]} at {_short(t.samples[last[0]].commit)}" if last else "none",
+                          "warn" if last and last[1] == "worse" else "")])
+    if rows:
+        section.tables.append(Table(
+            "Ratios across runs and commits; a red mark starts a change beyond the noise (FD.io CSIT's jumpavg)",
+            ["ratio — machine, result", "direction", "runs", "trend", "latest", "last change"], rows))
+    else:
+        section.notes.append("Trends of these ratios appear once two runs of `l4lab bench --katran` are in the "
+                             "results directory.")
 
 
 def _bench_group(section: Section, machine: str, generator: str, frame: pd.DataFrame) -> None:
@@ -882,6 +923,9 @@ def _failover(results: list[Result]) -> Section:
     return section
 
 
+_OUTCOME_CSS = {"finding": "fail", "error": "fail", "not-applicable": "skip"}  # the four verdicts, as cells
+
+
 def _conformance(results: list[Result]) -> Section:
     section = Section(
         "conformance",
@@ -905,69 +949,20 @@ def _conformance(results: list[Result]) -> Section:
             if row is None:
                 cells.append(Cell("–", "missing", "not run"))
             else:
-                cells.append(Cell(row.outcome, row.outcome, f"{row.duration:.2f} s"))
+                cells.append(Cell(row.outcome, _OUTCOME_CSS.get(row.outcome, row.outcome), f"{row.duration:.2f} s"))
         table_rows.append(cells)
     counts = frame["outcome"].value_counts()
-    section.notes.append(
-        f"{counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, {counts.get('skip', 0)} skipped "
-        f"of {len(frame)} test × encap cases."
-    )
+    shown = ", ".join(f"{counts[o]} {o}" for o in counts.index)
+    section.notes.append(f"{shown} of {len(frame)} test × encap cases (l4lab).")
     section.tables.append(Table("Outcome per test and encap", ["test", *ENCAP_IDS], table_rows))
     return section
 
 
-_DUT_CELL = {"pass": "pass", "fail": "fail", "finding": "warn", "not-applicable": "skip", "skip": "skip"}
-
-
 def _duts(results: list[Result]) -> Section:
-    """The conformance matrix: each core check × encap against each device under test (l4lab conform)."""
-    section = Section(
-        "duts",
-        "Devices under test",
-        "The same conformance checks against each load balancer (l4lab conform). A foreign DUT's "
-        "failure is a finding about it; 'n/a' names the capability it lacks. Hover a cell for its evidence.",
-    )
-    newest: dict[tuple[str, str, str], ConformancePayload] = {}
-    for _r, p in sorted(of_kind(results, ConformancePayload), key=lambda rp: rp[0].time):
-        newest[(p.test, p.encap or "-", p.dut)] = p
-    duts = sorted({d for _, _, d in newest}, key=lambda d: (d != "l4lab", d))
-    if len(duts) < 2 and not any(d != "l4lab" for d in duts):
-        section.empty = True
-        return section
-    keys = sorted({(t, e) for t, e, _ in newest}, key=lambda k: (k[0], _encap_rank(k[1])))
-    rows: list[list[Cell]] = []
-    for test, encap in keys:
-        cells = [Cell(test, "key"), Cell(encap, "key")]
-        for dut in duts:
-            got = newest.get((test, encap, dut))
-            if got is None:
-                cells.append(Cell("not run", "missing"))
-                continue
-            outcome = "finding" if got.outcome == "fail" and dut != "l4lab" else got.outcome
-            label = ("n/a: " + got.detail.removeprefix("not applicable: ")) if outcome == "not-applicable" else outcome
-            cells.append(Cell(label, _DUT_CELL.get(outcome, ""), got.detail[:1500]))
-        rows.append(cells)
-    section.tables.append(Table("Outcome per check, encap and DUT", ["check", "encap", *duts], rows))
-    figure_rows: list[list[Cell]] = []
-    names = sorted({(t, e, f.name, f.unit) for (t, e, _), p in newest.items() for f in p.figures},
-                   key=lambda k: (k[0], _encap_rank(k[1]), k[2]))
-    for test, encap, name, unit in names:
-        cells = [Cell(test, "key"), Cell(encap, "key"), Cell(f"{name}" + (f" ({unit})" if unit else ""), "key")]
-        for dut in duts:
-            got = newest.get((test, encap, dut))
-            value = next((f.value for f in got.figures if f.name == name), None) if got else None
-            cells.append(Cell("–" if value is None else f"{value:g}", "" if value is not None else "missing"))
-        figure_rows.append(cells)
-    if figure_rows:
-        section.tables.append(Table("Figures each DUT's checks measured and asserted",
-                                    ["check", "encap", "figure", *duts], figure_rows))
-    counts = {d: sum(1 for (_, _, dd), p in newest.items() if dd == d and p.outcome == "pass") for d in duts}
-    section.notes.append("Passed: " + ", ".join(f"{d} {n} of {sum(1 for k in newest if k[2] == d)}"
-                                                 for d, n in counts.items()) + ".")
-    section.notes.append("Throughput is compared only between DUTs on the same substrate: l4lab and Katran "
-                         "run in XDP on the lab's veth; IPVS runs in a TCG-emulated VM, so its speed is not "
-                         "comparable and is not shown.")
-    return section
+    """The conformance matrix of the newest `l4lab conform` run (reports/conformance.py)."""
+    from reports import conformance
+
+    return conformance.section(results)
 
 
 # --- figures, history and comparison ------------------------------------------------------------
@@ -991,8 +986,13 @@ def figures(result: Result) -> dict[str, float | str]:
         tx_loop = next((lc.cpu_ns_per_frame for lc in sbs.loop if lc.program == "xdp_tx"), 0.0)
         for lc in sbs.loop:
             if lc.encap and lc.cpu_ns_per_frame > 0 and tx_loop > 0:
-                out[f"versus {sbs.program} {lc.encap} 64 B live loop floor ÷ {lc.program} (CPU ns)"] = round(
+                what = lc.encap if lc.traffic == "udp-flows" else f"{lc.encap} {lc.traffic}"
+                out[f"versus {sbs.program} {what} 64 B live loop floor ÷ {lc.program} (CPU ns)"] = round(
                     tx_loop / lc.cpu_ns_per_frame, 4)
+        for f in sbs.syn_flood:
+            if f.floor_xdp_tx_mpps > 0:
+                out[f"versus {sbs.program} {f.encap} syn-flood live NDR ÷ XDP_TX floor {f.program}"] = round(
+                    f.ndr_mpps / f.floor_xdp_tx_mpps, 4)
         for pt in p.points:
             key = f"versus {sbs.program} {pt.encap} {pt.frame_size} B live NDR ÷ XDP_TX floor"
             if pt.floor.xdp_tx_mpps > 0:
@@ -1046,8 +1046,9 @@ def _history(results: list[Result]) -> Section:
         "history",
         "Runs and trends",
         "Every run is kept. The newest run per machine and generator, then every numeric figure measured "
-        "at two or more commits: its value at each commit (newest run per commit, oldest first; hover a dot), "
-        "the first and the latest value and the change.",
+        "at two or more commits: its value at each commit (newest run per commit, oldest first; hover a dot; a red "
+        "mark starts a change beyond the noise, found by FD.io CSIT's jumpavg), the first and the latest value and "
+        "the change.",
     )
     if not results:
         section.empty = True
@@ -1081,8 +1082,10 @@ def _history(results: list[Result]) -> Section:
         ordered = sorted(by_commit.items(), key=lambda kv: kv[1][0])
         first, last = ordered[0][1][1], ordered[-1][1][1]
         change = (last - first) / first * 100 if first else math.nan
-        spark = svg.sparkline(name, [(v, f"{_short(c)} ({t.astimezone(UTC):%Y-%m-%d %H:%M}): {v:.4g}")
-                                     for c, (t, v) in ordered])
+        marks = set(trend.change_points([v for _, (_, v) in ordered]))
+        spark = svg.sparkline(name, [(v, f"{_short(c)} ({t.astimezone(UTC):%Y-%m-%d %H:%M}): {v:.4g}"
+                                      + (" — a change beyond the noise (jumpavg)" if i in marks else ""))
+                                     for i, (c, (t, v)) in enumerate(ordered)], marks=marks)
         trend_rows.append([Cell(name), Cell(str(len(ordered)), "num"),
                            Cell(" ".join(f"{v:.4g}" for _, (_, v) in ordered), html=Markup(spark)),  # noqa: S704
                            Cell(f"{first:.4g}", "num"), Cell(f"{last:.4g}", "num"),

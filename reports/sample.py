@@ -284,9 +284,9 @@ def failover_payloads() -> dict[str, FailoverPayload]:
 
 def _conformance_outcome(test: str, encap: str) -> str:
     if test == "test_pmtu_too_big" and encap == encaps.IP6_IP4IP6:
-        return "skip"
+        return "not-applicable"
     if test == "test_syn_rehash" and encap == encaps.IP6_GUE1:
-        return "fail"
+        return "finding"
     return "pass"
 
 
@@ -379,7 +379,7 @@ def write_sample(
     for test in _CONFORMANCE_TESTS:
         for encap in ENCAP_IDS:
             outcome = _conformance_outcome(test, encap)
-            duration = 0.0 if outcome == "skip" else round(rng.uniform(0.3, 4.0), 3)
+            duration = 0.0 if outcome == "not-applicable" else round(rng.uniform(0.3, 4.0), 3)
             put(
                 Kind.CONFORMANCE,
                 case_id(test, encap),

@@ -86,8 +86,10 @@ __all__ = [
     "ResultsError",
     "RssPayload",
     "RssScenario",
+    "SessionTables",
     "SideBySide",
     "SideCase",
+    "SynFlood",
     "TimelineEvent",
     "Trial",
     "Versus",
@@ -341,6 +343,7 @@ class SideCase:
     path_counter: str = field(metadata=_rule(_non_empty))  # l4lab's counter that only this case moves
     other_path_counter: str = field(metadata=_rule(_non_empty))
     calls: int = field(metadata=_rule(_at_least(1)))
+    round_ratios: list[float | None] = field(default_factory=list)  # the ratio of each round's medians
 
 
 @dataclass(frozen=True)
@@ -369,6 +372,30 @@ class LoopCost:
     frames: int = field(metadata=_rule(_at_least(1)))  # per round
     rounds: int = field(metadata=_rule(_at_least(1)))
     delivered: float = field(metadata=_rule(_between(0, 1)))  # share of the frames the sink counted, worst round
+    traffic: Literal["udp-flows", "syn-flood"] = "udp-flows"  # syn-flood: every frame a new flow's TCP SYN
+
+
+@dataclass(frozen=True)
+class SessionTables:
+    """One program's session tables as the side-by-side bench loaded them (the IPv4 flows' table for l4lab)."""
+
+    program: str = field(metadata=_rule(_non_empty))
+    tables: int = field(metadata=_rule(_at_least(1)))   # l4lab: one for all CPUs; Katran: one per CPU
+    entries: int = field(metadata=_rule(_at_least(1)))  # of each table
+    bytes: int = field(metadata=_rule(_at_least(0)))    # of all of them, the kernel's memlock figure
+
+
+@dataclass(frozen=True)
+class SynFlood:
+    """One program's NDR when every frame is a new flow's TCP SYN from one of `sources` (live frames, 64 B)."""
+
+    program: str = field(metadata=_rule(_non_empty))  # "l4lab" or the other program
+    encap: EncapId
+    sources: int = field(metadata=_rule(_at_least(1)))
+    ndr_mpps: float = field(metadata=_rule(_at_least(0)))
+    pdr_mpps: float = field(metadata=_rule(_at_least(0)))
+    floor_xdp_tx_mpps: float = field(metadata=_rule(_at_least(0)))  # the same run's MAC-swap floor
+    sessions_after: int = field(metadata=_rule(_at_least(0)))  # entries in its session tables after the search
 
 
 @dataclass(frozen=True)
@@ -388,6 +415,10 @@ class SideBySide:
     cases: list[SideCase] = field(metadata=_rule(_non_empty))
     sizes: list[ProgramSize] = field(default_factory=list)
     loop: list[LoopCost] = field(default_factory=list)  # live frames: CPU ns per frame of each program's loop
+    seed: int | None = None  # the order's seed (lab/bench/order.py): `l4lab bench --katran --seed N` replays it
+    first_loaded: list[str] = field(default_factory=list)  # per round: whose session tables were created first
+    session_tables: list[SessionTables] = field(default_factory=list)
+    syn_flood: list[SynFlood] = field(default_factory=list)
 
     def problems(self) -> Iterator[tuple[str, str]]:
         seen: set[tuple[str | None, str]] = set()
@@ -559,19 +590,26 @@ class ConformanceFigure:
 
 @dataclass(frozen=True)
 class ConformancePayload:
-    """The outcome of one conformance test in one encap, on one device under test (lab/dut/__init__.py).
+    """The verdict of one conformance check in one encap, on one device under test (lab/dut/verdict.py).
 
-    `not-applicable` means the DUT lacks a capability the test needs (`detail` names it); a
-    `fail` of a foreign DUT is a finding about it, with its evidence in `detail`.
+    `pass`; `finding` (the DUT contradicts the check: its evidence in `detail`); `not-applicable`
+    (the DUT lacks a capability the check needs: `detail` names it, `reference` cites the DUT's own
+    documentation or source, from its data file lab/dut/<dut>.toml); `error` (the harness, the lab or
+    the adapter failed). `fail` and `skip` are the outcomes results written before the four
+    verdicts carry. `run` names the `l4lab conform` run the result belongs to ("" outside one);
+    `build` says what exactly ran (version, build flags).
     """
 
     test: str = field(metadata=_rule(_non_empty))
     encap: EncapId | None
-    outcome: Literal["pass", "fail", "skip", "not-applicable"]
+    outcome: Literal["pass", "finding", "not-applicable", "error", "fail", "skip"]
     duration_s: float = field(metadata=_rule(_at_least(0)))
     dut: str = "l4lab"
     detail: str = ""
     figures: list[ConformanceFigure] = field(default_factory=list)
+    run: str = ""
+    reference: str = ""
+    build: str = ""
 
 
 # --- demo ---------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ reader zoom with the wheel, pan by dragging and reset with a double click on any
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
@@ -239,8 +239,10 @@ def timeline(title: str, events: Sequence[tuple[float, str]], *, x_label: str, w
     return "".join(out)
 
 
-def sparkline(label: str, points: Sequence[tuple[float, str]], width: int = 180, height: int = 36) -> str:
-    """A small trend: one value per run in order, each dot titled with its run and value."""
+def sparkline(label: str, points: Sequence[tuple[float, str]], width: int = 180, height: int = 36,
+              marks: Collection[int] = ()) -> str:
+    """A small trend: one value per run in order, each dot titled with its run and value; the points
+    in `marks` (a change point) drawn red with a line down the chart."""
     values = [v for v, _ in points]
     lo, hi = min(values), max(values)
     span = (hi - lo) or (abs(hi) or 1.0)
@@ -254,8 +256,12 @@ def sparkline(label: str, points: Sequence[tuple[float, str]], width: int = 180,
     if len(points) > 1:
         path = " ".join(f"{6 + i * step:.1f},{y(v):.1f}" for i, (v, _) in enumerate(points))
         out.append(f'<polyline points="{path}" fill="none" stroke="#4c72b0" stroke-width="1.5"/>')
+    for i in sorted(marks):
+        out.append(f'<line class="change" x1="{6 + i * step:.1f}" x2="{6 + i * step:.1f}" y1="2" y2="{height - 2}" '
+                   'stroke="#c44e52" stroke-dasharray="2,2"/>')
     for i, (v, tip) in enumerate(points):
-        out.append(f'<circle class="point" cx="{6 + i * step:.1f}" cy="{y(v):.1f}" r="3" fill="#4c72b0">'
+        color = "#c44e52" if i in marks else "#4c72b0"
+        out.append(f'<circle class="point" cx="{6 + i * step:.1f}" cy="{y(v):.1f}" r="3" fill="{color}">'
                    f'<title>{_a(tip)}</title></circle>')
     out.append("</svg>")
     return "".join(out)

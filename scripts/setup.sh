@@ -16,7 +16,7 @@ core_pkgs=(clang llvm libbpf-dev bpftool iproute2 ethtool tcpdump iptables procp
            python3 python3-venv python3-dev gcc make curl)
 # Optional feature sets, installed on request (suites skip with the command to run).
 declare -A extra_pkgs=(
-  [vm]="qemu-system-x86 busybox-static cpio libc6-dev ipvsadm kmod"
+  [vm]="qemu-system-x86 busybox-static cpio libc6-dev ipvsadm keepalived kmod"
   [frr]="frr"
   [trace]="python3-bpfcc linux-headers-amd64"
   [browser]="chromium"

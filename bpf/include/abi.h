@@ -112,7 +112,7 @@ enum lb_reason {
 enum lb_event {
 	LB_EV_LRU_HIT = 0,
 	LB_EV_LRU_MISS,
-	LB_EV_SYN_REHASH,     /* a SYN (without ACK) chose from the ring without looking at sessions */
+	LB_EV_SYN_REHASH,     /* a SYN (without ACK) chose from the ring and created no session */
 	LB_EV_RST_NO_ENTRY,   /* an RST did not create a session */
 	LB_EV_UDP_EXPIRED,    /* a UDP session older than the timeout was replaced */
 	LB_EV_ICMP_STEERED,   /* an ICMP error about a VIP flow sent to the flow's real */
@@ -276,6 +276,12 @@ struct lb_addr_key {
 	__u32 addr[4];
 	__u8 family; /* enum lb_family */
 	__u8 pad[3];
+};
+
+/* The one element of lb_syn_window, per CPU: its SYNs in the current window of the coarse clock (session.h). */
+struct lb_syn_window {
+	__u64 window; /* the window's index: the clock in ns >> 30 (about a second) */
+	__u64 syns;   /* SYNs this CPU saw in it */
 };
 
 /* One exported global per enum, so that every enum survives in each object's BTF. */

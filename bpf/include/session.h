@@ -46,6 +46,29 @@ static __always_inline __u64 session_now_ns(void)
 	return (bpf_jiffies64() - cfg_jiffies_at_boot) * cfg_jiffy_ns;
 }
 
+/* Each CPU's SYNs in its current window of the coarse clock (2^30 ns, about a second). */
+LB_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, 1, __u32, struct lb_syn_window) lb_syn_window SEC(".maps");
+
+/* SYNs a CPU looks up per window; past them the window is a flood and its SYNs skip the lookup (Katran's
+ * guard is 125,000 new connections a second per CPU). */
+const volatile __u64 cfg_syn_lookups = 131072;
+
+/* Whether this CPU is past cfg_syn_lookups SYNs in the current window (counting this one). A window set
+ * ahead of the clock holds until the clock reaches it. */
+static __always_inline int syn_flood(void)
+{
+	struct lb_syn_window *w = bpf_map_lookup_elem(&lb_syn_window, &lb_zero_key);
+	__u64 window = session_now_ns() >> 30;
+
+	if (!w)
+		return 0;
+	if (window > w->window) {
+		w->window = window;
+		w->syns = 0;
+	}
+	return ++w->syns > cfg_syn_lookups;
+}
+
 /* What the packet may do with its flow's session. */
 struct session_ctx {
 	__u32 hash;      /* the flow hash the session holds (0: not known) */
@@ -54,11 +77,11 @@ struct session_ctx {
 	__u8 pad[2];
 };
 
-/* Looks the flow up and applies the rules: a SYN (without ACK) re-hashes (a new connection), a UDP
- * session idle longer than cfg_udp_timeout_ns is replaced, an RST never creates a session. Returns the real id or 0.
- * UDP idle time is read from the coarse monotonic clock (one tick resolution, against timeouts of
- * a second or more: session_now_ns), and written back only when the tick has moved: the session's
- * line is not dirtied by every packet. */
+/* Looks the flow up and applies the rules: a SYN (without ACK) goes to the ring and creates no session,
+ * a UDP session idle longer than cfg_udp_timeout_ns is replaced, an RST never creates a session.
+ * Returns the real id or 0. UDP idle time is read from the coarse monotonic clock (one tick resolution,
+ * against timeouts of a second or more: session_now_ns), and written back only when the tick has moved:
+ * the session's line is not dirtied by every packet. */
 static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct lb_flow *key,
 					    const struct packet *pkt, int steering, struct lb_tally *t)
 {
@@ -69,13 +92,17 @@ static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct
 	sc->may_insert = !rst && !steering;
 	sc->insert = sc->may_insert;
 	if (tcp && !steering && (pkt->tcp_flags & (TCPF_BYTE_SYN | TCPF_BYTE_ACK)) == TCPF_BYTE_SYN) {
-		/* The SYN's session is looked up all the same and the answer dropped: the lookup brings the
-		 * table's bucket into the cache while the real and the counters are read, where the insert
-		 * would wait for it behind its locks. Measured in the side-by-side bench (l4lab bench
-		 * --katran), a new SYN costs 0.85-0.87 x Katran's above the floor with the lookup, 1.05-1.09
-		 * without it. */
+		/* The handshake's first non-SYN packet creates the session, to the real the ring (or a pin)
+		 * gave the SYN: spoofed SYNs insert nothing and evict no one (docs/architecture.md,
+		 * decisions). A SYN writes only over a session its tuple still has (a client reusing its
+		 * port), with its final choice, so the ACK follows it; in a flood it skips even that lookup,
+		 * most of a SYN's cost. */
 		tally_event(t, LB_EV_SYN_REHASH);
-		session_find(key);
+		sc->insert = sc->may_insert = 0;
+		if (syn_flood())
+			return 0;
+		if (session_find(key))
+			sc->insert = sc->may_insert = 1;
 		return 0;
 	}
 	sess = session_find(key);

@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", metavar="OBJ", type=Path,
                         help="with --katran: also time this balancer.o (an older build, a variant) in the "
                              "same rounds and print l4lab against it; with --profile: profile it instead")
+    parser.add_argument("--seed", metavar="N", type=int,
+                        help="with --katran: the seed of the shuffled order (printed by every run), to replay it")
     parser.add_argument("--profile", metavar="ID", choices=list(ENCAPS),
                         help="sample the live loop with perf while the balancer serves this encap and print "
                              "where its time per frame goes, by source line (lab/bench/profile.py); "
@@ -106,8 +108,12 @@ def run(args: argparse.Namespace) -> int:
         from lab.bench import katran as katranbench
 
         check_environment()
-        katranbench.run(katranbench.options(args.katran or None, args.quick, args.results, args.baseline))
+        if args.seed is not None and not 0 <= args.seed < 1 << 32:
+            raise UsageError(f"--seed must be 0..{(1 << 32) - 1} but got {args.seed}")
+        katranbench.run(katranbench.options(args.katran or None, args.quick, args.results, args.baseline, args.seed))
         return 0
+    if args.seed is not None:
+        raise UsageError("--seed replays the order of a side-by-side run: it needs --katran")
     if args.profile is not None:
         from lab.bench import profile
 

@@ -1,8 +1,11 @@
 """`l4lab bench --katran PATH`: l4lab and Katran timed side by side on identical packets.
 
 Both datapaths are built and loaded in the same run (Katran from the user's checkout, lab/dut/katran.py),
-given the same VIP, the same four reals and the same Maglev ring (balancer/maglev.py), and per-CPU
-session tables of the same size. Per encap (IPIP; GUE, Katran built with GUE_ENCAP) the cases are
+given the same VIP, the same four reals and the same Maglev ring (balancer/maglev.py), and session
+tables of the same size per CPU: Katran's loader gives every CPU its own LRU table of `lru_size`
+entries; l4lab has one table for all CPUs of `lru_size` entries per possible CPU (the controller's
+unit), so a CPU's share of it is the same; the run prints both in entries and bytes. Per encap
+(IPIP; GUE, Katran built with GUE_ENCAP) the cases are
 
     non-vip       TCP to an address that is no VIP                                      XDP_PASS
     session-hit   an ACK of a flow whose session exists                                 XDP_TX
@@ -12,7 +15,13 @@ session tables of the same size. Per encap (IPIP; GUE, Katran built with GUE_ENC
 beside the floors (XDP_DROP, MAC-swap XDP_TX). Every call is one BPF_PROG_TEST_RUN with
 repeat = 1 (repeat > 1 feeds each iteration the previous output), the process pinned to one CPU
 (test runs execute on the caller's CPU, where the per-CPU tables live), the cases taking turns
-call after call in rounds so that they share the machine's weather; each figure is the median.
+call after call so that they share the machine's weather; each figure is the median.
+
+An order that cannot favour anyone (lab/bench/order.py): the cases are shuffled in every iteration
+by a seeded generator (the seed is printed; `--seed` replays it), and every round loads both
+programs afresh, the one loaded first rotating round by round, so each program's session tables are
+created first in as many rounds as the other's. Each ratio prints with its spread over the rounds
+and its median among the rounds of each load order.
 
 Honesty: every call's XDP action is checked, and after every round the counter that only the case
 moves must have moved by exactly its number of calls (l4lab: the LRU_HIT / LRU_MISS / SYN_REHASH
@@ -20,27 +29,17 @@ events, PASS_NOT_VIP; Katran: `stats` LRU v1 without v2 for hits, LRU_MISS v1 fo
 for ACK misses, XDP_PASS). Each datapath instance serves one encap, so no two cases share a counter.
 Ratios are of the cost above the MAC-swap floor, l4lab / Katran, measured in this run only.
 
-Then live frames at 64 B on the bench veth (lab/bench/run.py's testbed), for the floors (XDP_DROP,
-MAC-swap XDP_TX), l4lab and Katran per encap, also in this run, two ways:
-
-    loop cost   one thread sends unpaced; the CPU time it spends per frame, median of rounds taken in turn
-    NDR         the zero-loss rate of lab/bench/run.py's search
-
-On veth the whole loop (the generator's program, both veths, the program under test, its XDP_TX,
-the counting sink) runs in the sending thread's softirqs on its own CPU: measured, every frame sent
-arrives, and a trial's loss is only what the paced sender could not send before its deadline. So the
-NDR is the rate the sending threads sustain through that loop, which moves with whatever else the
-machine runs; the loop cost (thread CPU time, which leaves out time given to other processes) is the
-same loop measured without the scheduler, and floor ÷ program is its ratio. Floor and balancer share
-the generator and the sink: the ratio charges each program only its own work and what it sends.
+Then live frames on the bench veth (lab/bench/katran_live.py): the loop cost and the NDR of the
+floors, l4lab and Katran per encap, and a SYN flood.
 
 `--baseline OBJ` (Options.baseline) loads another balancer object beside l4lab's, an older build or
 a variant of the datapath with the same BTF contract, and times its cases as "base" in the same
 rounds: changes of a few nanoseconds, which separate runs cannot tell from the machine's noise (the
 ratios move about ±0.05 from run to run), show as l4lab against base within one run.
 
-The result (reports/schema.py) holds the micro table, the program sizes and the loop costs in
-`side_by_side`, and the NDRs as 64-byte points of l4lab with Katran's in `versus`.
+The result (reports/schema.py) holds the micro table with each ratio's rounds, the seed, the load
+order, the program sizes and the loop costs in `side_by_side`, and the NDRs as 64-byte points of
+l4lab with Katran's in `versus`.
 """
 
 from __future__ import annotations
@@ -58,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from balancer import encaps
+from lab.bench.order import Order, Spread, above_floor_ratio, load_order, new_seed
 from lab.checksum import inet_checksum
 from lab.dut import katran as K
 from lab.errors import LabError
@@ -81,33 +81,41 @@ RING = K.RING_SIZE
 class Options:
     katran: Path | str | None  # a Katran checkout; None: $L4LAB_KATRAN_SRC
     runs: int = 200_000       # calls per case per run (split over the rounds)
-    rounds: int = 5
-    lru_size: int = 1_000_000  # entries per CPU session table, both datapaths
+    rounds: int = 6           # an even number: each program is loaded first in half of them
+    lru_size: int = 1_000_000  # session entries per CPU, both datapaths
     ndr: bool = True
     quick: bool = False
     results: Path | None = None
     baseline: Path | None = None  # another balancer.o (e.g. an older build) timed in the same run as "base"
+    seed: int | None = None   # the order's seed (lab/bench/order.py); None: a new one, printed
 
 
 @dataclass
 class Side:
     """One datapath instance (l4lab or Katran) serving one encap, with its path counters."""
 
-    who: str                      # "l4lab" | "katran"
+    who: str                      # "l4lab" | "katran" | "base"
     encap: str                    # a case of ENCAPS
     program: Any
     counters: Callable[[], dict[str, int]]
     path_counter: dict[str, str]  # case -> the counter only that case moves
+    tables: list[Any] = field(default_factory=list)  # its session tables (balancer.libbpf.Map)
     not_moved: dict[str, str] = field(default_factory=dict)  # case -> a counter that must stay
 
 
 @dataclass
 class Result:
     medians: dict[str, float] = field(default_factory=dict)        # "who:encap:case" or floor -> ns
+    round_medians: dict[str, list[float]] = field(default_factory=dict)  # the same, per round
+    first_loaded: list[str] = field(default_factory=list)          # per round: whose maps were created first
+    seed: int = 0
     insns: dict[str, tuple[int, int]] = field(default_factory=dict)  # "who:encap" -> (xlated, verified)
+    tables: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # who -> (tables, entries each, bytes)
     ndr: dict[str, float] = field(default_factory=dict)            # name -> NDR Mpps at 64 B
     live: dict[str, Any] = field(default_factory=dict)             # name -> lab/bench/run.py Measured
     loop: dict[str, list[Any]] = field(default_factory=dict)       # name -> xdplive.ChainCost per round
+    flood_sessions: dict[str, int] = field(default_factory=dict)   # SYN flood: who -> sessions in its tables
+    live_first: list[str] = field(default_factory=list)            # per live round: whose tables came first
     path_counters: dict[str, str] = field(default_factory=dict)    # "who:encap:case" -> counter checked
     calls: int = 0
     rounds: int = 0
@@ -115,12 +123,13 @@ class Result:
     results_file: Path | None = None
 
 
-def options(katran: str | None, quick: bool, results: Path | None, baseline: Path | None = None) -> Options:
-    """The issue's 200,000 calls per case in 5 rounds with 1,000,000-entry tables, or a quick run."""
+def options(katran: str | None, quick: bool, results: Path | None, baseline: Path | None = None,
+            seed: int | None = None) -> Options:
+    """200,000 calls per case in 6 rounds with 1,000,000-entry tables per CPU, or a quick run."""
     if quick:
         return Options(katran=katran, runs=20_000, rounds=4, lru_size=1 << 17, quick=True, results=results,
-                       baseline=baseline)
-    return Options(katran=katran, results=results, baseline=baseline)
+                       baseline=baseline, seed=seed)
+    return Options(katran=katran, results=results, baseline=baseline, seed=seed)
 
 
 def check_baseline(path: Path) -> None:
@@ -230,7 +239,7 @@ def l4lab_side(stack: ExitStack, encap_id: str, lru_size: int, obj: Path | None 
 
     return Side(who, encap_id, dp.programs["balancer_xdp"], counters,
                 {"non-vip": "PASS_NOT_VIP", "session-hit": "LRU_HIT", "new-syn": "SYN_REHASH",
-                 "new-ack": "LRU_MISS"})
+                 "new-ack": "LRU_MISS"}, tables=dp.session_tables[:1])  # IPv4 flows: the one the frames use
 
 
 def katran_side(stack: ExitStack, encap_id: str, obj: Path, lru_size: int) -> Side:
@@ -250,7 +259,21 @@ def katran_side(stack: ExitStack, encap_id: str, obj: Path, lru_size: int) -> Si
 
     return Side("katran", encap_id, kt.program, counters,
                 {"non-vip": "XDP_PASS.v1", "session-hit": "LRU hits", "new-syn": "LRU_MISS.v1",
-                 "new-ack": "LRU_MISS.v2"})
+                 "new-ack": "LRU_MISS.v2"}, tables=kt.session_tables)
+
+
+def map_bytes(m: Any) -> int:
+    """The kernel's memory charge of a map (memlock in its fdinfo): a preallocated table's whole size."""
+    for line in Path(f"/proc/self/fdinfo/{m.fd}").read_text().splitlines():
+        if line.startswith("memlock:"):
+            return int(line.split()[1])
+    raise LabError(f"map '{m.name}': its fdinfo has no memlock line (kernel too old?)")
+
+
+def table_sizes(side: Side) -> tuple[int, int, int]:
+    """(tables, entries of each, bytes of all) of a side's session tables."""
+    entries = {m.max_entries for m in side.tables}
+    return len(side.tables), max(entries, default=0), sum(map_bytes(m) for m in side.tables)
 
 
 
@@ -285,12 +308,12 @@ class Timed:
     action: int
     side: Side | None = None
     case: str = ""
-    samples: list[int] = field(default_factory=list)
+    samples: list[int] = field(default_factory=list)  # this round's
 
 
 def side_cases(side: Side, flow_base: int) -> list[Timed]:
     hit_frame = tcp_frame(CLIENT, 45000, VIP, 0x10)
-    for frame in (tcp_frame(CLIENT, 45000, VIP, 0x02), hit_frame):  # SYN creates the session, ACK hits it
+    for frame in (tcp_frame(CLIENT, 45000, VIP, 0x02), hit_frame, hit_frame):  # the ACK creates the session
         res = side.program.test_run(frame)
         if res.retval != XDP_TX:
             raise LabError(f"{side.who} {side.encap}: priming the session returned {ACTIONS.get(res.retval)}")
@@ -305,82 +328,113 @@ def side_cases(side: Side, flow_base: int) -> list[Timed]:
     return cases
 
 
-def time_rounds(cases: list[Timed], sides: list[Side], per_round: int, rounds: int,
-                say: Callable[[str], None]) -> None:
-    """Interleaved single test runs; after each round every case's own counter moved by exactly per_round."""
-    for r in range(rounds):
-        before = {id(s): s.counters() for s in sides}
-        for _ in range(per_round):
-            for c in cases:
-                res = c.program.test_run(c.frame())
-                if res.retval != c.action:
-                    raise LabError(f"{c.name}: returned {ACTIONS.get(res.retval, res.retval)}, "
-                                   f"expected {ACTIONS[c.action]}")
-                c.samples.append(res.duration_ns)
-        for s in sides:
-            after = s.counters()
-            delta = {k: after.get(k, 0) - before[id(s)].get(k, 0) for k in after}
-            for c in cases:
-                if c.side is not s:
-                    continue
-                moved = delta.get(s.path_counter[c.case], 0)
-                if moved != per_round:
-                    raise LabError(f"{c.name}: counter {s.path_counter[c.case]} moved by {moved} in a round "
-                                   f"of {per_round} calls: the case did not take its path every time "
-                                   f"(counter changes: { {k: v for k, v in delta.items() if v} })")
-                still = s.not_moved.get(c.case)
-                if still and delta.get(still, 0):
-                    raise LabError(f"{c.name}: counter {still} moved by {delta[still]}: some calls missed")
-        say(f"  round {r + 1}/{rounds}: {per_round} calls per case, actions and path counters checked")
+def time_round(cases: list[Timed], sides: list[Side], per_round: int, order: Order) -> None:
+    """Single test runs, every iteration in a new order; then every case's own counter moved by per_round."""
+    before = {id(s): s.counters() for s in sides}
+    for c in cases:
+        c.samples = []
+    for turn in order.iterations(cases, per_round):
+        for c in turn:
+            res = c.program.test_run(c.frame())
+            if res.retval != c.action:
+                raise LabError(f"{c.name}: returned {ACTIONS.get(res.retval, res.retval)}, "
+                               f"expected {ACTIONS[c.action]}")
+            c.samples.append(res.duration_ns)
+    for s in sides:
+        check_paths(s, [c for c in cases if c.side is s], before[id(s)], per_round)
+
+
+def check_paths(side: Side, cases: list[Timed], before: dict[str, int], calls: int) -> None:
+    """Each case's path counter moved by exactly `calls`, and its must-stay counter not at all."""
+    after = side.counters()
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    for c in cases:
+        moved = delta.get(side.path_counter[c.case], 0)
+        if moved != calls:
+            raise LabError(f"{c.name}: counter {side.path_counter[c.case]} moved by {moved} in a round "
+                           f"of {calls} calls: the case did not take its path every time "
+                           f"(counter changes: { {k: v for k, v in delta.items() if v} })")
+        still = side.not_moved.get(c.case)
+        if still and delta.get(still, 0):
+            raise LabError(f"{c.name}: counter {still} moved by {delta[still]}: some calls missed")
 
 
 # --- the run ----------------------------------------------------------------------------------------
 
 
-def run(opts: Options, say: Callable[[str], None] = print) -> Result:
+def load_sides(stack: ExitStack, first: list[str], objs: dict[str, Path], opts: Options,
+               baseline: Path | None) -> list[Side]:
+    """Every program's instance per encap, created program by program in the order `first` gives."""
+    sides = []
+    for who in first:
+        for encap_id in ENCAPS:
+            if who == "katran":
+                sides.append(katran_side(stack, encap_id, objs[ENCAPS[encap_id]], opts.lru_size))
+            else:
+                sides.append(l4lab_side(stack, encap_id, opts.lru_size, baseline if who == "base" else None, who))
+    return sides
+
+
+def time_micro(opts: Options, objs: dict[str, Path], result: Result, say: Callable[[str], None]) -> None:
+    """The test-run table: rounds of freshly loaded programs, load order rotated, cases shuffled."""
     from balancer.libbpf import BpfObject
 
-    if opts.baseline:
-        check_baseline(Path(opts.baseline))  # before minutes of building Katran
-    checkout = K.Checkout.find(opts.katran)
-    objs = {flavour: K.build(checkout, flavour) for flavour in K.FLAVOURS}
-    say(f"built Katran from {checkout.root}: {', '.join(str(p) for p in objs.values())}")
-    result = Result()
-    started = time.monotonic()
+    order = Order(result.seed)
+    per_round = max(1, opts.runs // opts.rounds)
+    samples: dict[str, list[list[int]]] = {}
     with ExitStack() as stack:
         floor = BpfObject(str(Path(__file__).resolve().parents[2] / "build" / "bpf" / "floor.o"))
         stack.callback(floor.close)
         floor.load()
         frame = tcp_frame(CLIENT, 45000, VIP, 0x10)
-        cases = [Timed("floor:xdp_drop", floor.program("xdp_drop"), lambda: frame, XDP_DROP),
-                 Timed("floor:xdp_tx", floor.program("xdp_tx_swap"), lambda: frame, XDP_TX)]
-        sides: list[Side] = []
+        floors = [Timed("floor:xdp_drop", floor.program("xdp_drop"), lambda: frame, XDP_DROP),
+                  Timed("floor:xdp_tx", floor.program("xdp_tx_swap"), lambda: frame, XDP_TX)]
         baseline = baseline_object(stack, Path(opts.baseline)) if opts.baseline else None
+        programs = ["l4lab", "katran", *(["base"] if baseline else [])]
         with pinned() as cpu:
-            for n, encap_id in enumerate(ENCAPS):
-                these = [l4lab_side(stack, encap_id, opts.lru_size),
-                         katran_side(stack, encap_id, objs[ENCAPS[encap_id]], opts.lru_size)]
-                if baseline:
-                    these.append(l4lab_side(stack, encap_id, opts.lru_size, baseline, "base"))
-                for side in these:
-                    sides.append(side)
-                    cases += side_cases(side, n << 20)
-            for side in sides:
-                result.insns[f"{side.who}:{side.encap}"] = program_insns(side.program)
-            per_round = max(1, opts.runs // opts.rounds)
-            say(f"timing {len(cases)} cases on CPU {cpu}: {opts.rounds} rounds × {per_round} calls, interleaved")
-            time_rounds(cases, sides, per_round, opts.rounds, say)
-        result.calls = per_round * opts.rounds
-        result.rounds, result.lru_size = opts.rounds, opts.lru_size
-        result.medians = {c.name: float(statistics.median(c.samples)) for c in cases}
-        result.path_counters = {c.name: c.side.path_counter[c.case] for c in cases if c.side is not None}
+            say(f"timing on CPU {cpu}: {opts.rounds} rounds × {per_round} calls per case, every iteration in a "
+                "new order; the programs loaded afresh each round, the first loaded rotating")
+            for r in range(opts.rounds):
+                first = load_order(programs, r)
+                with ExitStack() as round_stack:
+                    sides = load_sides(round_stack, first, objs, opts, baseline)
+                    cases = floors + [c for n, side in enumerate(sides) for c in side_cases(side, n << 20)]
+                    time_round(cases, sides, per_round, order)
+                    for side in sides:
+                        result.insns.setdefault(f"{side.who}:{side.encap}", program_insns(side.program))
+                        result.tables.setdefault(side.who, table_sizes(side))
+                for c in cases:
+                    samples.setdefault(c.name, []).append(c.samples)
+                    if c.side is not None:
+                        result.path_counters[c.name] = c.side.path_counter[c.case]
+                result.first_loaded.append(first[0])
+                say(f"  round {r + 1}/{opts.rounds} ({first[0]} loaded first): {per_round} calls per case, "
+                    "actions and path counters checked")
+    result.calls, result.rounds, result.lru_size = per_round * opts.rounds, opts.rounds, opts.lru_size
+    result.medians = {name: float(statistics.median(x for got in rounds for x in got))
+                      for name, rounds in samples.items()}
+    result.round_medians = {name: [float(statistics.median(got)) for got in rounds] for name, rounds in samples.items()}
+
+
+def run(opts: Options, say: Callable[[str], None] = print) -> Result:
+    if opts.baseline:
+        check_baseline(Path(opts.baseline))  # before minutes of building Katran
+    checkout = K.Checkout.find(opts.katran)
+    objs = {flavour: K.build(checkout, flavour) for flavour in K.FLAVOURS}
+    say(f"built Katran from {checkout.root}: {', '.join(str(p) for p in objs.values())}")
+    result = Result(seed=opts.seed if opts.seed is not None else new_seed())
+    say(f"order: seed {result.seed} (`l4lab bench --katran --seed {result.seed}` replays it)")
+    started = time.monotonic()
+    time_micro(opts, objs, result, say)
     for line in table(result):
         say(line)
     if opts.baseline:
         for line in baseline_lines(result):
             say(line)
     if opts.ndr:
-        measure_ndr(opts, objs, result, say)
+        from lab.bench import katran_live
+
+        katran_live.measure(opts, objs, result, say)
     write_results(result, opts)
     if result.results_file:
         say(f"wrote {result.results_file}")
@@ -389,16 +443,30 @@ def run(opts: Options, say: Callable[[str], None] = print) -> Result:
 
 
 def ratio(result: Result, case: str, encap: str | None) -> float:
-    floor = result.medians["floor:xdp_tx"]
     key = case if encap is None else f"{encap}:{case}"
-    ours, theirs = result.medians[f"l4lab:{key}"], result.medians[f"katran:{key}"]
-    return (ours - floor) / (theirs - floor) if theirs > floor else float("nan")
+    m = result.medians
+    return above_floor_ratio(m[f"l4lab:{key}"], m[f"katran:{key}"], m["floor:xdp_tx"])
+
+
+def round_ratios(result: Result, case: str, encap: str | None, who: str = "l4lab") -> list[float]:
+    """The ratio in each round, from that round's medians."""
+    key = case if encap is None else f"{encap}:{case}"
+    rm = result.round_medians
+    return [above_floor_ratio(ours, theirs, floor)
+            for ours, theirs, floor in zip(rm[f"{who}:{key}"], rm[f"katran:{key}"], rm["floor:xdp_tx"], strict=True)]
+
+
+def spread(result: Result, case: str, encap: str | None) -> Spread:
+    return Spread.of(round_ratios(result, case, encap), result.first_loaded)
 
 
 def table(result: Result) -> list[str]:
     m = result.medians
-    lines = [f"side by side: {result.calls} calls per case, medians in ns (test run, repeat = 1, 69-byte frames)",
-             f"{'case':<24} {'Katran':>8} {'l4lab':>8}   l4lab / Katran, cost above the MAC-swap floor"]
+    lines = [f"side by side: {result.calls} calls per case in {result.rounds} rounds, medians in ns (test run, "
+             "repeat = 1, 69-byte frames)",
+             *table_lines(result),
+             f"{'case':<24} {'Katran':>8} {'l4lab':>8}   l4lab / Katran, cost above the MAC-swap floor; its spread "
+             "over the rounds"]
     rows: list[tuple[str, str, str | None]] = [("non-VIP", "non-vip", None)]
     for encap_id in ENCAPS:
         name = "GUE" if encaps.by_id(encap_id).gue else "IPIP"
@@ -407,7 +475,7 @@ def table(result: Result) -> list[str]:
     for label, case, encap in rows:
         key = f"{encap}:{case}" if encap else case
         lines.append(f"{label:<24} {m[f'katran:{key}']:>8.0f} {m[f'l4lab:{key}']:>8.0f}   "
-                     f"{ratio(result, case, encap):.2f}")
+                     f"{ratio(result, case, encap):.2f}  {spread(result, case, encap).text()}")
     lines.append(f"{'floor XDP_DROP':<24} {m['floor:xdp_drop']:>8.0f}")
     lines.append(f"{'floor MAC-swap XDP_TX':<24} {m['floor:xdp_tx']:>8.0f}")
     for encap_id in ENCAPS:
@@ -417,103 +485,19 @@ def table(result: Result) -> list[str]:
     return lines
 
 
-def live_plan() -> list[tuple[str, str]]:
-    """(name, encap) of every program put on the bench veth: the floors, then l4lab and Katran per encap."""
-    plan = [("floor:xdp_drop", ""), ("floor:xdp_tx", "")]
-    for encap_id in ENCAPS:
-        plan += [(f"l4lab:{encap_id}", encap_id), (f"katran:{encap_id}", encap_id)]
-    return plan
-
-
-def measure_ndr(opts: Options, objs: dict[str, Path], result: Result, say: Callable[[str], None]) -> None:
-    """Live frames at 64 B on the bench veth: each program's loop cost in rounds, then its NDR search."""
-    from lab.bench import run as B
-
-    settings = B.Options(quick=opts.quick).search_settings()
-    with B.testbed() as bed:
-        katrans = {encap_id: _katran_on(bed, encap_id, objs, opts) for encap_id in ENCAPS}
-
-        def program(name: str, encap_id: str) -> Any:
-            if not encap_id:
-                return bed.lb_floor.program("xdp_drop" if name == "floor:xdp_drop" else "xdp_tx_swap")
-            return _l4lab_on(bed, encap_id) if name.startswith("l4lab") else katrans[encap_id]
-
-        def sink(name: str) -> Callable[[], int]:
-            return bed.lb_count if name == "floor:xdp_drop" else bed.gen_count
-
-        frames, rounds = (1 << 18, 3) if opts.quick else (1 << 20, 5)
-        cpu = max(os.sched_getaffinity(0))
-        say(f"live frames on veth, 64 B (lab/bench/run.py testbed): CPU time per frame of the whole loop, "
-            f"{rounds} rounds × {frames} frames sent unpaced from CPU {cpu}:")
-        for _ in range(rounds):
-            for name, encap_id in live_plan():
-                bed.on_lb_program(program(name, encap_id))
-                with B._generator(bed, sink(name)) as gen:
-                    result.loop.setdefault(name, []).append(gen.chain_cost(frames, 64, 1024, 4, cpu))
-        tx_ns = loop_ns(result, "floor:xdp_tx")
-        for name, _encap in live_plan():
-            worst = min(c.delivered for c in result.loop[name])
-            say(f"  {name:<16} {loop_ns(result, name):7.1f} ns/frame  floor ÷ this "
-                f"{_share(tx_ns, loop_ns(result, name))}  (delivered {worst:.3f})")
-        say("NDR search (zero loss; on veth a lost frame is one the paced sender could not send in time):")
-        for name, encap_id in live_plan():
-            bed.on_lb_program(program(name, encap_id))
-            with B._generator(bed, sink(name)) as gen:
-                measured = B.ndr_point(gen, name, 64, 1024, 4, settings)
-            result.live[name] = measured
-            result.ndr[name] = measured.result.ndr_pps / 1e6
-            say(f"  {name:<16} NDR {result.ndr[name]:6.3f} Mpps  PDR {measured.result.pdr_pps / 1e6:6.3f} Mpps  "
-                f"({len(measured.result.trials)} trials{B.repeats(measured)})")
-    floor_ndr = result.ndr["floor:xdp_tx"]
-    for encap_id in ENCAPS:
-        ours, theirs = result.ndr[f"l4lab:{encap_id}"], result.ndr[f"katran:{encap_id}"]
-        say(f"  {encap_id}: NDR l4lab {_share(ours, floor_ndr)} × XDP_TX floor, Katran {_share(theirs, floor_ndr)} ×; "
-            f"loop cost floor ÷ l4lab {_share(tx_ns, loop_ns(result, 'l4lab:' + encap_id))}, "
-            f"floor ÷ Katran {_share(tx_ns, loop_ns(result, 'katran:' + encap_id))}")
-    if floor_ndr <= 0:
-        say("  the XDP_TX floor's NDR is 0 (no trial without loss): the machine is too busy for the NDR; "
-            "the loop costs above do not depend on it")
-
-
-def _share(part: float, whole: float) -> str:
-    """part / whole with two decimals, or "–" when whole is not positive."""
-    return f"{part / whole:.2f}" if whole > 0 else "–"
-
-
-def loop_ns(result: Result, name: str) -> float:
-    """The median CPU ns per frame of one program's loop over the rounds."""
-    return float(statistics.median(c.cpu_ns_per_frame for c in result.loop[name]))
-
-
-def _l4lab_on(bed: Any, encap_id: str) -> Any:
-    from lab.bench import run as B
-
-    bed.load_balancer()
-    bed.instance.apply(B.lb_config(encap_id))
-    return bed.instance.dp.programs["balancer_xdp"]
-
-
-def _katran_on(bed: Any, encap_id: str, objs: dict[str, Path], opts: Options) -> Any:
-    from lab.bench import run as B
-
-    kt = K.Katran(objs[ENCAPS[encap_id]], lru_size=min(opts.lru_size, 1 << 16)).load()
-    bed.stack.callback(kt.close)
-    kt.set_router_mac(B.GEN_MAC)
-    if ENCAPS[encap_id] == "gue":
-        kt.set_sources("198.51.100.128", "2001:db8:1b:80::")
-    kt.add_vip(B.VIP4, B.VIP_PORT, socket.IPPROTO_UDP, 0)
-    reals = {i + 1: (a, 1) for i, a in enumerate(B.REALS4)}
-    for rid, (addr, _) in reals.items():
-        kt.add_real(rid, addr)
-    from balancer import maglev
-
-    kt.set_ring(0, list(maglev.build_ring(reals, RING)))
-    return kt.program
+def table_lines(result: Result) -> list[str]:
+    """The session tables each program had, as loaded (every round alike)."""
+    lines = []
+    for who, (count, entries, size) in sorted(result.tables.items()):
+        shape = f"one table of {entries:,} entries for all CPUs" if who != "katran" else \
+            f"{count} tables (one per CPU) of {entries:,} entries"
+        lines.append(f"  session tables, {who}: {shape}, {size / 2**20:.0f} MiB ({result.lru_size:,} per CPU)")
+    return lines
 
 
 def side_by_side(result: Result) -> Any:
-    """The micro table and program sizes as the schema's SideBySide (reports/schema.py)."""
-    from reports.schema import LoopCost, ProgramSize, SideBySide, SideCase
+    """The micro table, program sizes, tables, loop costs and SYN flood as the schema's SideBySide."""
+    from reports.schema import ProgramSize, SessionTables, SideBySide, SideCase
 
     rows: list[Any] = []
     for name in result.medians:
@@ -526,21 +510,53 @@ def side_by_side(result: Result) -> Any:
                              other_ns=result.medians[f"katran:{rest}"],
                              ratio_above_floor=round(r, 4) if r == r else None,
                              path_counter=result.path_counters[name],
-                             other_path_counter=result.path_counters[f"katran:{rest}"], calls=result.calls))
+                             other_path_counter=result.path_counters[f"katran:{rest}"], calls=result.calls,
+                             round_ratios=[round(x, 4) if x == x else None
+                                           for x in round_ratios(result, case, encap_id or None)]))
     sizes = [ProgramSize(encap=encap_id, verified_insns=result.insns[f"l4lab:{encap_id}"][1],  # type: ignore[arg-type]
                          other_verified_insns=result.insns[f"katran:{encap_id}"][1],
                          xlated_insns=result.insns[f"l4lab:{encap_id}"][0],
                          other_xlated_insns=result.insns[f"katran:{encap_id}"][0]) for encap_id in ENCAPS]
-    loop = []
-    for name, encap_id in live_plan() if result.loop else []:
-        who, _, what = name.partition(":")
-        loop.append(LoopCost(program=what if who == "floor" else who, encap=encap_id or None,  # type: ignore[arg-type]
-                             cpu_ns_per_frame=round(loop_ns(result, name), 2), frames=result.loop[name][0].frames,
-                             rounds=len(result.loop[name]),
-                             delivered=min(c.delivered for c in result.loop[name])))
+    tables = [SessionTables(program=who, tables=n, entries=entries, bytes=size)
+              for who, (n, entries, size) in sorted(result.tables.items()) if who != "base"]
     return SideBySide(program="katran", frame_bytes=len(tcp_frame(CLIENT, 45000, VIP, 0x10)), rounds=result.rounds,
                       session_table_entries=result.lru_size, floor_xdp_drop_ns=result.medians["floor:xdp_drop"],
-                      floor_xdp_tx_ns=result.medians["floor:xdp_tx"], cases=rows, sizes=sizes, loop=loop)
+                      floor_xdp_tx_ns=result.medians["floor:xdp_tx"], cases=rows, sizes=sizes,
+                      loop=loop_costs(result), seed=result.seed, first_loaded=list(result.first_loaded),
+                      session_tables=tables, syn_flood=syn_flood(result))
+
+
+def loop_costs(result: Result) -> list[Any]:
+    """Every live case's loop cost as the schema's LoopCost (the SYN flood's with traffic "syn-flood")."""
+    from lab.bench.katran_live import FLOOD, live_plan, loop_ns
+    from reports.schema import LoopCost
+
+    loop = []
+    for case in live_plan(list(ENCAPS)) if result.loop else []:
+        costs = result.loop[case.name]
+        loop.append(LoopCost(program=case.what if case.who == "floor" else case.who,
+                             encap=case.encap or None,  # type: ignore[arg-type]
+                             cpu_ns_per_frame=round(loop_ns(result, case.name), 2), frames=costs[0].frames,
+                             rounds=len(costs), delivered=min(c.delivered for c in costs),
+                             traffic="syn-flood" if case.what == FLOOD else "udp-flows"))
+    return loop
+
+
+def syn_flood(result: Result) -> list[Any]:
+    """The SYN flood's NDR of both programs, with the sessions each had inserted."""
+    from lab.bench.katran_live import FLOOD, FLOOD_SOURCES
+    from reports.schema import SynFlood
+
+    out = []
+    for who in ("l4lab", "katran"):
+        measured = result.live.get(f"{who}:{FLOOD}")
+        if measured is None:
+            continue
+        out.append(SynFlood(program=who, encap=encaps.IP4_IPIP, sources=FLOOD_SOURCES,  # type: ignore[arg-type]
+                            ndr_mpps=measured.result.ndr_pps / 1e6, pdr_mpps=measured.result.pdr_pps / 1e6,
+                            floor_xdp_tx_mpps=result.ndr["floor:xdp_tx"],
+                            sessions_after=result.flood_sessions.get(who, 0)))
+    return out
 
 
 def live_points(result: Result) -> list[Any]:

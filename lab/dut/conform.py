@@ -1,160 +1,168 @@
-"""`l4lab conform`: the same conformance checks against each device under test, as one matrix.
+"""`l4lab conform`: the same checks against each device under test, one matrix from one run.
 
-    l4lab conform --dut l4lab --dut ipvs        # prints the matrix, writes results and the report
+    l4lab conform --dut l4lab --dut ipvs --dut katran     # the matrix, one JSON report per DUT, the HTML
+    l4lab conform --compare OLD NEW                       # the cells that changed between two runs
 
-For every DUT the conformance suites (suites/conformance unless --tests says otherwise) run in
-their own pytest process with `--dut NAME`; each test writes one conformance result carrying the
-DUT (suites/conformance/conftest.py), and a test that needs what the DUT lacks is decided "not
-applicable" before any lab is built. The matrix is built from those results only: a cell is
-`pass`, `fail` (l4lab), `finding` (a foreign DUT failed: the evidence is in the result),
-`n/a: <capability>` or `skip: <why>`. A foreign DUT's column must hold nothing but pass, finding
-with its evidence, and n/a naming a capability (`column_problems`). Exit 0 when every DUT's run
-completed, l4lab failed nothing and every foreign column is so; 1 otherwise (a foreign DUT's
-findings do not fail the run, they are its grade).
+For every DUT the checks (suites/conformance's tests that take `dut` or `dut_fleet`; l4lab's
+extras are no part of it) run in a pytest process of their own with `--dut NAME --conform`, all
+writing into one run directory (results/conform/<run>/); every check is one of four verdicts
+(pass, finding, n/a with its reference, error: lab/dut/verdict.py). The matrix is built from that
+run's results only (reports/conformance.py). Written: the run's results (also copied into the
+results directory), reports/out/conformance/<dut>.json per DUT beside the HTML report, which shows
+the matrix first. The last lines are one per DUT:
+
+    conform: <dut> pass <P> applicable <A> findings <F> errors <E> na <N>
+
+Exit 0 when no DUT has an error (a failed command, a run that did not complete, a check without a
+result), l4lab has no finding and every n/a cites a reference; 1 otherwise. A foreign DUT's
+findings do not fail the run: they are its grade.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from lab.dut import DUT_NAMES
+from lab.dut import DUTS, dut_class
 from lab.errors import UsageError
-from reports.schema import ConformancePayload, Kind, Result, load_results, results_dir
+from reports.conformance import Matrix, changes
+from reports.schema import ResultsError, load_results, results_dir
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_TESTS = "suites/conformance"
+RUN_ENV = "L4LAB_CONFORM_RUN"
 
 
-@dataclass(frozen=True)
-class Cell:
-    """One test × encap × DUT outcome as the matrix shows it, with the detail behind it."""
-
-    outcome: str
-    detail: str
-
-    @property
-    def label(self) -> str:
-        if self.outcome == "not-applicable":
-            return "n/a: " + self.detail.removeprefix("not applicable: ")
-        if self.outcome == "skip":
-            return "skip: " + self.detail
-        return self.outcome
-
-
-def cell_of(payload: ConformancePayload) -> Cell:
-    """The matrix cell of one result: a foreign DUT's failure is a finding about that DUT."""
-    outcome: str = payload.outcome
-    if outcome == "fail" and payload.dut != "l4lab":
-        outcome = "finding"
-    return Cell(outcome, payload.detail)
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="l4lab conform", description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--dut", action="append", choices=tuple(DUTS),
+                    help="a device under test (repeat for several; default l4lab)")
+    ap.add_argument("--tests", default=DEFAULT_TESTS, help=f"pytest path of the checks (default {DEFAULT_TESTS})")
+    ap.add_argument("-k", dest="keyword", help="only the checks pytest -k selects")
+    ap.add_argument("--ipvs-control", choices=("keepalived", "ipvsadm"), help="what drives IPVS (default keepalived)")
+    ap.add_argument("--ipvs-scheduler", help="IPVS scheduler and flags (default mh:mh-port,mh-fallback)")
+    ap.add_argument("--results", help="results directory (default $L4LAB_RESULTS or results/)")
+    ap.add_argument("--out", help="where to write the HTML report (default reports/out/index.html)")
+    ap.add_argument("--no-report", action="store_true", help="no HTML report (the JSON reports are written)")
+    ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"),
+                    help="the cells that changed between two runs (run directories, results/conform/<run>)")
+    return ap
 
 
-def build_matrix(results: Sequence[Result]) -> dict[tuple[str, str], dict[str, Cell]]:
-    """{(test, encap): {dut: cell}} from conformance results (the newest per test, encap and DUT)."""
-    matrix: dict[tuple[str, str], dict[str, Cell]] = {}
-    for result in sorted(results, key=lambda r: r.time):
-        payload = result.payload
-        if result.kind is not Kind.CONFORMANCE or not isinstance(payload, ConformancePayload):
-            continue
-        matrix.setdefault((payload.test, payload.encap or "-"), {})[payload.dut] = cell_of(payload)
-    return dict(sorted(matrix.items()))
+def _pytest(args: argparse.Namespace, dut: str, run_dir: Path, run: str) -> int:
+    cmd = [sys.executable, "-m", "pytest", str(REPO / args.tests), "--dut", dut, "--conform", "-q", "-rsx",
+           "-p", "no:cacheprovider"]
+    for option in ("ipvs_control", "ipvs_scheduler"):
+        if getattr(args, option):
+            cmd += [f"--{option.replace('_', '-')}", getattr(args, option)]
+    if args.keyword:
+        cmd += ["-k", args.keyword]
+    print(f"conform: {dut}: running {args.tests}", flush=True)
+    env = os.environ | {"L4LAB_RESULTS": str(run_dir), RUN_ENV: run}
+    return subprocess.run(cmd, cwd=REPO, env=env, check=False).returncode
 
 
-def column_problems(matrix: dict[tuple[str, str], dict[str, Cell]], dut: str) -> list[str]:
-    """What is wrong with a foreign DUT's column: a cell not run, skipped, a finding without the
-    DUT's evidence or a "not applicable" that names no capability. Empty: the column is sound."""
-    problems = []
-    for (test, encap), cells in matrix.items():
-        cell = cells.get(dut)
-        where = f"{dut} {test}[{encap}]"
-        if cell is None:
-            problems.append(f"{where}: not run")
-        elif cell.outcome == "finding" and f"--- {dut} says ---" not in cell.detail:
-            problems.append(f"{where}: a finding without {dut}'s evidence")
-        elif cell.outcome == "not-applicable" and not cell.detail.removeprefix("not applicable: ").strip():
-            problems.append(f"{where}: not applicable, naming no capability")
-        elif cell.outcome not in ("pass", "finding", "not-applicable"):
-            problems.append(f"{where}: {cell.label}")
-    return problems
+def _load(run_dir: Path, run: str | None = None) -> Matrix:
+    results = load_results(run_dir) if any(run_dir.glob("*.json")) else []
+    return Matrix.of(results, run)
 
 
-def render_matrix(matrix: dict[tuple[str, str], dict[str, Cell]], duts: Sequence[str]) -> str:
-    """The matrix as a text table, then each finding and failure with the first line of its evidence."""
-    width = max([len(t) for t, _ in matrix] + [4])
-    head = f"{'test':<{width}}  {'encap':<11}" + "".join(f"  {d:<22}" for d in duts)
-    lines = [head, "-" * len(head)]
-    notes: list[str] = []
-    for (test, encap), cells in matrix.items():
-        row = f"{test:<{width}}  {encap:<11}"
-        for dut in duts:
-            cell = cells.get(dut)
-            row += f"  {(cell.label if cell else 'not run')[:22]:<22}"
-            if cell is not None and cell.outcome in ("fail", "finding"):
-                first = next((ln[1:].strip() for ln in cell.detail.splitlines() if ln.startswith("E ")),
-                             cell.detail.strip().splitlines()[0] if cell.detail.strip() else "")
-                notes.append(f"{dut} {test}[{encap}]: {first[:160]}")
-        lines.append(row)
-    if notes:
-        lines += ["", "findings and failures (the evidence is in each result's detail):"]
-        lines += [f"  {n}" for n in notes]
-    return "\n".join(lines)
+def _json_reports(matrix: Matrix, out_dir: Path) -> list[Path]:
+    """reports/out/conformance/<dut>.json: the DUT's build, deviations, counts and every check."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for dut in matrix.duts:
+        spec = dut_class(dut).spec()
+        report = matrix.report(dut) | {
+            "product": spec.product,
+            "deviations": [{"what": d.what, "why": d.why} for d in spec.deviations],
+            "data_file": spec.where(1).rsplit(":", 1)[0],
+        }
+        path = out_dir / f"{dut}.json"
+        path.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+        written.append(path)
+    return written
+
+
+def _run_errors(matrix: Matrix, dut: str, code: int) -> str:
+    """Why a DUT's run failed beyond its cells ("" when it did not): a pytest session that did not
+    complete, or one that failed with no failing check to show for it (BPF pins left behind)."""
+    s = matrix.summary(dut)
+    if not matrix.rows or dut not in matrix.duts:
+        return f"its run wrote no result (pytest exit {code}); see its output above"
+    if code not in (0, 1) or (code == 1 and not s.errors and not (dut == "l4lab" and s.findings)):
+        return f"pytest exited {code} without a failing check: see its output above (BPF pins left behind?)"
+    return ""
+
+
+def _problems(matrix: Matrix, duts: Sequence[str], run_errors: dict[str, str]) -> list[str]:
+    """Why the run must exit 1: errors, l4lab findings, n/a without reference, runs that did not finish."""
+    out = [f"{dut}: {why}" for dut, why in run_errors.items() if why]
+    for dut in duts:
+        s = matrix.summary(dut)
+        if s.errors:
+            out.append(f"{dut}: {s.errors} errors (ours, not the DUT's: a command, a tool or the lab failed)")
+        if dut == "l4lab" and s.findings:
+            out.append(f"l4lab: {s.findings} findings (l4lab contradicts its own checks)")
+    out += [f"{cell}: n/a without a reference" for cell in matrix.unreferenced()]
+    return out
+
+
+def _compare(old: str, new: str) -> int:
+    try:
+        before, after = _load(Path(old)), _load(Path(new))
+    except ResultsError as exc:
+        raise UsageError(f"l4lab conform --compare: {exc}") from exc
+    if not before.rows or not after.rows:
+        raise UsageError(f"l4lab conform --compare: {old if not before.rows else new} holds no conform run's results")
+    changed = changes(before, after)
+    print(f"conform: {len(changed)} cells changed from run {before.run} to run {after.run}")
+    for line in changed:
+        print(f"  {line}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="l4lab conform", description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--dut", action="append", choices=DUT_NAMES,
-                    help="a device under test (repeat for several; default l4lab)")
-    ap.add_argument("--tests", default=DEFAULT_TESTS, help=f"pytest path of the checks (default {DEFAULT_TESTS})")
-    ap.add_argument("-k", dest="keyword", help="only the tests pytest -k selects")
-    ap.add_argument("--results", help="results directory (default $L4LAB_RESULTS or results/)")
-    ap.add_argument("--out", help="where to write the HTML report (default reports/out/index.html)")
-    ap.add_argument("--no-report", action="store_true", help="print the matrix only")
-    args = ap.parse_args(argv)
+    args = _parser().parse_args(argv)
+    if args.compare:
+        return _compare(*args.compare)
     duts = args.dut or ["l4lab"]
     tests = REPO / args.tests
     if not tests.exists():
         raise UsageError(f"cannot find the conformance tests {tests}: l4lab conform runs from a checkout "
                          "of the project (its suites/ folder)")
     main_dir = results_dir(args.results)
-    run_dir = main_dir / "conform" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    run = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    run_dir = main_dir / "conform" / run
     run_dir.mkdir(parents=True, exist_ok=True)
-    codes: dict[str, int] = {}
-    for dut in duts:
-        print(f"conform: {dut}: running {args.tests}", flush=True)
-        cmd = [sys.executable, "-m", "pytest", str(tests), "--dut", dut, "-q", "-rsx", "-p", "no:cacheprovider"]
-        if args.keyword:
-            cmd += ["-k", args.keyword]
-        codes[dut] = subprocess.run(cmd, cwd=REPO, env=os.environ | {"L4LAB_RESULTS": str(run_dir)},
-                                    check=False).returncode
-    results = load_results(run_dir) if any(run_dir.glob("*.json")) else []
-    matrix = build_matrix(results)
+    codes = {dut: _pytest(args, dut, run_dir, run) for dut in duts}
+    matrix = _load(run_dir, run)
     print()
-    print(render_matrix(matrix, duts) if matrix else "no conformance results were written")
+    print(matrix.text() if matrix.rows else "no conformance results were written")
     for path in run_dir.glob("*.json"):
         shutil.copy2(path, main_dir / path.name)
-    broken = {d: c for d, c in codes.items() if c != 0}
-    l4lab_failed = any(c.get("l4lab") and c["l4lab"].outcome == "fail" for c in matrix.values())
-    unsound = [p for d in duts if d != "l4lab" for p in column_problems(matrix, d)]
-    if unsound:
-        print(f"\nconform: {len(unsound)} cells of a foreign DUT are neither pass, finding with evidence nor "
-              "not applicable with a capability:", file=sys.stderr)
-        for problem in unsound[:20]:
-            print(f"  {problem}", file=sys.stderr)
+    out = Path(args.out) if args.out else REPO / "reports" / "out" / "index.html"
+    for path in _json_reports(matrix, out.parent / "conformance"):
+        print(f"wrote {path}")
     if not args.no_report:
         from reports import render
 
-        render_args = ["--results", str(main_dir)] + (["--out", args.out] if args.out else [])
-        render.main(render_args)
+        render.main(["--results", str(main_dir), "--out", str(out)])
+    run_errors = {dut: _run_errors(matrix, dut, codes[dut]) for dut in duts}
+    problems = _problems(matrix, duts, run_errors)
     print(f"\nresults: {run_dir}")
-    if broken:
-        print("conform: the run of " + ", ".join(f"{d} (pytest exit {c})" for d, c in broken.items())
-              + " did not complete cleanly; see its output above", file=sys.stderr)
-    return 1 if broken or l4lab_failed or unsound or not matrix else 0
+    for problem in problems:
+        print(f"conform: {problem}", file=sys.stderr)
+    sys.stderr.flush()
+    for dut in duts:  # last, one line per DUT; a run that failed beyond its cells is one error more
+        s = matrix.summary(dut)
+        print(dataclasses.replace(s, errors=s.errors + bool(run_errors[dut])).line(dut))
+    return 1 if problems else 0

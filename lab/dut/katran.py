@@ -23,16 +23,23 @@ counter(). A flavour is the default IPIP build or GUE (`-DGUE_ENCAP -DGUE_DPORT=
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import socket
 import struct
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from balancer import encaps
+from balancer.katran_hash import RingKind
+from lab.dut.base import Capability, Dut, HealthCheck, LabLike, LbLink
 from lab.errors import LabError
+from lab.topology import Topology
 
 ENV = "L4LAB_KATRAN_SRC"
 SOURCE = Path("katran/lib/bpf/balancer.bpf.c")
@@ -79,25 +86,29 @@ class Checkout:
         return cls(root)
 
 
-def build(checkout: Checkout, flavour: str = "ipip", out_dir: Path = BUILD_DIR) -> Path:
-    """Compile Katran's balancer (clang to LLVM IR, llc to BPF, as Katran's own build does)."""
+def build(checkout: Checkout, flavour: str = "ipip", out_dir: Path = BUILD_DIR,
+          defines: Sequence[str] = ()) -> Path:
+    """Compile Katran's balancer (clang to LLVM IR, llc to BPF, as Katran's own build does), with
+    the flavour's flags and `defines` (further -D flags, e.g. ICMP_TOOBIG_GENERATION) too."""
     if flavour not in FLAVOURS:
         raise LabError(f"unknown Katran flavour {flavour!r}; use one of {', '.join(FLAVOURS)}")
     for tool in ("clang", "llc"):
         if shutil.which(tool) is None:
             raise LabError(f"building Katran needs {tool}; run `make deps` (it installs clang and llvm)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"balancer-{flavour}.o"
-    ir = out_dir / f"balancer-{flavour}.ll"
+    stem = "-".join([f"balancer-{flavour}", *(d.removeprefix("-D").replace("=", "").lower() for d in defines)])
+    out = out_dir / f"{stem}.o"
+    ir = out_dir / f"{stem}.ll"
     cflags = ["-I", str(checkout.root), "-D__KERNEL__", "-Wno-unused-value", "-Wno-pointer-sign",
-              "-Wno-compare-distinct-pointer-types", "-w", "-O2", "-g", *FLAVOURS[flavour]]
+              "-Wno-compare-distinct-pointer-types", "-w", "-O2", "-g", *FLAVOURS[flavour], *defines]
     steps = [["clang", *cflags, "-emit-llvm", "-S", "-c", str(checkout.root / SOURCE), "-o", str(ir)],
              ["llc", "-march=bpf", "-filetype=obj", str(ir), "-o", str(out)]]
     for argv in steps:
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-            raise LabError(f"cannot build Katran ({flavour}) from {checkout.root}: {argv[0]} failed: {tail}",
+            raise LabError(f"cannot build Katran ({' '.join([flavour, *defines])}) from {checkout.root}: "
+                           f"{argv[0]} failed: {tail}",
                            step="build katran", command=" ".join(argv), stderr=done.stderr)
     ir.unlink(missing_ok=True)
     return out
@@ -155,9 +166,21 @@ class Katran:
     def program(self):  # type: ignore[no-untyped-def]
         return self._obj.program(self.PROGRAM)
 
+    @property
+    def session_tables(self) -> list[object]:
+        """The per-CPU LRU session tables (balancer.libbpf.Map), CPU 0 first."""
+        return list(self._inner)
+
     def attach(self, ifname: str, mode: str = "native") -> None:
         """Attach in XDP (a BPF link; close() detaches it)."""
         self._links.append(self.program.attach_xdp(socket.if_nametoindex(ifname), mode, ifname))
+
+    def take_over(self, old: Katran) -> None:
+        """Replace `old` on its interfaces: each of its XDP links is pointed at this object's program
+        (atomic: no frame meets an interface without a program), then belongs to this object."""
+        for link in old._links:
+            link.update(self.program)  # type: ignore[attr-defined]
+        self._links, old._links = self._links + old._links, []
 
     def set_router_mac(self, mac: str) -> None:
         """ctl_array[0]: the destination MAC of every frame Katran sends (it never reads neighbours)."""
@@ -229,3 +252,211 @@ class Katran:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# ---- Katran as a device under test ------------------------------------------------------------
+
+ETH_HEADER = 14
+RING_KIND: RingKind = "v1"  # KatranConfig's hashFunction default: Maglev (V1)
+
+
+class KatranDut(Dut):
+    """Katran's XDP balancer built from the user's checkout ($L4LAB_KATRAN_SRC), in native XDP on a
+    lab LB node's link like l4lab; its maps programmed by our code (Katran's control plane is a C++
+    library with folly, not built here), each VIP's ring written by Katran's own ring code
+    (lab/dut/katran_ring.py: katran::Vip with Maglev V1, its control plane's default).
+
+    Built per check where Katran has the feature behind a build flag (lab/dut/katran.toml): GUE
+    (`GUE_ENCAP`) for a GUE encap, and for a check that needs the LB to answer too-big,
+    `ICMP_TOOBIG_GENERATION` with `MAX_PCKT_SIZE` the LB link's MTU less the encapsulation (its
+    default, 1514 bytes, lets a full-size frame through to be encapsulated past the MTU). Every
+    other check runs the default build. A restart of the control plane loads and programs a new copy
+    and swaps it in behind the XDP link, as KatranLb's start does (new maps: the LRU starts empty).
+    """
+
+    name = "katran"
+
+    def __init__(self, lab: LabLike, workdir: Path, options: Mapping[str, str] | None = None,
+                 node: str = "lb") -> None:
+        super().__init__(lab, workdir, options)
+        self.node = node
+        self.checkout = Checkout.find(None)
+        self.objects: dict[tuple[str, ...], Path] = {}
+        self.ring_code: Any = None  # Katran's ring builder, compiled from the checkout
+        self.katran: Katran | None = None
+        self.flags: tuple[str, ...] = ()  # this check's build: (flavour, -D flags...)
+        self._vips: list[tuple[str, int, int]] = []
+        self._index: dict[str, int] = {}
+        self._announced: list[str] = []
+
+    def start(self) -> None:
+        from lab.dut import katran_ring
+
+        self._object(("ipip",))  # a checkout that does not build fails here, before any check runs
+        self.ring_code = katran_ring.build(self.checkout, self.workdir / "katran")
+
+    def stop(self) -> None:
+        if self.katran is not None:
+            self.katran.close()
+            self.katran = None
+
+    def build_info(self) -> str:
+        head = subprocess.run(["git", "-C", str(self.checkout.root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=False).stdout.strip() or "unknown commit"
+        flags = " ".join(FLAVOURS[self.flags[0]] + self.flags[1:]) if self.flags else "not built yet"
+        return f"Katran {head} from {self.checkout.root}; this check's build: {flags or 'default flags'}"
+
+    def _object(self, flags: tuple[str, ...]) -> Path:
+        if flags not in self.objects:
+            self.objects[flags] = build_object(self.checkout, flags, self.workdir / "katran")
+        return self.objects[flags]
+
+    def _build_for(self, encap_id: str) -> tuple[str, ...]:
+        """(flavour, -D flags...) for this check: GUE for a GUE encap; too-big answers if it needs them."""
+        case = encaps.by_id(encap_id)
+        flags: tuple[str, ...] = ("gue" if case.gue else "ipip",)
+        if Capability.PMTU_GENERATION in self.wanted:
+            mtu = link_mtu(self.lab.topology, self.node)
+            flags += ("-DICMP_TOOBIG_GENERATION", f"-DMAX_PCKT_SIZE={ETH_HEADER + mtu - case.overhead}")
+        return flags
+
+    def _new(self) -> Katran:
+        """A copy of this check's build loaded, its next hop and GUE sources set, not attached yet."""
+        from lab.lbconf import lb_link
+
+        kt = Katran(self._object(self.flags), lru_size=1 << 16, vips=len(self._vips)).load()
+        try:
+            _, router, router_if = lb_link(self.lab.topology, self.node)
+            kt.set_router_mac(self.lab.mac(router, router_if))
+            if self.flags[0] == "gue":
+                kt.set_sources(*lb_sources(self.lab.topology, self.node))
+            self._program(kt)
+        except BaseException:
+            kt.close()
+            raise
+        return kt
+
+    def configure(self, encap_id: str, weights: Mapping[str, int] | None = None,
+                  extra_ports: Sequence[tuple[int, str]] = (), healthcheck: HealthCheck | None = None) -> None:
+        if healthcheck is not None:
+            why = self.spec().reference(Capability.HEALTH_CHECKS)
+            raise LabError(f"Katran has no health checks of its own ({why})")
+        self._remember(encap_id, weights, extra_ports, healthcheck)
+        protos = {"tcp": 6, "udp": 17}
+        self._vips = [(str(v.address), port, protos[proto]) for v in self.lab.topology.vips
+                      if v.address.version == self.family
+                      for port, proto in [(p.port, p.proto) for p in v.ports] + list(self.extra_ports)]
+        self._index = {n: i + 1 for i, n in enumerate(self.ordered(self.reals()))}
+        # Load afresh for every configuration: sessions and VIP numbers start clean, as after a restart.
+        self.stop()
+        self.flags = self._build_for(encap_id)
+        kt = self._new()
+        try:
+            from lab.lbconf import lb_link
+            from lab.nsexec import entered
+
+            with entered(self.lab.netns(self.node)):
+                kt.attach(lb_link(self.lab.topology, self.node)[0], "native")
+        except BaseException:
+            kt.close()
+            raise
+        self.katran = kt
+
+    def _program(self, kt: Katran) -> None:
+        for node, index in self._index.items():
+            kt.add_real(index, self.reals()[node])
+        for num, (addr, port, proto) in enumerate(self._vips):
+            kt.add_vip(addr, port, proto, num)
+        self._write_rings(kt)
+
+    def _write_rings(self, kt: Katran) -> None:
+        """Every VIP's ring as Katran's control plane writes it for the reals and their weights."""
+        from balancer import maglev
+        from lab.dut import katran_ring
+
+        members = [maglev.Backend(self._index[n], self.reals()[n], w) for n, w in self.weights.items()]
+        ring = [int(r) for r in katran_ring.ring(self.ring_code, members, RING_SIZE, RING_KIND)]
+        for num in range(len(self._vips)):
+            kt.set_ring(num, ring)
+
+    def _loaded(self) -> Katran:
+        if self.katran is None:
+            raise LabError("Katran is not loaded: configure() it first")
+        return self.katran
+
+    def set_weight(self, real: str, weight: int) -> None:
+        self.weights[real] = weight
+        self._write_rings(self._loaded())
+
+    def remove_real(self, real: str) -> None:
+        self.weights.pop(real, None)
+        self._write_rings(self._loaded())
+
+    def add_real(self, real: str, weight: int = 1) -> None:
+        self.weights[real] = weight
+        self._write_rings(self._loaded())
+
+    def restart_control_plane(self, how: str = "crash") -> float:
+        """A new copy loaded and programmed, then swapped in behind the XDP link (KatranLb's start:
+        katran/lib/KatranLb.cpp attachBpfProgs, modifyXdpProg); the seconds the swap took."""
+        old = self._loaded()
+        started = time.monotonic()
+        new = self._new()
+        try:
+            new.take_over(old)
+        except BaseException:
+            new.close()
+            raise
+        old.close()
+        self.katran = new
+        return time.monotonic() - started
+
+    def forwarded(self) -> dict[str, int]:
+        kt = self._loaded()
+        return {n: kt.real_counter(i)[0] for n, i in self._index.items()}
+
+    def link(self) -> LbLink:
+        from lab.lbconf import lb_link
+
+        lb_if, router, router_if = lb_link(self.lab.topology, self.node)
+        return LbLink(router, router_if, self.lab.mac(self.node, lb_if).lower())
+
+    def announce(self, present: bool) -> None:
+        """Add (or remove) the blackhole routes for the topology's VIPs in the LB node, which its bgpd
+        announces (`network` with import-check, lab/frr.py): a fleet member in or out of ECMP."""
+        for vip in self.lab.topology.vips:
+            dst = f"{vip.address}/{vip.address.max_prefixlen}"
+            verb = "replace" if present else "del"
+            self.lab.run(self.node, ["ip", f"-{vip.address.version}", "route", verb, "blackhole", dst],
+                         check=present)
+
+    def evidence(self) -> str:
+        if self.katran is None:
+            return "katran is not loaded"
+        from lab.lbconf import lb_link
+
+        lb_if = lb_link(self.lab.topology, self.node)[0]
+        nic = self.lab.run(self.node, ["ethtool", "-S", lb_if], check=False).stdout
+        xdp = [ln.strip() for ln in nic.splitlines() if "xdp" in ln and not ln.strip().endswith(": 0")]
+        return json.dumps({"build": self.build_info(), "counters": self.katran.counters(),
+                           "per_real": self.forwarded(), f"{lb_if} xdp counters (ethtool -S, non-zero)": xdp},
+                          indent=1)
+
+
+def build_object(checkout: Checkout, flags: tuple[str, ...], out_dir: Path) -> Path:
+    """Katran's object for (flavour, -D flags...)."""
+    return build(checkout, flags[0], out_dir, defines=flags[1:])
+
+
+def link_mtu(topo: Topology, node: str) -> int:
+    """The MTU of `node`'s link (its LB link)."""
+    for link in topo.links:
+        if node in (link.a.node, link.b.node):
+            return int(link.mtu)
+    raise LabError(f"topology '{topo.name}' gives node '{node}' no link")
+
+
+def lb_sources(topo: Topology, node: str) -> tuple[str, str | None]:
+    """The LB node's own IPv4 and IPv6 addresses: GUE's outer sources (pckt_srcs)."""
+    addrs = [a for link in topo.links for ep in link.endpoints if ep.node == node for a in ep.addresses]
+    return next(str(a.ip) for a in addrs if a.version == 4), next((str(a.ip) for a in addrs if a.version == 6), None)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from balancer.encaps import by_id
+from lab.errors import CommandError
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -94,8 +95,9 @@ class Lab(Protocol):
 def _checked(done: subprocess.CompletedProcess[str], argv: list[str] | tuple[str, ...], where: str,
              check: bool) -> subprocess.CompletedProcess[str]:
     if check and done.returncode != 0:
-        raise AssertionError(f"{' '.join(argv)} in {where} exited {done.returncode}: "
-                             f"{(done.stderr or done.stdout).strip()[-2000:]}")
+        raise CommandError(f"{' '.join(argv)} in {where} exited {done.returncode}: "
+                           f"{(done.stderr or done.stdout).strip()[-2000:]}", command=" ".join(argv),
+                           stderr=done.stderr or done.stdout)
     return done
 
 

@@ -9,7 +9,8 @@ From then on, every --interval seconds it sends a numbered line on every connect
 a connection fails as "reset" (ECONNRESET, EPIPE or EOF) or "timeout" (no answer within --timeout).
 A second thread opens a new connection every --new-every seconds, sends one line and records who answered.
 
-Commands on stdin: "mark NAME" records the moment (answered {"event": "marked"}); "stop [S]"
+Commands on stdin: "mark NAME" records the moment (answered {"event": "marked"}); "tick" sends a
+request on every connection now (answered {"event": "ticked"}; for idle connections: a long --interval); "stop [S]"
 keeps going S more seconds (the observation window), then waits out the requests in flight and prints
 the report {"event": "report", "conns": [...], "new": [...], "marks": {...}} and exits. Times are
 seconds since the start. With --cpu the process pins itself to one CPU, as a NIC's RSS keeps a
@@ -30,11 +31,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from lab.errors import LabError
 from lab.nsexec import nsenter_argv
 from lab.state import netns_name
 
@@ -172,6 +175,9 @@ class Client:
         elif word == "mark":
             self.marks[arg] = _now()
             _emit({"event": "marked", "name": arg, "t": self.marks[arg]})
+        elif word == "tick":
+            self._tick()
+            _emit({"event": "ticked", "t": _now()})
 
     def run(self) -> None:
         newer = threading.Thread(target=self._new_flows, daemon=True)
@@ -181,7 +187,7 @@ class Client:
             if time.monotonic() >= next_tick:
                 self._tick()
                 next_tick += self.interval
-            wait = max(0.0, next_tick - time.monotonic())
+            wait = min(max(0.0, next_tick - time.monotonic()), 0.1)  # stdin is read between waits
             for key, _ in self.sel.select(wait):
                 self._on_readable(key.data)
             if self.stop_at == float("inf") and select.select([sys.stdin], [], [], 0)[0]:
@@ -205,6 +211,15 @@ class Client:
 def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
+
+
+def answer_rounds(ask: Callable[[], Mapping[int, str]]) -> None:
+    """The round channel of the clients that speak as lab.nodes.quic_echo's does: each "round" line on
+    stdin is answered {"event": "round", "answers": ask()}; any other line, or the input's end, ends it."""
+    for line in sys.stdin:
+        if line.strip() != "round":
+            return
+        _emit({"event": "round", "answers": dict(ask())})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,8 +287,8 @@ class ChurnClient:
         stderr = ""
         if self.proc.poll() is not None and self.proc.stderr is not None:
             stderr = self.proc.stderr.read()[-2000:]
-        raise AssertionError(f"{self.where} did not report '{event}' within {timeout:g} s "
-                             f"(exit {self.proc.poll()}): {stderr or 'no stderr'}")
+        raise LabError(f"{self.where} did not report '{event}' within {timeout:g} s "
+                       f"(exit {self.proc.poll()}): {stderr or 'no stderr'}")
 
     def _send(self, line: str) -> None:
         assert self.proc.stdin is not None
@@ -283,6 +298,11 @@ class ChurnClient:
     def mark(self, name: str) -> float:
         self._send(f"mark {name}")
         return float(self._read("marked", 10)["t"])
+
+    def tick(self) -> None:
+        """A request on every live connection now (the client's --interval may be long: idle connections)."""
+        self._send("tick")
+        self._read("ticked", 10)
 
     def stop(self, after: float = 0.0, timeout: float = 20.0) -> dict[str, Any]:
         """Let the client run `after` more seconds (its observation window), then take its report."""

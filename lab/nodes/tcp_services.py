@@ -31,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from lab.errors import LabError
 from lab.nsexec import nsenter_argv
 from lab.state import netns_name
 
@@ -180,8 +181,8 @@ class Services:
         if proc.poll() is not None and proc.stderr is not None:
             stderr = proc.stderr.read()[-1000:]
         where = netns_name(self.lab, node) if isinstance(self.lab, str) else self.lab.where(node)
-        raise AssertionError(f"the {self.kind} service on {node} ({where}) did not say "
-                             f"'ready' within {READY_TIMEOUT_S:g} s (exit {proc.poll()}): {stderr or 'no stderr'}")
+        raise LabError(f"the {self.kind} service on {node} ({where}) did not say "
+                       f"'ready' within {READY_TIMEOUT_S:g} s (exit {proc.poll()}): {stderr or 'no stderr'}")
 
     def stop(self) -> None:
         for proc in self.procs.values():

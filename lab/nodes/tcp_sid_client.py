@@ -27,6 +27,7 @@ from pathlib import Path
 from balancer import objects
 from balancer.datapath import verify_abi
 from balancer.libbpf import BpfObject, lib
+from lab.nodes.churn_client import answer_rounds
 from lab.nodes.quic_echo import QuicClient
 
 CGROUP2 = Path("/sys/fs/cgroup/unified")
@@ -98,11 +99,7 @@ def run(vip: str, port: int, conns: int, ids: dict[str, int]) -> None:
                 ports.update(local.to_bytes(4, "little"), ids[node].to_bytes(4, "little"))  # type: ignore[attr-defined]
             rows.append({"index": i, "addr": addr, "port": local, "node": node})
         print(json.dumps({"event": "ready", "conns": rows}), flush=True)
-        for line in sys.stdin:
-            if line.strip() != "round":
-                break
-            answers = {i: _ask(s, "again") for i, s in enumerate(socks)}
-            print(json.dumps({"event": "round", "answers": answers}), flush=True)
+        answer_rounds(lambda: {i: _ask(s, "again") for i, s in enumerate(socks)})
         for s in socks:
             s.close()
 

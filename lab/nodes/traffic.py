@@ -6,14 +6,14 @@
 Each request is a new flow (a new TCP connection or a new UDP socket), taken in turn from each
 source address, so flows spread over the reals; `--sport-base` fixes each request's source port,
 so that a second run sends the same flows again. The lab's services put the real's node name in
-every answer; the report lists, per request, the source, the answering node and any error.
+every answer; the report lists, per request, the source, the answering node and any error (with
+"stage": "bind" when the client could not even take its own port: no packet was sent).
 Deadlines are per request; nothing sleeps.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import socket
 import sys
@@ -22,19 +22,33 @@ from typing import Any
 
 
 def http_once(vip: str, port: int, source: str, timeout: float, sport: int = 0) -> dict[str, Any]:
+    """One HTTP/1.0 GET on a new connection; the client reads until the server closes, and only then
+    closes its end, so the server is the one left in TIME-WAIT: the same source port can open the
+    next flow at once (a rerun of the same flows)."""
     t0 = time.monotonic()
-    conn = http.client.HTTPConnection(vip, port, timeout=timeout, source_address=(source, sport))
-    try:
-        conn.request("GET", "/", headers={"Connection": "close"})
-        resp = conn.getresponse()
-        body = resp.read().decode(errors="replace")
-        return {"source": source, "sport": conn.sock.getsockname()[1] if conn.sock else sport,
-                "status": resp.status, "node": _node(body),
-                "seconds": round(time.monotonic() - t0, 4)}
-    except OSError as exc:
-        return {"source": source, "error": f"{type(exc).__name__}: {exc}"}
-    finally:
-        conn.close()
+    family = socket.AF_INET6 if ":" in vip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((source, sport))
+        except OSError as exc:  # the client's own port, not the path: the caller's failure
+            return {"source": source, "sport": sport, "error": f"{type(exc).__name__}: {exc}", "stage": "bind"}
+        sport = s.getsockname()[1]
+        try:
+            s.connect((vip, port))
+            s.sendall(f"GET / HTTP/1.0\r\nHost: {vip}\r\n\r\n".encode())
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        except OSError as exc:
+            return {"source": source, "sport": sport, "error": f"{type(exc).__name__}: {exc}"}
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1] if head.startswith(b"HTTP/") and head.count(b" ") >= 1 else b""
+    if not status.isdigit():
+        return {"source": source, "sport": sport, "error": f"not an HTTP answer: {data[:80]!r}"}
+    return {"source": source, "sport": sport, "status": int(status), "node": _node(body.decode(errors="replace")),
+            "seconds": round(time.monotonic() - t0, 4)}
 
 
 def udp_once(vip: str, port: int, source: str, timeout: float, sport: int = 0) -> dict[str, Any]:

@@ -213,6 +213,17 @@ class VmReal:
             self._process = None
             self._stack = contextlib.ExitStack()
 
+    def kill(self) -> None:
+        """The VM dies without a word (qemu SIGKILLed); its tap stays, without carrier, until stop()."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+
+    @property
+    def alive(self) -> bool:
+        """Whether qemu still runs."""
+        return self._process is not None and self._process.poll() is None
+
     @property
     def serial_log(self) -> Path:
         """The file that receives the VM's serial console."""

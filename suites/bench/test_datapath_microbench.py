@@ -99,8 +99,9 @@ def balancer_cases(b: RunBalancer, tag: str, runs: int) -> list[Case]:
     def hit(case_id: str) -> Case:
         vip = by_id[case_id].vip
         syn: Packet = P.tcp_to(vip, sport=45000, flags="S")
-        assert b.run(syn).reason == "TX_ENCAP", f"priming {case_id}"  # creates the session
+        assert b.run(syn).reason == "TX_ENCAP", f"priming {case_id}"
         ack = bytes(P.tcp_to(vip, sport=45000, flags="A"))
+        assert b.run(ack).events.get("LRU_MISS") == 1, f"priming {case_id}"  # the handshake's ACK inserts
         assert b.run(ack).events.get("LRU_HIT") == 1, f"{case_id}: the flow must hit its session"
         return Case(f"{tag}lru-hit-{case_id}", prog, (ack,), 3, b, ("TX_ENCAP", "LRU_HIT"))
 
@@ -110,7 +111,7 @@ def balancer_cases(b: RunBalancer, tag: str, runs: int) -> list[Case]:
         hit("ip4-gue1"),
         hit("ip6-ip6ip6"),
         hit("ip6-gue1"),
-        # A SYN from a new client address every run (ip4-ipip VIP): session miss, ring, insert.
+        # A SYN from a new client address every run (ip4-ipip VIP): the ring, no session.
         Case(f"{tag}new-flow", prog, new_flow_frames(runs), 3, b, ("TX_ENCAP", "SYN_REHASH")),
         # An ACK of a flow never seen, a new client address every run: a session miss. Its own source
         # port: the 2^17 client addresses wrap, and must not meet the SYN case's sessions.

@@ -16,6 +16,7 @@ import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from scapy.layers.inet import IP
@@ -150,6 +151,11 @@ def test_side_by_side_checks_every_path(checkout: katran.Checkout, tmp_path: Pat
         assert result.insns[f"l4lab:{encap}"][1] > 0 and result.insns[f"katran:{encap}"][1] > 0
     assert sum("actions and path counters checked" in line for line in lines) == 3
     assert any(line.startswith("IPIP session hit") for line in lines)
+    assert f"order: seed {result.seed} " in "\n".join(lines)
+    assert result.first_loaded == ["l4lab", "katran", "l4lab"], "each program's tables created first in turn"
+    assert {len(r) for r in result.round_medians.values()} == {3}
+    assert any(line.startswith("  session tables, katran: 2 tables (one per CPU) of 4,096 entries")
+               for line in lines) or os.cpu_count() != 2
     assert result.results_file is not None and result.results_file.is_file()
     (written,) = load_results(tmp_path)
     assert isinstance(written.payload, BenchPayload) and written.payload.side_by_side is not None
@@ -161,6 +167,33 @@ def test_side_by_side_checks_every_path(checkout: katran.Checkout, tmp_path: Pat
     assert (hit.path_counter, hit.other_path_counter) == ("LRU_HIT", "LRU hits")
     assert [z.encap for z in sbs.sizes] == list(katranbench.ENCAPS)
     assert written.payload.points == [], "no live frames in this run (ndr=False)"
+    assert (sbs.seed, sbs.first_loaded) == (result.seed, ["l4lab", "katran", "l4lab"])
+    assert all(len(c.round_ratios) == 3 for c in sbs.cases)
+    tables = {t.program: t for t in sbs.session_tables}
+    assert tables["katran"].entries == 4096 and tables["katran"].tables == tables["l4lab"].entries // 4096
+    assert tables["l4lab"].tables == 1 and tables["l4lab"].bytes > 0
+
+
+@NEEDS_ROOT
+def test_a_seed_replays_the_same_order(checkout: katran.Checkout, tmp_path: Path) -> None:
+    """Two runs with one seed time the cases in one order: the same permutation every iteration."""
+    real = katranbench.Order.iterations
+
+    def timed_in(seen: list[list[str]]) -> Any:
+        def spy(self: katranbench.Order, items: Any, count: int) -> Any:
+            for turn in real(self, items, count):
+                seen.append([c.name for c in turn])
+                yield turn
+        return spy
+
+    orders: list[list[list[str]]] = [[], []]
+    for seen in orders:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(katranbench.Order, "iterations", timed_in(seen))
+            katranbench.run(katranbench.Options(katran=checkout.root, runs=40, rounds=2, lru_size=1024, ndr=False,
+                                                seed=99, results=tmp_path), lambda _line: None)
+    assert orders[0] == orders[1] and len(orders[0]) == 40
+    assert len({tuple(o) for o in orders[0]}) > 1, "a new order every iteration"
 
 
 @NEEDS_ROOT
@@ -184,3 +217,26 @@ def test_a_baseline_is_timed_in_the_same_rounds(checkout: katran.Checkout, tmp_p
         ["non-vip"] + [f"{e}:{c}" for e in katranbench.ENCAPS for c in ("new-ack", "new-syn", "session-hit")])
     assert all(len(r.split()) == 6 for r in rows), rows
     assert glob.glob(os.path.join(tempfile.gettempdir(), "l4lab-baseline-*")) == copies
+
+
+@NEEDS_ROOT
+def test_the_live_loop_checks_every_frame_and_catches_one_that_went_elsewhere(objects: dict[str, Path]) -> None:
+    """Every live case's loop round on the bench veth: all frames delivered, each program's own counters
+    moved by every frame (lab/bench/katran_live.py). Then the check itself: l4lab loaded for the SYN
+    flood (a TCP VIP) fed the UDP flows passes them to the stack, and the round says so."""
+    from contextlib import ExitStack
+
+    from lab.bench import katran_live as live
+    from lab.bench import run as B
+
+    plan = live.live_plan(list(katranbench.ENCAPS))
+    cpu = max(os.sched_getaffinity(0))
+    with B.testbed() as bed, ExitStack() as stack:
+        loaded = live.load_all(stack, bed, plan, objects, ["katran", "l4lab"], "test")
+        for case in plan:
+            cost = live.loop_round(bed, case, loaded[case.name], 1 << 14, cpu)
+            assert cost.received == cost.frames == 1 << 14 and cost.warm > 0, case.name
+        assert loaded["l4lab:syn-flood"].sessions() == 0, "SYNs insert no session"  # type: ignore[misc]
+        assert loaded["katran:syn-flood"].sessions() > 0, "Katran's SYNs insert (below its flood rate)"  # type: ignore[misc]
+        with pytest.raises(LabError, match="the sink counted 0 of 16384 frames"):
+            live.loop_round(bed, live.LiveCase("l4lab", "ip4-ipip"), loaded["l4lab:syn-flood"], 1 << 14, cpu)

@@ -90,6 +90,39 @@ def test_a_recycled_page_with_a_devices_leftovers_is_rewritten(one_cpu: int, fam
         prog.close()
 
 
+def test_syn_flood_frames_are_new_tcp_syns_with_valid_checksums(one_cpu: int) -> None:
+    """l4 = "tcp-syn": every frame a TCP SYN (MSS and SACK-permitted options) of the next flow, its TCP
+    checksum (offset 16, where UDP's is at 6) updated with the address and port."""
+    from scapy.layers.inet import IP, TCP
+    from scapy.layers.l2 import Ether
+
+    _needs_bpf()
+    syn = Endpoints(src_mac=EP.src_mac, dst_mac=EP.dst_mac, l4="tcp-syn")
+    family = 4
+    prog = TrafficgenProgram(build_frame(64, family, syn), family, 5000, 50)
+    try:
+        first = (one_cpu * CPU_SPREAD) % 5000
+        for k in range(60):
+            action, out = prog.run_once()
+            pkt = Ether(out)
+            rebuilt = pkt.copy()
+            del rebuilt[TCP].chksum
+            if family == 4:
+                del rebuilt[IP].chksum
+            assert action == XDP_TX and bytes(rebuilt) == out, "a checksum is wrong:\n" + pkt.show(dump=True)
+            ip = pkt[IP]
+            assert pkt[TCP].flags == "S" and [o[0] for o in pkt[TCP].options][:2] == ["MSS", "NOP"]
+            assert (str(ip.src), int(pkt[TCP].sport)) == expected(family, (first + k) % 5000, 50)
+    finally:
+        prog.close()
+
+
+def test_tcp_over_ipv6_is_refused_its_checksum_lies_beyond_the_template() -> None:
+    syn = Endpoints(src_mac=EP.src_mac, dst_mac=EP.dst_mac, l4="tcp-syn")
+    with pytest.raises(GeneratorError, match="checksum beyond the 64 bytes"):
+        TrafficgenProgram(build_frame(82, 6, syn), 6, 10, 10)
+
+
 def test_imix_sizes_and_1518_byte_frames_are_rewritten_too(one_cpu: int) -> None:
     for size, _share in IMIX:
         prog = program(size, 4, flows=4, addrs=2)

@@ -29,8 +29,8 @@ from balancer.libbpf import BpfObject
 from lab.emitted import ETH, XDP_TX, _frame, _template
 from lab.lbconf import real_addresses
 
-# what the ring choice reads
-SHARED = ("lb_vips", "lb_vip_index", "lb_reals", "lb_ring", "lb_settings")
+# what the ring choice reads (lb_vip_cidrs: the VIPs that are prefixes)
+SHARED = ("lb_vips", "lb_vip_index", "lb_reals", "lb_ring", "lb_settings", "lb_vip_cidrs")
 
 
 def _udp(tmpl: bytearray, l4_off: int) -> bytearray:

@@ -4,7 +4,7 @@ Topology `bond-vlan`: the LB is a qemu VM (Debian's cloud kernel has bonding and
 has neither); its switch, at the bond's other end, lives in the same VM (lab/remote/vm_init/lb_init.sh)
 and hands VLAN 100 untagged to the router. One VM boot serves the module; the balancer is loaded in it
 once per bond mode with `lbctl` (the module's `vm_balancer`), for IPIP over both families and a line
-echo VIP (ECHO_PORT, test_churn's servers on the reals).
+echo VIP (ECHO_PORT, conftest's echo_services on the reals).
 
     round trip   HTTP and UDP from every client address to both VIPs, captured on the router's end of
                  the LB's link and, in the VM, on the switch's bond: every request answered and every
@@ -46,8 +46,8 @@ from lab.packets.decode import Frame, decapsulate, ip_of
 from lab.remote import lbvm
 from lab.remote.vmnodes import missing
 from lab.settle import wait_client_quiet
+from suites.conformance._echo import ECHO_PORT
 from suites.conformance._wire import ETH_P_ARP, PROTO_ICMPV6, first, read_frames
-from suites.conformance.test_churn import ECHO_PORT, echo_services  # noqa: F401 - the module's echo servers
 
 _WHY = missing(lb=True)
 pytestmark = [pytest.mark.topology("bond-vlan"), pytest.mark.needs(Capability.BOND_VLAN),
@@ -219,7 +219,7 @@ def _moved(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_link_failure_breaks_no_connection(lab: Lab, vm_balancer: VmBalancer, echo_services: Services,  # noqa: F811
+def test_a_link_failure_breaks_no_connection(lab: Lab, vm_balancer: VmBalancer, echo_services: Services,
                                              mode: str) -> None:
     vm_balancer.uplink(mode)
     vip = next(str(v.address) for v in lab.topology.vips if v.address.version == 4)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -70,8 +70,9 @@ from suites.conformance._counters import changed, counters
 from suites.conformance._owners import owner_changed, ring_owners
 from suites.corpus import corpus_file
 
+from ._echo import ECHO_PORT
+
 pytestmark = [pytest.mark.topology("default"), pytest.mark.hardware]
-ECHO_PORT = 7007
 CONNS = 200
 INTERVAL_S = 0.25
 TIMEOUT_S = 2.0
@@ -126,38 +127,6 @@ def test_ring_disruption(n: int) -> None:
 
 
 # ---- live connections
-
-
-@pytest.fixture(scope="module")
-def echo_services(lab: Lab) -> Iterator[Services]:
-    """The line echo on every real, on ECHO_PORT of every VIP address."""
-    binds = [f"[{v.address}]:{ECHO_PORT}" if v.address.version == 6 else f"{v.address}:{ECHO_PORT}"
-             for v in lab.topology.vips]
-    with Services(lab, sorted(real_addresses(lab.topology, 4)), "echo", binds, cpu=0) as services:
-        yield services
-
-
-def _kill_echo_connections(lab: Lab) -> None:
-    """Destroy every connection of the echo port on the reals (`ss -K`, SOCK_DESTROY).
-
-    A real whose flows were taken away (removed, or reset elsewhere) keeps them ESTABLISHED: nothing
-    reaches it to end them. Should a later client reuse such a source port and be hashed there, its
-    packets fall outside the stale connection's window and are answered by bare ACKs, not RST:
-    the flow times out instead of resetting. Each test starts and ends with none.
-    """
-    for node in sorted(real_addresses(lab.topology, 4)):
-        lab.run(node, ["ss", "-K", "-tn", "state", "connected", "sport", "=", f":{ECHO_PORT}"])
-
-
-@pytest.fixture
-def echoes(lab: Lab, echo_services: Services) -> Iterator[Services]:
-    """Name: echoes. Scope: function. Depends: lab, echo_services. The echo service, with no connection
-    left over from an earlier test on any real, before and after the test."""
-    _kill_echo_connections(lab)
-    try:
-        yield echo_services
-    finally:
-        _kill_echo_connections(lab)
 
 
 def _vip(lab: Lab, family: int) -> str:

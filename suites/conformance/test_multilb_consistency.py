@@ -1,19 +1,15 @@
-"""Multi-LB consistency: two LB nodes build the same ring, so a flow that ECMP moves keeps its real.
+"""Multi-LB consistency, l4lab's white-box form: two LB nodes build the same ring, read back slot by slot.
 
-Topology multi-lb: the router learns the VIP from lb1 and lb2 by BGP (BFD on) and spreads flows
-over both with the L4 multipath hash. lb1 is given the reals in one order and lb2 in the reverse
-order: the rings read back from both datapaths must be identical, slot by slot, as addresses.
-Then long-lived TCP connections run through both LBs while lb1 is withdrawn (`lbctl unload`: its
-health hook withdraws the routes): every connection that went through lb1 now reaches lb2, which
-has no session for it, and is hashed by its identical ring onto the same real — no connection may
-break. The failover (unload to the router's route leaving only by lb2) is recorded.
+Topology multi-lb: lb1 is given the reals in one order and lb2 in the reverse order: the rings
+read back from both datapaths must be identical, slot by slot, as addresses. The black-box form,
+for every DUT (a flow ECMP moves to the other LB keeps its real and its connection), is
+test_dut_multilb.py.
 """
 
 from __future__ import annotations
 
 import shutil
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,11 +22,8 @@ from balancer.encaps import IP4_IPIP
 from lab.dut import Capability
 from lab.frr import FRR_BIN
 from lab.harness import Lab, LabBalancer, poll
-from lab.lbconf import lb_link, real_addresses
-from lab.nodes.churn_client import ChurnClient
-from lab.nodes.tcp_services import Services
+from lab.lbconf import lb_link
 from lab.nsexec import entered
-from reports import schema
 
 pytestmark = [pytest.mark.topology("multi-lb"), pytest.mark.needs(Capability.MULTI_LB),
               pytest.mark.skipif(not (Path(FRR_BIN) / "bgpd").exists() or shutil.which("vtysh") is None,
@@ -130,41 +123,3 @@ def test_reals_in_another_order_build_the_same_ring(lab: Lab, lbs: dict[str, Lab
         assert len(one) == 65537 and "-" not in one
         differ = sum(a != b for a, b in zip(one, two, strict=True))
         assert differ == 0, f"{name}: {differ} of {len(one)} slots differ between lb1 and lb2"
-
-
-def test_a_flow_moved_to_another_lb_keeps_its_real_and_connection(lab: Lab, lbs: dict[str, LabBalancer]) -> None:
-    vip = _vip(lab)
-    reals = sorted(real_addresses(lab.topology, 4))
-    with Services(lab.name, reals, "echo", [f"{vip}:{ECHO_PORT}"], cpu=0), \
-            ChurnClient(lab.name, "client", vip, ECHO_PORT, "--conns", "60", "--interval", "0.2",
-                        "--timeout", "6", "--new-every", "0.5", "--cpu", "0") as client:
-        through_lb1 = lbs["lb1"].stats()["reasons"]["TX_ENCAP"]["packets"]
-        assert through_lb1 > 0, "no connection went through lb1: ECMP did not spread the flows"
-        t_withdraw = client.mark("withdraw")
-        started = time.monotonic()
-        lbs["lb1"].lbctl("unload")
-        moved_at = _wait_paths(lab, vip, {"rt-lb2"})
-        client.mark("moved")
-        before_lb2 = lbs["lb2"].stats()["reasons"]["TX_ENCAP"]["packets"]
-        report = client.stop(after=2.0)
-        after_lb2 = lbs["lb2"].stats()["reasons"]["TX_ENCAP"]["packets"]
-    failover = moved_at - started
-    conns = report["conns"]
-    broken = [c for c in conns if c["status"] != "ok"]
-    assert conns and not broken, (f"{len(broken)} of {len(conns)} connections broke when lb1 was withdrawn: "
-                                  f"{broken[:5]}")
-    assert after_lb2 > before_lb2, "lb2 carried nothing after the withdrawal"
-    assert {c["node"] for c in conns} == {"real1", "real2", "real3"}
-    late = [f for f in report["new"] if f["t"] > report["marks"]["moved"]]
-    assert late and all("error" not in f for f in late), f"new flows failed after the failover: {late[:5]}"
-    payload = schema.FailoverPayload(
-        timeline=[schema.TimelineEvent(t=0.0, event="lb1: `lbctl unload` (its hook withdraws the VIP routes)"),
-                  schema.TimelineEvent(t=round(failover, 4), event="router: VIP route leaves only by rt-lb2"),
-                  schema.TimelineEvent(t=round(report["marks"]["moved"] - t_withdraw, 4),
-                                       event=f"client: all {len(conns)} connections still answered by their reals")],
-        failover_seconds=round(failover, 4),
-    )
-    schema.write_result("failover", schema.case_id("test_lb_withdrawal_keeps_connections", IP4_IPIP, "multi-lb"),
-                        payload)
-    sys.stdout.write(f"\nlb1 withdrawn: the router moved the VIP in {failover:.3f} s; {len(conns)} connections "
-                     f"(some via lb1: {through_lb1} packets) all kept their real\n")

@@ -17,13 +17,10 @@ flows is pinned to CPU 0 (see test_churn.py: veth runs XDP on the sender's CPU, 
               exactly that config's ring, and the VIP whose config did not change keeps its ring
               byte for byte.
     eviction  see test_ring_change_after_lru_eviction.
-    LB fails  topology multi-lb (its own lab, built by this module): two LB nodes announce the VIP by
-              BGP with BFD (3 x 100 ms), the router spreads flows over both by ECMP. lb1 dies as the
-              router sees a dead machine: every packet to or from lb1's link is dropped at the router
-              (iptables in the router's namespace): no carrier change, no BGP withdrawal, only BFD's
-              silence tells the router. Flows that went through lb1 are lost until the router's route
-              leaves only by lb2 (the outage, measured from the failure); then lb2's identical ring
-              sends each to the real it had, and TCP's retransmission carries it on: 0 failed, 0 moved.
+
+These are l4lab's white-box forms (the daemon's log, the maps byte for byte, crash injection). The
+black-box forms for every DUT are test_dut_control.py (a control-plane restart breaks nothing) and
+test_dut_multilb.py (an LB node that dies loses no connection once the router knows).
 """
 
 from __future__ import annotations
@@ -45,14 +42,13 @@ import pytest
 from balancer import config as cfg
 from balancer.controller import CRASH_AFTER_SLOTS_ENV, Instance
 from balancer.encaps import IP4_IPIP
-from lab import frr, netns, topology
 from lab.dut import Capability
-from lab.harness import REPO, Lab, LabBalancer, NetnsLab, poll, unique_name
+from lab.harness import REPO, Lab, LabBalancer, poll
 from lab.lbconf import lb_link, real_addresses
 from lab.nodes.churn_client import ChurnClient
 from lab.nodes.tcp_services import Services
-from lab.state import state_dir
 from suites.conformance._counters import changed, counters
+from suites.conformance._daemon import Daemon, start_daemon
 from suites.conformance._owners import owner_changed, ring_owners
 
 pytestmark = [pytest.mark.topology("default")]
@@ -165,59 +161,7 @@ def _verdict(scenario: str, report: dict[str, Any], *, moved_ok: bool = False, l
     return figures
 
 
-# ---- the daemon
-
-
-class Daemon:
-    """`lbctl run --config FILE` in the LB node; its JSON log lines in a file."""
-
-    def __init__(self, b: LabBalancer, config: Path, log: Path) -> None:
-        self.log_path = log
-        self.log = log.open("a")
-        self.offset = log.stat().st_size
-        self.proc = subprocess.Popen(b.lab.python_argv(b.node, "balancer.cli", "--instance", b.instance,
-                                                       "run", "--config", str(config)),
-                                     cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
-
-    def events(self) -> list[dict[str, Any]]:
-        with self.log_path.open() as f:
-            f.seek(self.offset)
-            return [json.loads(line) for line in f if line.startswith("{")]
-
-    def wait(self, event: str, timeout: float = 30.0) -> dict[str, Any]:
-        def first() -> dict[str, Any] | None:
-            found = [e for e in self.events() if e.get("event") == event]
-            if found:
-                return found[0]
-            assert self.proc.poll() is None, \
-                f"lbctl run exited {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
-            return None
-
-        got = poll(timeout, first, f"'{event}' logged by lbctl run", check=False, interval_s=0.02)
-        assert got is not None, \
-            f"lbctl run logged no '{event}' within {timeout:g} s: {self.log_path.read_text()[-2000:]}"
-        return got
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            code = self.proc.wait(timeout=15)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self.log.close()
-        return code
-
-
-def _daemon(stack: contextlib.ExitStack, b: LabBalancer, tmp_path: Path) -> Daemon:
-    """`lbctl run` of b's config file, logging to tmp_path, stopped when stack closes."""
-    log = tmp_path / "lbctl-run.log"
-    log.touch()
-    daemon = Daemon(b, b.config_path, log)
-    stack.callback(daemon.stop)
-    return daemon
+# ---- the daemon (suites/conformance/_daemon.py)
 
 
 @pytest.mark.needs(Capability.HITLESS_RESTART)
@@ -287,7 +231,7 @@ def test_upgrade_through_the_daemon_under_traffic(lab: Lab, lb: LabBalancer, tmp
     check = cfg.HealthCheck(port=PORT_A, type="tcp", interval_s=0.5, timeout_s=0.4, via="tunnel")
     lb.config_path.write_text(cfg.dump(replace(conf, vips=tuple(replace(v, healthcheck=check) for v in conf.vips))))
     with contextlib.ExitStack() as stack:
-        daemon = _daemon(stack, lb, tmp_path)
+        daemon = start_daemon(stack, lb, tmp_path)
         assert daemon.wait("running")["health_targets"] == 3
         client = stack.enter_context(_client(lab, PORT_A))
         progs, checks = [_prog_id(lb)], [_checks_ok(lb)]
@@ -340,7 +284,7 @@ def test_router_mac_replaced_traffic_resumes_within_a_second(lab: Lab, lb: LabBa
     lb.config_path.write_text(cfg.dump(_config(lb, {PORT_A: None})))
     assert cfg.load(lb.config_path).encap.nexthop_mac == "auto"
     with contextlib.ExitStack() as stack:
-        daemon = _daemon(stack, lb, tmp_path)
+        daemon = start_daemon(stack, lb, tmp_path)
         daemon.wait("running")
         assert _settings_mac(lb.instance) == old_mac
         client = stack.enter_context(_client(lab, PORT_A))
@@ -489,89 +433,3 @@ def test_ring_change_after_lru_eviction(lab: Lab, lb: LabBalancer) -> None:
     assert all(status[i] == "ok" for i in kept), f"owner changed, neither reset nor ok: {sorted(kept)[:5]}"
     assert len(reset) >= 1, f"no evicted connection whose owner changed was reset (moved {len(moved)})"
     sys.stdout.write(f"{len(moved)} owner changes = {len(reset)} reset + {len(kept)} kept their session\n")
-
-
-
-# ---- an LB node fails (multi-lb, BFD)
-
-FAILOVER_LIMIT_S = 1.0  # BFD detection (300 ms) plus BGP and zebra on a loaded machine
-LBS = ("lb1", "lb2")
-
-
-@pytest.fixture(scope="module")
-def multilb() -> Iterator[Lab]:
-    """Name: multilb. Scope: module. Depends: root, FRR, iptables, the built BPF objects (skips otherwise).
-
-    The multi-lb topology under its own name, the echo on every real and the balancer loaded (IPv4,
-    IPIP, echo VIP) in lb1 and lb2::
-
-        def test_x(multilb):
-            multilb.run("router", ["ip", "route"])
-    """
-    why = frr.missing() or (None if shutil.which("iptables") else "iptables is missing: apt-get install iptables")
-    if why:
-        pytest.skip(why)
-    name = unique_name("rl")
-    topo = topology.load("multi-lb")
-    netns.build(topo, name)
-    lab = NetnsLab(name, topo)
-    loaded: list[LabBalancer] = []
-    try:
-        vip = _vip(lab)
-        with Services(lab, sorted(real_addresses(topo, 4)), "echo", [f"{vip}:{PORT_A}"], cpu=0):
-            for node in LBS:
-                b = LabBalancer(lab, node, ENCAP, state_dir(name) / f"{node}.toml")
-                b.config_path.write_text(cfg.dump(_config(b, {PORT_A: None})))
-                b.lbctl("load", "--interface", lb_link(topo, node)[0], "--mode", "native",
-                        "--config", str(b.config_path))
-                loaded.append(b)
-            yield lab
-    finally:
-        for b in loaded:
-            b.lbctl("unload", check=False)
-        netns.teardown(name)
-
-
-def _paths(lab: Lab, vip: str) -> set[str]:
-    """The router's interfaces its route to vip leaves by (several: a multipath route)."""
-    routes = json.loads(lab.run("router", ["ip", "-j", "route", "show", f"{vip}/32"]).stdout or "[]")
-    out: set[str] = set()
-    for r in routes:
-        out |= {h["dev"] for h in r.get("nexthops", [])} | ({r["dev"]} if "dev" in r else set())
-    return out
-
-
-def _wait_paths(lab: Lab, vip: str, want: set[str], timeout: float = 20.0) -> float:
-    """Poll the router until its route to vip leaves by exactly want; when (monotonic) it did."""
-    poll(timeout, lambda: _paths(lab, vip), f"the router's route to {vip} leaving by {sorted(want)}",
-         until=lambda got: got == want, interval_s=0.005)
-    return time.monotonic()
-
-
-@pytest.mark.needs(Capability.MULTI_LB)
-def test_lb_node_failure_detected_by_bfd_keeps_every_connection(multilb: Lab) -> None:
-    lab, vip = multilb, _vip(multilb)
-    _wait_paths(lab, vip, {"rt-lb1", "rt-lb2"})
-    lb1 = LabBalancer(lab, "lb1", ENCAP, state_dir(lab.name) / "lb1.toml")
-    drop = [["INPUT", "-i", "rt-lb1"], ["OUTPUT", "-o", "rt-lb1"], ["FORWARD", "-i", "rt-lb1"],
-            ["FORWARD", "-o", "rt-lb1"]]
-    with _client(lab, PORT_A) as client:
-        via_lb1 = counters(lb1)["reasons"]["TX_ENCAP"]["packets"]
-        assert via_lb1 > 0, "no connection went through lb1: ECMP did not spread the flows"
-        client.mark("failure")
-        failed_at = time.monotonic()
-        for rule in drop:
-            lab.run("router", ["iptables", "-I", *rule, "-j", "DROP"])
-        try:
-            gone = _wait_paths(lab, vip, {"rt-lb2"}, timeout=10.0)
-            client.mark("route via lb2 only")
-            report = client.stop(after=OBSERVE_S + TIMEOUT_S)
-        finally:
-            for rule in drop:
-                lab.run("router", ["iptables", "-D", *rule, "-j", "DROP"], check=False)
-    outage = gone - failed_at
-    _verdict("lb1 dead (silent at the router), BFD", report)
-    sys.stdout.write(f"the router's route left lb1 {outage * 1000:.0f} ms after the failure "
-                     f"(BFD 3 x 100 ms); {via_lb1} packets had gone through lb1\n")
-    assert outage >= 0.2, f"the route moved {outage:.3f} s after the failure: faster than BFD can tell"
-    assert outage <= FAILOVER_LIMIT_S, f"the route moved {outage:.3f} s after the failure"

@@ -45,7 +45,6 @@ import random
 import socket
 import sys
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any
@@ -74,8 +73,9 @@ from suites.conformance._counters import changed, counters
 from suites.conformance._record import recorded
 from suites.conformance._robust_frames import named_frames, random_frames
 
+from ._echo import ECHO_PORT
+
 pytestmark = pytest.mark.topology("default")
-ECHO_PORT = 7007
 FLOOD_PORT = 9999  # a UDP VIP port no real listens on: the flood gets no answers, only eviction pressure
 CONNS = 200
 INTERVAL_S = 0.25
@@ -94,17 +94,6 @@ ENCAPS = [IP4_IPIP, IP6_IP6IP6]
 
 def _vip(lab: Lab, family: int) -> str:
     return next(str(v.address) for v in lab.topology.vips if v.address.version == family)
-
-
-@pytest.fixture(scope="module")
-def echo_services(lab: Lab) -> Iterator[Services]:
-    """Name: echo_services. Scope: module. Depends: lab.
-
-    The line echo on every real, on ECHO_PORT of every VIP address (pinned to CPU 0)."""
-    binds = [f"[{v.address}]:{ECHO_PORT}" if v.address.version == 6 else f"{v.address}:{ECHO_PORT}"
-             for v in lab.topology.vips]
-    with Services(lab.name, sorted(real_addresses(lab.topology, 4)), "echo", binds, cpu=0) as services:
-        yield services
 
 
 def _configure(balancer: LabBalancer, echo_reals: int | None = None) -> None:

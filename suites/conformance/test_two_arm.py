@@ -43,7 +43,7 @@ from lab.packets.decode import PROTO_TCP, PROTO_UDP, Frame, decapsulate, ip_of
 from lab.settle import wait_client_quiet
 from suites.conformance._counters import changed, counters
 from suites.conformance._wire import ETH_P_ARP, PROTO_ICMP, PROTO_ICMPV6, first, read_frames
-from suites.conformance.test_churn import _check_removal, _configure, echo_services, echoes  # noqa: F401
+from suites.conformance.test_churn import _check_removal, _configure
 
 pytestmark = [pytest.mark.topology("two-arm"), pytest.mark.needs(Capability.TWO_ARM, Capability.COUNTERS_PER_REASON)]
 GUE_PORT = _abi.Limits.DEFAULT_GUE_PORT
@@ -170,7 +170,7 @@ def test_echo_is_answered_by_the_ingress_arm(lab: Lab, balancer: LabBalancer, tm
 
 @pytest.mark.needs(Capability.CONSISTENT_HASHING, Capability.OWNER_QUERY)
 @pytest.mark.parametrize("encap", [IP4_IPIP, IP6_IP6IP6])
-def test_remove_real_two_arm(balancer: LabBalancer, echoes: Services) -> None:  # noqa: F811 - the fixture
+def test_remove_real_two_arm(balancer: LabBalancer, echoes: Services) -> None:
     _configure(balancer)
     _check_removal(balancer, "test_remove_real_two_arm")
 

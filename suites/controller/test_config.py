@@ -70,16 +70,19 @@ def test_gue_checksum_zero_is_a_vip_flag() -> None:
     assert computed.vips[0].gue_csum == "compute" and not vip_flags(computed.vips[0]) & _abi.VipFlag.GUE_CSUM_ZERO
 
 
-@pytest.mark.parametrize(("hash_name", "port", "fields"), [
-    ("katran", 80, 0), ("katran", 0, "HASH_KATRAN_NO_DPORT"), ("katran-no-sport", 80, "HASH_NO_SPORT"),
-    ("katran-no-sport", 0, "HASH_NO_SPORT|HASH_KATRAN_NO_DPORT"), ("katran-dport-only", 0, "HASH_DPORT_ONLY"),
-    ("katran-src-dst-port", 0, 0), ("katran-src-dst-port", 80, 0)])
-def test_katran_hashes_are_vip_flags(hash_name: str, port: int, fields: str | int) -> None:
-    """Katran zeroes the destination port of a port-0 VIP's flows unless the VIP hashes it."""
+@pytest.mark.parametrize(("hash_name", "port", "fields", "address"), [
+    ("katran", 80, 0, "198.51.100.100"), ("katran", 0, "HASH_KATRAN_NO_DPORT", "198.51.100.100"),
+    ("katran-no-sport", 80, "HASH_NO_SPORT", "198.51.100.100"),
+    ("katran-no-sport", 0, "HASH_NO_SPORT|HASH_KATRAN_NO_DPORT", "198.51.100.100"),
+    ("katran-dport-only", 0, "HASH_DPORT_ONLY", "198.51.100.100"), ("katran-src-dst-port", 0, 0, "198.51.100.100"),
+    ("katran-src-dst-port", 80, 0, "198.51.100.100"), ("katran", 443, "HASH_KATRAN_NO_DPORT", "2001:db8:200::/96"),
+    ("katran-src-dst-port", 443, 0, "2001:db8:200::/96")])
+def test_katran_hashes_are_vip_flags(hash_name: str, port: int, fields: str | int, address: str) -> None:
+    """Katran zeroes the destination port of a port-0 or CIDR VIP's flows unless the VIP hashes it."""
     from balancer import _abi
     from balancer.controller import ring_kind, vip_flags
 
-    c = parse(f'[[vips]]\naddress = "198.51.100.100"\nport = {port}\nproto = "tcp"\nhash = "{hash_name}"\n'
+    c = parse(f'[[vips]]\naddress = "{address}"\nport = {port}\nproto = "tcp"\nhash = "{hash_name}"\n'
               'katran_ring = "v2"')
     want = _abi.VipFlag.HASH_KATRAN | _abi.VipFlag.OUTER_SRC_FLOW
     for name in str(fields).split("|") if fields else ():

@@ -7,11 +7,14 @@ Four kinds of row (test_katran.py runs them):
   byte-exact transform. Where it passed or dropped the frame, ours must be left untouched (a dropped
   frame's bytes go nowhere, so one Katran altered before dropping it is not compared): verdict-exact.
 - SameReal: Katran's XDP_TX of an encapsulation, compared byte for byte with Katran's output except the
-  fields our outer-header rules compute otherwise (encap.h: outer IPv4 ID and DF, the outer source, the
-  GUE source port, the IPv6 flow label, the outer UDP checksum, which must verify in both families).
-  With `why` empty, the real is Katran's own, asserted (a server id, a pinned prefix, or a session that
-  one of those wrote); otherwise our flow hash is our own (DESIGN 4) and `why` says so: the real must be
-  a live real of the VIP, and with `same_as` the one we chose for that earlier case of the same flow.
+  fields our outer-header rules compute otherwise (test_katran.rule_fields: outer IPv4 DF and header
+  checksum, the IPIP outer source, the IPv6 flow label, the GUE source port and the outer UDP checksum,
+  which must verify in both families). With `why` empty, the real is Katran's own, asserted (a server
+  id, a pinned prefix, or a session that one of those wrote). Otherwise `why` says what decides it in
+  l4lab's own hash (DESIGN 4): the real must be a live real of the VIP, and with `same_as` the one we
+  chose for that earlier case of the same flow. Run in Katran's hash (the VIPs hashed as issue 31's
+  `hash = "katran"`, Katran's ring), those rows assert Katran's own real too, but for a row whose
+  `not_katrans` says why Katran's fixture cannot be reproduced in the corpus's replay.
 - Deviation: we deliberately answer otherwise (the corpus README); the row pins our verdict and reason.
 - NotApplicable: the case exercises something l4lab does not do, and the row says why a user would not
   want it here; it is not run. Decided per case by what it needs.
@@ -34,11 +37,13 @@ class Match:
 @dataclass(frozen=True)
 class SameReal:
     """Katran's encapsulation to `vip`'s real (Katran's own unless `why` says our hash chose); `same_as`:
-    an earlier case of the same flow whose real we must choose again, unless that real is down now."""
+    an earlier case of the same flow whose real we must choose again, unless that real is down now;
+    `not_katrans`: why even Katran's hash does not give Katran's real here."""
 
     vip: Vip
     why: str = ""
     same_as: int = 0
+    not_katrans: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,8 @@ MIGRATED = ("the flow's session: its real unless health checks took that real do
             "flow migration on, then another live real")
 SESSION_FIRST = ("the flow has a session from the earlier case (replayed in file order): we follow it where "
                  "Katran's fixture shows its hash's choice for a fresh flow")
+KATRAN_FRESH = ("Katran's program reproduces this fixture only on a fresh session table (config.json notes): "
+                "replayed in file order, its own session from the earlier case sends the flow where ours does")
 NO_DF = ("IPv4 over the egress MTU without DF: Katran answers frag-needed, which a sender without DF "
          "ignores; we do not fragment either, so we drop it and count it")
 TOO_BIG_MTU = ("we answer Packet Too Big as Katran does but advertise the MTU left after the encapsulation "
@@ -222,7 +229,7 @@ CASES: dict[int, Expectation] = {
     104: SameReal(V6_TCP80),
     105: SameReal(V6_TCP80),
     106: SameReal(V6_TCP80, OWN_HASH),
-    107: SameReal(V6_TCP80, SESSION_FIRST, same_as=6),
+    107: SameReal(V6_TCP80, SESSION_FIRST, same_as=6, not_katrans=KATRAN_FRESH),
     **_tpr(108),
     **_tpr(125),
     # UDP flow migration, before and after a real goes down

@@ -8,17 +8,22 @@ LPM_SRC_LOOKUP and UDP_STABLE_ROUTING their VIP flags where the profile sets the
 the LB's own addresses as decap addresses (its host address handing the inner packet to the stack,
 the profile's decap_dsts balancing it, or sending it back out with DECAP_EGRESS).
 
-`katran_hash`: set once l4lab can hash a VIP as Katran does (issue 31's `hash = "katran"`): the VIPs are
-then configured so, and the corpus test asserts Katran's own real wherever the hash decides.
+`katran_hash`: every VIP hashes as Katran does (issue 31's `hash = "katran"`: LB_VIP_HASH_KATRAN, with
+HASH_KATRAN_NO_DPORT where Katran zeroes the destination port) over Katran's own ring (Maglev V1 over the
+profile's reals, built by balancer/katran_hash.py and checked against the ring fingerprint Katran's
+control plane left in config.json before it is written), on a balancer loaded with Katran's ring size
+and MAX_VIPS (its hash seeds): the corpus test then asserts Katran's own real wherever the hash decides.
+Without it, each VIP cycles over its live reals in l4lab's own hash (a small test ring).
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
-from balancer import _abi, routes
+from balancer import _abi, katran_hash, maglev, routes
 
 from .rig import RunBalancer
 
@@ -30,6 +35,7 @@ FLAG_MAP = {1: _abi.VipFlag.HASH_NO_SPORT, 2: _abi.VipFlag.NO_LRU, 4: _abi.VipFl
             8: _abi.VipFlag.HASH_DPORT_ONLY, 512: _abi.VipFlag.UDP_MIGRATE}
 GATED_FLAGS = {16: ("LPM_SRC_LOOKUP", _abi.VipFlag.SRC_ROUTES), 256: ("UDP_STABLE_ROUTING", _abi.VipFlag.SID_STABLE)}
 DECAP_EGRESS = 2  # Katran's decap_dst flag: send the inner packet back out (egress decap)
+KATRAN_RING = katran_hash.DEFAULT_RING_SIZE  # Katran's RING_SIZE, which its fixtures ran with (config.json notes)
 
 
 @dataclass(frozen=True)
@@ -119,8 +125,30 @@ class KatranWorld:
             flags |= _abi.VipFlag.SID_TCP
         return int(flags)
 
+    def _hash_flags(self, v: dict[str, Any], cidr: bool) -> int:
+        """With katran_hash, Katran's flow hash for the VIP: HASH_KATRAN, and HASH_KATRAN_NO_DPORT where
+        Katran zeroes the destination port (balancer/katran_hash.py fields_of); else 0."""
+        if not self.katran_hash:
+            return 0
+        name = next((n for n, bit in katran_hash.KATRAN_FLAGS.items() if bit and v["flags"] & bit), "katran")
+        fields = katran_hash.fields_of(name, v["port"], prefix=cidr)
+        return int(_abi.VipFlag.HASH_KATRAN | (_abi.VipFlag.HASH_KATRAN_NO_DPORT if fields.zero_dport else 0))
+
+    def _ring(self, v: dict[str, Any], live: list[str]) -> None:
+        """With katran_hash, Katran's ring of the VIP's reals as its fixtures had it (a real down for UDP
+        flow migration stays in it, as in Katran's tester), checked against the fingerprint Katran's
+        control plane left; else a ring cycling over the live reals."""
+        if not (self.katran_hash and v["ring_initialized"]):
+            self.b.ring(v["vip_num"], live)
+            return
+        assert self.b.dp.ring_size == KATRAN_RING, f"Katran's ring needs {KATRAN_RING} slots per VIP"
+        ring = katran_hash.build_ring([maglev.Backend(r["real_index"], r["address"], r["weight"])
+                                       for r in v["reals"]], KATRAN_RING, "v1")
+        digest = hashlib.sha256(ring.astype("<u4").tobytes()).hexdigest()
+        assert digest == v["ring_sha256_u32le"], f"{v['address']}:{v['port']}: the model's ring is not Katran's"
+        self.b.dp.write_ring_slots(v["vip_num"], range(KATRAN_RING), ring)
+
     def _vip(self, v: dict[str, Any], p: dict[str, Any], build: Build, cidrs: set[tuple[str, int, str]]) -> None:
-        flags = self._flags(v, build)
         mode = _abi.Encap.GUE1 if build.gue else _abi.Encap.IPIP
         vip_id = f"{v['address']}:{v['port']}/{ {'tcp': 6, 'udp': 17}[v['proto']] }"
         down = set(p.get("down_reals", {}).get(vip_id, []))
@@ -128,15 +156,16 @@ class KatranWorld:
         prefix = next((c[0] for c in cidrs if (ipaddress.ip_network(c[0]).network_address,
                                                c[1], c[2]) == (ipaddress.ip_address(v["address"]),
                                                                v["port"], v["proto"])), None)
+        flags = self._flags(v, build) | self._hash_flags(v, prefix is not None)
         if prefix is None:
-            self.b.vip(v["address"], v["port"], v["proto"], v["vip_num"], live, mode.name, flags=flags)
+            self.b.vip(v["address"], v["port"], v["proto"], v["vip_num"], [], mode.name, flags=flags)
             self.keys.append((v["address"], v["port"], v["proto"]))
             key: Vip = (v["address"], v["port"], v["proto"])
         else:
             self._put(routes.vip_cidr(prefix, v["port"], v["proto"], vip_num=v["vip_num"], flags=flags, encap=mode))
             self._put(routes.vip_cidr(prefix, 0, 0, vip_num=v["vip_num"], encap=mode))
-            self.b.ring(v["vip_num"], live)
             key = (prefix, v["port"], v["proto"])
+        self._ring(v, live)
         self.vip_reals[key] = set(live)
         by_index = {r["real_index"]: r["address"] for r in p.get("reals", [])}
         self.down[key] = {by_index[i] for i in down}

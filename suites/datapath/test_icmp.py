@@ -75,6 +75,8 @@ def test_icmp_error_about_a_vip_flow_goes_to_the_flows_real(balancer_factory: Ba
     reals = set()
     for sport in range(46000, 46012):  # several flows, so the test fails if steering ignored the quote
         fwd = decode_encap(b.run(P.tcp_to(case.vip, sport=sport, flags="S")).out, P.GUE_PORT)
+        assert b.run(P.tcp_to(case.vip, sport=sport, flags="A")).events == {"LRU_MISS": 1}, \
+            "the handshake's ACK creates the session (the SYN does not)"
         err = P.icmp_error_about(case.vip, client, cport=sport, quote_len=quote)
         out = b.run(err)
         assert (out.verdict, out.reason) == ("XDP_TX", "TX_ENCAP")
@@ -182,7 +184,7 @@ def test_icmpv6_error_quoting_extension_headers(balancer_factory: BalancerFactor
     case = P.ENCAPS[3]  # ip6-ip6ip6
     reals = set()
     for sport in range(46300, 46308):  # several flows: steering must follow each flow's own real
-        fwd = decode_encap(b.run(P.tcp_to(case.vip, sport=sport, flags="S")).out, P.GUE_PORT)
+        fwd = decode_encap(b.run(P.tcp_to(case.vip, sport=sport, flags="A")).out, P.GUE_PORT)  # inserts
         err = P.icmp6_error_quoting_ext(case.vip, P.CLIENT6, ext(), cport=sport, v6_type=v6_type,
                                         quote_dst=quote_dst, quote_len=quote_len)
         out = b.run(err)

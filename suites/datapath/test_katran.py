@@ -6,6 +6,12 @@ VIPs), decap cases against our decap_xdp and health-check cases against our hc_e
 proves is its row in katran_cases.py; the five counts (byte-exact transforms, verdict-exact, same
 real, deliberate deviations, not applicable) are printed (`pytest suites/datapath -k katran -s`),
 asserted, and written as the result `corpus.test_katran_fixtures.json`.
+
+It runs twice: with the VIPs hashed as Katran does over Katran's own rings (what a node of a mixed
+fleet runs, issue 31's `hash = "katran"`), where every same-real row but one asserts Katran's own real
+and every encapsulation is Katran's byte for byte but for the outer fields whose rule is ours
+(rule_fields), and in l4lab's own hash (the default), where our hash's choices are checked to be live
+reals of the VIP and the flows to keep them. The result file is the first run's.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 import struct
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,21 +30,32 @@ from scapy.layers.inet import IP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
-from balancer import _abi
-from balancer.datapath import Decap, verify_abi
+from balancer import _abi, katran_hash
+from balancer.datapath import Datapath, Decap, verify_abi
 from balancer.health import hc_target_bytes
 from balancer.libbpf import BpfObject, Program
+from lab.checksum import inet_checksum
 from reports.schema import CorpusPayload, write_result
 from suites.corpus import corpus_file
 
-from .frames import decode_encap, icmp4_checksum_ok, ip_packet_of, ipv4_header_ok, l4_checksum_ok_v4, l4_checksum_ok_v6
+from .frames import (
+    decode_encap,
+    icmp4_checksum_ok,
+    ip_packet_of,
+    ipv4_header_ok,
+    l4_checksum_ok_v4,
+    l4_checksum_ok_v6,
+    pseudo6,
+)
 from .katran_cases import CASES, NOT_APPLICABLE_PROGRAMS, Deviation, Expectation, Match, NotApplicable, SameReal
-from .katran_world import KATRAN_GUE_PORT, Build, KatranWorld
-from .rig import DECAP_OBJ, OBJ_DIR, TC_VERDICTS, XDP_VERDICTS, BalancerFactory
+from .katran_world import KATRAN_GUE_PORT, KATRAN_RING, Build, KatranWorld
+from .rig import BALANCER_OBJ, DECAP_OBJ, OBJ_DIR, TC_VERDICTS, XDP_VERDICTS, BalancerFactory, RunBalancer
 
-RING = 257
+RING = 257  # l4lab's own hash: a small ring, each VIP's cycling over its live reals
 # What the table adds up to; a change to CASES or to the programs shows here too.
 EXPECTED = {"byte_exact": 22, "verdict_exact": 40, "same_real": 112, "deviations": 14, "not_applicable": 5}
+# Of the same-real rows, how many assert Katran's own real, by the hash the VIPs are run in.
+EXPECTED_KATRANS = {"katran": 111, "l4lab": 53}
 
 
 def load_corpus() -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -63,15 +81,25 @@ def outer_dst(frame: bytes) -> str | None:
 
 
 def rule_fields(out: bytes, own_real: bool) -> list[tuple[int, int]]:
-    """(offset, length) of the outer fields our rules compute otherwise than Katran (encap.h): IPv4 ID,
-    flags, TTL, checksum, source; the IPv6 flow label, hop limit, source; the GUE source port and UDP
-    checksum; with `own_real`, the outer destination too."""
-    if out[12:14] == b"\x08\x00":
-        fields, udp = [(ETH + 4, 4), (ETH + 8, 1), (ETH + 10, 6)] + ([(ETH + 16, 4)] if own_real else []), ETH + 20
-        proto = out[ETH + 9]
+    """(offset, length) of the outer fields our rules compute otherwise than Katran (encap.h; Katran's
+    pckt_encap.h and encap_helpers.h). None of Katran's comes from its flow hash, so hashing as Katran
+    does makes none of ours equal; every other outer byte (TTL and hop limit 64, IPv4 ID 0, ToS and
+    traffic class copied, lengths, protocols, the GUE source address) is Katran's to the byte:
+    - IPv4 flags: we set DF (Katran 0), hence the header checksum too;
+    - the IPIP outer source: ours the configured one; Katran's 172.16.0.0/16 or 100::/64 with bits of
+      the client's address XORed with its source port (GUE's source is the configured one in both);
+    - the IPv6 flow label: ours 20 bits of the flow hash (RFC 6438), Katran's 0;
+    - the GUE source port: ours 49152 + 14 bits of the flow hash, Katran's the client's source port
+      XORed with 16 bits of its address; hence the outer UDP checksum too;
+    with `own_real` (our hash chose the real), the outer destination too."""
+    v6 = out[12:14] == b"\x86\xdd"
+    proto = out[ETH + (6 if v6 else 9)]
+    if v6:
+        fields, udp = [(ETH + 1, 3)] + ([(ETH + 8, 16)] if proto != 17 else []), ETH + 40
+        fields += [(ETH + 24, 16)] if own_real else []
     else:
-        fields, udp = [(ETH + 1, 3), (ETH + 7, 17)] + ([(ETH + 24, 16)] if own_real else []), ETH + 40
-        proto = out[ETH + 6]
+        fields, udp = [(ETH + 6, 2), (ETH + 10, 2)] + ([(ETH + 12, 4)] if proto != 17 else []), ETH + 20
+        fields += [(ETH + 16, 4)] if own_real else []
     if proto == 17:
         fields += [(udp, 2), (udp + 6, 2)]
     return fields
@@ -166,6 +194,8 @@ class Tally:
     not_applicable: int = 0
     katrans_real: int = 0
     asserted_katran: int = 0  # of same_real: rows that assert Katran's own real (not our hash's chance)
+    by_hash: int = 0  # of those: rows whose real Katran's hash and ring decide (run in Katran's hash)
+    not_asserted: dict[int, str] = field(default_factory=dict)  # in Katran's hash: case -> why not Katran's
     failures: list[str] = field(default_factory=list)
     missing: Counter[str] = field(default_factory=Counter)
 
@@ -210,26 +240,34 @@ def one_reason(before: dict[str, int], after: dict[str, int]) -> str:
     return next(iter(moved))
 
 
-@pytest.fixture
-def programs(balancer_factory: BalancerFactory) -> Iterator[Programs]:
+@pytest.fixture(params=["katran", "l4lab"], ids=["katran-hash", "l4lab-hash"])
+def programs(request: pytest.FixtureRequest, balancer_factory: BalancerFactory) -> Iterator[Programs]:
     """Name: programs. Scope: function. Depends: root, build/bpf/{balancer,decap,healthcheck}.o, the corpus.
 
-    The balancer programmed by KatranWorld, our decap, and hc_encap with Katran's three marks:
+    The balancer programmed by KatranWorld, its VIPs hashed as Katran does over Katran's rings (param
+    "katran") or in l4lab's own hash (param "l4lab"), our decap, and hc_encap with Katran's three marks:
         verdict, out, reason = programs.run(case, frame)
     """
     config, _ = load_corpus()
-    b = balancer_factory(world=False, ring_size=RING, max_vips=32, max_reals=64)
-    world = KatranWorld(b, config)
-    decap = Decap.load(str(DECAP_OBJ), gue_port=KATRAN_GUE_PORT)
-    hc_path = Path(OBJ_DIR) / "healthcheck.o"
-    verify_abi(str(hc_path))
-    hc_obj = BpfObject(str(hc_path))
-    try:
+    with ExitStack() as stack:
+        if request.param == "katran":
+            # Katran's ring size and MAX_VIPS (its hash's seeds). Loaded here, not taken from the pool,
+            # whose reset of a program writes its 10^6 ring slots one syscall at a time.
+            dp = Datapath.load(str(BALANCER_OBJ), max_vips=32, max_reals=64, ring_size=KATRAN_RING,
+                               lru_size=1024, fallback_size=1024, katran_max_vips=katran_hash.DEFAULT_MAX_VIPS)
+            stack.callback(dp.close)
+            b = RunBalancer(dp)
+        else:
+            b = balancer_factory(world=False, ring_size=RING, max_vips=32, max_reals=64)
+        world = KatranWorld(b, config, katran_hash=request.param == "katran")
+        decap = Decap.load(str(DECAP_OBJ), gue_port=KATRAN_GUE_PORT)
+        stack.callback(decap.close)
+        hc_path = Path(OBJ_DIR) / "healthcheck.o"
+        verify_abi(str(hc_path))
+        hc_obj = BpfObject(str(hc_path))
+        stack.callback(hc_obj.close)
         hc_obj.load()
         yield Programs(world, decap, hc_obj.program("hc_encap"), hc_obj)
-    finally:
-        hc_obj.close()
-        decap.close()
 
 
 def _set_hc_encap(p: Programs, config: dict[str, Any], gue: bool) -> None:
@@ -284,11 +322,10 @@ def _judge_same_real(row: SameReal, case: dict[str, Any], frame: bytes, verdict:
     dst = outer_dst(out) or ""
     our_real[case["id"]] = dst
     katrans = outer_dst(expected)
-    asserts_katrans = not row.why or p.world.katran_hash
-    problem = check_encap(out, expected, p.world.vip_reals[row.vip] | p.world.down.get(row.vip, set()),
-                          own_real=not asserts_katrans, src=p.world.config["katran_src"])
-    if not problem and asserts_katrans and dst != katrans:
-        problem = f"real {dst}, Katran's {katrans}"
+    asserts_katrans = not row.why or (p.world.katran_hash and not row.not_katrans)
+    problem = f"real {dst}, Katran's {katrans}" if asserts_katrans and dst != katrans else \
+        check_encap(out, expected, p.world.vip_reals[row.vip] | p.world.down.get(row.vip, set()),
+                    own_real=not asserts_katrans, src=p.world.config["katran_src"])
     if not problem and row.same_as:
         earlier = our_real.get(row.same_as)
         if earlier in p.world.down.get(row.vip, set()):
@@ -298,6 +335,9 @@ def _judge_same_real(row: SameReal, case: dict[str, Any], frame: bytes, verdict:
     t.same_real += not problem
     t.katrans_real += not problem and dst == katrans
     t.asserted_katran += not problem and asserts_katrans
+    t.by_hash += not problem and asserts_katrans and bool(row.why)
+    if p.world.katran_hash and row.not_katrans:
+        t.not_asserted[case["id"]] = row.not_katrans
     return problem
 
 
@@ -320,6 +360,51 @@ def test_case_table_covers_the_corpus_once() -> None:
                for p in NOT_APPLICABLE_PROGRAMS.values()), "every case of a program we lack is n/a"
 
 
+# Outer bytes where our rules are Katran's (rule_fields), by family: ToS / traffic class, IPv4 ID, TTL
+# and hop limit, protocol, the outer destination; for GUE the outer source and the UDP destination port.
+SAME_RULE_BYTES = {4: [ETH + 1, ETH + 4, ETH + 5, ETH + 8, ETH + 9, ETH + 16],
+                   6: [ETH, ETH + 6, ETH + 7, ETH + 24, ETH + 39]}
+SAME_RULE_GUE = {4: [ETH + 12, ETH + 22], 6: [ETH + 8, ETH + 23, ETH + 42]}
+
+
+@pytest.mark.parametrize("programs", ["katran"], indirect=True)
+def test_the_encap_check_catches_wrong_outputs(programs: Programs) -> None:
+    """check_encap passes our output for Katran's real (IPIP 4in4, 4in6, 6in6; GUE over IPv4 and IPv6)
+    and fails it when one bit of a byte where our rule is Katran's, or of the inner packet, is wrong."""
+    _, cases = load_corpus()
+    by_id = {c["id"]: c for c in cases}
+    src = programs.world.config["katran_src"]
+    for cid in (2, 5, 6, 53, 55, 56):
+        case = by_id[cid]
+        verdict, out, _ = programs.run(case, bytes.fromhex(case["input_hex"]))
+        katran = bytes.fromhex(case["expected_output_hex"])
+        assert verdict == "XDP_TX" and check_encap(out, katran, set(), own_real=False, src=src) == "", cid
+        family = 6 if out[12:14] == b"\x86\xdd" else 4
+        gue = out[ETH + (6 if family == 6 else 9)] == 17
+        for at in SAME_RULE_BYTES[family] + (SAME_RULE_GUE[family] if gue else []) + [len(out) - 1]:
+            wrong = bytearray(out)
+            wrong[at] ^= 0x01
+            assert check_encap(with_valid_checksums(bytes(wrong)), katran, set(), own_real=False, src=src), (cid, at)
+
+
+def with_valid_checksums(frame: bytes) -> bytes:
+    """The frame with its outer IPv4 header checksum and outer UDP checksum made valid again, so that only
+    the comparison with Katran's bytes can see a changed byte."""
+    out = bytearray(frame)
+    v6 = out[12:14] == b"\x86\xdd"
+    udp = ETH + (40 if v6 else 20)
+    if not v6:
+        out[ETH + 10: ETH + 12] = bytes(2)
+        out[ETH + 10: ETH + 12] = struct.pack("!H", inet_checksum(bytes(out[ETH: ETH + 20])))
+    if out[ETH + (6 if v6 else 9)] == 17:
+        out[udp + 6: udp + 8] = bytes(2)
+        segment = bytes(out[udp:])
+        pseudo = (pseudo6(bytes(out[ETH:]), 17, len(segment)) if v6 else
+                  bytes(out[ETH + 12: ETH + 20]) + struct.pack("!BBH", 0, 17, len(segment)))
+        out[udp + 6: udp + 8] = struct.pack("!H", inet_checksum(pseudo + segment) or 0xFFFF)
+    return bytes(out)
+
+
 def test_katran_fixtures(programs: Programs) -> None:
     _, cases = load_corpus()
     t = Tally()
@@ -337,9 +422,7 @@ def test_katran_fixtures(programs: Programs) -> None:
     print(f"\nKatran fixtures: {len(cases)} cases = {t.byte_exact} byte-exact transforms + {t.verdict_exact} "
           f"verdict-exact + {t.same_real} same real + {t.deviations} deliberate deviations + {t.not_applicable} "
           "not applicable")
-    print(f"  same real: {t.asserted_katran} asserted to be Katran's own (a server id, a pinned prefix, or a session "
-          f"one of them wrote); of the {t.same_real - t.asserted_katran} our own hash decided, "
-          f"{t.katrans_real - t.asserted_katran} happen to be Katran's too (its hash is issue 31's)")
+    print_same_real(t, programs.world.katran_hash)
     for feature, n in t.missing.most_common():
         print(f"  {n:3d} not applicable: {feature}")
     for cid, row in CASES.items():
@@ -348,5 +431,23 @@ def test_katran_fixtures(programs: Programs) -> None:
     assert not t.failures, "\n".join(t.failures)
     assert counts == EXPECTED
     assert sum(counts.values()) == len(cases) == 193
-    write_result("corpus", "test_katran_fixtures",
-                 CorpusPayload(cases=len(cases), katrans_real=t.katrans_real, **counts))
+    assert t.asserted_katran == EXPECTED_KATRANS["katran" if programs.world.katran_hash else "l4lab"]
+    if programs.world.katran_hash:  # the result the reports show: the corpus run as a mixed fleet's node
+        assert t.katrans_real == t.asserted_katran == t.same_real - len(t.not_asserted)
+        write_result("corpus", "test_katran_fixtures",
+                     CorpusPayload(cases=len(cases), katrans_real=t.katrans_real, **counts))
+
+
+def print_same_real(t: Tally, katran: bool) -> None:
+    """The line under the summary: how many same-real rows assert Katran's own real, and what decides the rest."""
+    sid = t.asserted_katran - t.by_hash
+    if katran:
+        print(f"  same real (VIPs in Katran's hash and ring): {t.asserted_katran} of {t.same_real} assert Katran's own "
+              f"real, {sid} decided by a server id, a pinned prefix or a session one of them wrote, {t.by_hash} by "
+              "Katran's hash and ring or a session they wrote")
+        for cid, why in t.not_asserted.items():
+            print(f"  same real #{cid}, not Katran's: {why}")
+        return
+    print(f"  same real (VIPs in l4lab's own hash): {t.asserted_katran} of {t.same_real} assert Katran's own real (a "
+          f"server id, a pinned prefix or a session one of them wrote); of the {t.same_real - t.asserted_katran} our "
+          f"hash decides, {t.katrans_real - t.asserted_katran} happen to be Katran's too")

@@ -126,7 +126,8 @@ def test_udp_flow_migration_moves_udp_sessions_off_a_real_down(balancer_factory:
     b.vip("203.0.113.90", 443, "udp", 0, [P.REALS4[0]], flags=flags)
     b.vip("203.0.113.90", 80, "tcp", 1, [P.REALS4[0]], flags=flags)
     b.vip("203.0.113.91", 443, "udp", 2, [P.REALS4[0]])
-    udp, tcp, plain = (P.udp_to("203.0.113.90"), P.tcp_to("203.0.113.90", flags="S"), P.udp_to("203.0.113.91"))
+    # The TCP flow's session comes from a non-SYN packet: a SYN creates none (session.h).
+    udp, tcp, plain = (P.udp_to("203.0.113.90"), P.tcp_to("203.0.113.90"), P.udp_to("203.0.113.91"))
     for frame in (udp, tcp, plain):
         assert real_of(b.run(frame).out) == P.REALS4[0]
     gone = b.real_id(P.REALS4[0])
@@ -138,3 +139,24 @@ def test_udp_flow_migration_moves_udp_sessions_off_a_real_down(balancer_factory:
     assert real_of(b.run(udp).out) == P.REALS4[1], "the new real is remembered"
     assert real_of(b.run(P.tcp_to("203.0.113.90")).out) == P.REALS4[0], "TCP sessions never move"
     assert real_of(b.run(plain).out) == P.REALS4[0], "a VIP without migration keeps its sessions"
+
+
+
+def test_a_pinned_syn_creates_no_session_but_rewrites_a_reused_tuples(balancer_factory: BalancerFactory) -> None:
+    """A SYN creates no session, pinned or not (a flood from a pinned prefix inserts nothing); a tuple
+    that still has one (a client reusing its port) has it rewritten with the SYN's final choice, so
+    that the handshake's ACK follows the SYN: here a pin added since the old connection."""
+    b = balancer_factory(world=False)
+    b.vip(PIN_VIP, 80, "tcp", 0, [RING_REAL], flags=_abi.VipFlag.SRC_ROUTES)
+    b.dp.put_entry(routes.src_route(0, "198.51.100.0/24", b.real_id(P.REALS4[2])))
+    for sport in range(40000, 40050):
+        syn = b.run(P.tcp_to(PIN_VIP, src="198.51.100.7", sport=sport, flags="S"))
+        assert real_of(syn.out) == P.REALS4[2] and syn.events.get("SRC_PINNED") == 1
+    assert list(b.dp.sessions()) == []
+    client = "192.0.2.99"
+    assert real_of(b.run(P.tcp_to(PIN_VIP, src=client)).out) == RING_REAL  # the old connection's session
+    b.dp.put_entry(routes.src_route(0, "192.0.2.0/24", b.real_id(P.REALS4[1])))
+    assert real_of(b.run(P.tcp_to(PIN_VIP, src=client)).out) == RING_REAL, "the old session stays"
+    syn = b.run(P.tcp_to(PIN_VIP, src=client, flags="S"))
+    assert real_of(syn.out) == P.REALS4[1] and syn.events.get("SRC_PINNED") == 1
+    assert real_of(b.run(P.tcp_to(PIN_VIP, src=client)).out) == P.REALS4[1], "the ACK follows its SYN"

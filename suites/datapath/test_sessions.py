@@ -1,5 +1,5 @@
-"""test_sessions.py: the session tables (IPv4, IPv6): stickiness, SYN re-hash, RST without entry, UDP
-expiry, every CPU."""
+"""test_sessions.py: the session tables (IPv4, IPv6): stickiness, the SYN that creates no session, SYN
+re-hash, RST without entry, UDP expiry, every CPU."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ def test_established_flow_sticks_to_its_real(balancer_factory: BalancerFactory) 
     b = balancer_factory(world=False)
     b.vip(VIP, 80, "tcp", 0, [P.REALS4[0]])
     syn = b.run(P.tcp_to(VIP, flags="S"))
-    assert real_of(syn.out) == P.REALS4[0] and syn.events == {"SYN_REHASH": 1}, "a SYN never looks up"
+    assert real_of(syn.out) == P.REALS4[0] and syn.events == {"SYN_REHASH": 1}, "a SYN goes to the ring"
+    first = b.run(P.tcp_to(VIP, flags="A"))
+    assert real_of(first.out) == P.REALS4[0] and first.events == {"LRU_MISS": 1}, "the handshake's ACK inserts"
     b.ring(0, [P.REALS4[1]])
     ack = b.run(P.tcp_to(VIP, flags="A"))
     assert real_of(ack.out) == P.REALS4[0] and ack.events == {"LRU_HIT": 1}
@@ -39,13 +41,86 @@ def test_established_flow_sticks_to_its_real(balancer_factory: BalancerFactory) 
 
 def test_syn_rehashes_an_existing_session(balancer_factory: BalancerFactory) -> None:
     b = balancer_factory(world=False)
+    """A SYN of a tuple that still has a session (a client reusing its port) goes to the ring, and the
+    session is pointed at the ring's choice: the new connection's ACK follows its SYN."""
     b.vip(VIP, 80, "tcp", 0, [P.REALS4[0]])
     b.run(P.tcp_to(VIP, flags="S"))
+    b.run(P.tcp_to(VIP, flags="A"))
     b.ring(0, [P.REALS4[1]])
     again = b.run(P.tcp_to(VIP, flags="S"))
     assert real_of(again.out) == P.REALS4[1] and again.events == {"SYN_REHASH": 1}
+    [(_, _, _, sess)] = list(b.dp.sessions())
+    assert sess.real_id == b.real_id(P.REALS4[1])
     ack = b.run(P.tcp_to(VIP, flags="A"))
-    assert real_of(ack.out) == P.REALS4[1], "the re-hashed choice is remembered"
+    assert real_of(ack.out) == P.REALS4[1] and ack.events == {"LRU_HIT": 1}, "the re-hashed choice is remembered"
+
+
+def test_in_a_syn_flood_a_syn_skips_its_lookup(balancer_factory: BalancerFactory) -> None:
+    """Past cfg_syn_lookups SYNs in a CPU's window of the clock, a SYN goes to the ring without looking its
+    session up: a reused tuple's session then keeps its old real (the price of a cheap SYN in a flood,
+    Katran's too). Below it, the SYN is counted and the session pointed at the ring's choice."""
+    b = balancer_factory(world=False, fresh=True)
+    b.vip(VIP, 80, "tcp", 0, [P.REALS4[0]])
+    b.run(P.tcp_to(VIP, flags="S"))
+    b.run(P.tcp_to(VIP, flags="A"))
+    b.ring(0, [P.REALS4[1]])
+    windows = b.dp.maps["lb_syn_window"]
+    flood = _abi.SynWindow(window=(1 << 64) - 1, syns=1 << 40)  # a window ahead of the clock, far past the limit
+    windows.update(b"\0" * 4, bytes(flood))
+    syn = b.run(P.tcp_to(VIP, flags="S"))
+    [(_, _, _, sess)] = list(b.dp.sessions())
+    assert real_of(syn.out) == P.REALS4[1] and syn.events == {"SYN_REHASH": 1}
+    assert sess.real_id == b.real_id(P.REALS4[0]), "in a flood the SYN did not look its session up"
+    windows.update(b"\0" * 4, bytes(_abi.SynWindow()))
+    b.run(P.tcp_to(VIP, flags="S"))
+    [(_, _, _, sess)] = list(b.dp.sessions())
+    assert sess.real_id == b.real_id(P.REALS4[1]), "out of the flood the SYN points the session at the ring"
+    counted = [_abi.SynWindow.from_buffer_copy(v) for v in windows.lookup_percpu(b"\0" * 4) or []]
+    assert sorted(w.syns for w in counted)[-1] == 1 and max(w.window for w in counted) > 0
+
+
+def test_a_syn_creates_no_session(balancer_factory: BalancerFactory) -> None:
+    b = balancer_factory(world=False)
+    b.vip(VIP, 80, "tcp", 0, [P.REALS4[0], P.REALS4[1]])
+    for sport in range(40000, 40200):
+        syn = b.run(P.tcp_to(VIP, sport=sport, flags="S"))
+        assert syn.reason == "TX_ENCAP" and syn.events == {"SYN_REHASH": 1}
+    assert list(b.dp.sessions()) == []
+    assert b.run(P.tcp_to(VIP, sport=40000, flags="SA")).events == {"LRU_MISS": 1}, "a SYN-ACK is no new flow"
+    assert len(list(b.dp.sessions())) == 1
+
+
+def test_a_syn_flood_evicts_no_established_session(balancer_factory: BalancerFactory) -> None:
+    """A flood of SYNs from new sources, many times the table's size, inserts nothing: the established
+    flows' sessions are all there after it and still choose their real after the ring changes. (The
+    kernel's LRU would keep sessions hit since their insert even if the flood inserted: the count of
+    sessions is what tells the designs apart.)"""
+    b = balancer_factory(world=False, fresh=True, lru_size=256)
+    b.vip(VIP, 80, "tcp", 0, [P.REALS4[0]])
+    established = range(41000, 41050)
+    for sport in established:
+        b.run(P.tcp_to(VIP, sport=sport, flags="S"))
+        b.run(P.tcp_to(VIP, sport=sport, flags="A"))
+    for n in range(4096):  # 16 x the table's entries per CPU, every SYN a new source
+        flood = b.run(P.tcp_to(VIP, sport=1024, flags="S", src=f"10.0.{n >> 8}.{n & 255}"))
+        assert flood.events == {"SYN_REHASH": 1}
+    assert len(list(b.dp.sessions())) == len(established), "the flood inserted nothing"
+    b.ring(0, [P.REALS4[1]])
+    for sport in established:
+        ack = b.run(P.tcp_to(VIP, sport=sport, flags="A"))
+        assert real_of(ack.out) == P.REALS4[0] and ack.events == {"LRU_HIT": 1}, sport
+
+
+def test_a_ring_change_between_syn_and_ack_sends_the_ack_to_the_new_ring(balancer_factory: BalancerFactory) -> None:
+    """The price of a SYN that inserts nothing (docs/architecture.md, decisions): a handshake whose ring
+    slot changes owner between its SYN and its ACK sends the ACK to the new owner, which answers it
+    with a reset, as if the session had been lost."""
+    b = balancer_factory(world=False)
+    b.vip(VIP, 80, "tcp", 0, [P.REALS4[0]])
+    assert real_of(b.run(P.tcp_to(VIP, flags="S")).out) == P.REALS4[0]
+    b.ring(0, [P.REALS4[1]])
+    ack = b.run(P.tcp_to(VIP, flags="A"))
+    assert real_of(ack.out) == P.REALS4[1] and ack.events == {"LRU_MISS": 1}
 
 
 def test_rst_never_creates_a_session(balancer_factory: BalancerFactory) -> None:
@@ -88,7 +163,7 @@ def test_udp_session_holds_within_the_timeout(balancer_factory: BalancerFactory)
 def test_session_to_a_removed_real_is_chosen_again(balancer_factory: BalancerFactory) -> None:
     b = balancer_factory(world=False)
     b.vip(VIP, 80, "tcp", 0, [P.REALS4[0]])
-    b.run(P.tcp_to(VIP, flags="S"))
+    b.run(P.tcp_to(VIP, flags="A"))
     b.dp.del_real(b.real_id(P.REALS4[0]))
     b.ring(0, [P.REALS4[1]])
     assert real_of(b.run(P.tcp_to(VIP, flags="A")).out) == P.REALS4[1]
@@ -104,7 +179,7 @@ def test_a_flow_hits_its_session_on_every_cpu(balancer_factory: BalancerFactory)
     before = os.sched_getaffinity(0)
     try:
         os.sched_setaffinity(0, {cpus[0]})
-        assert b.run(P.tcp_to(VIP, flags="S")).reason == "TX_ENCAP"
+        assert b.run(P.tcp_to(VIP, flags="A")).reason == "TX_ENCAP"
         b.ring(0, [P.REALS4[1]])
         os.sched_setaffinity(0, {cpus[1]})
         hit = b.run(P.tcp_to(VIP, flags="A"))
@@ -122,7 +197,7 @@ def test_each_family_has_its_own_table_under_the_key_python_computes(balancer_fa
     b.vip(VIP, 80, "tcp", 0, [P.REALS4[0]])
     b.vip(vip6, 80, "tcp", 1, [P.REALS6[0]])
     for dst in (VIP, vip6):
-        assert b.run(P.tcp_to(dst, sport=40123, flags="S")).reason == "TX_ENCAP"
+        assert b.run(P.tcp_to(dst, sport=40123, flags="A")).reason == "TX_ENCAP"
     found = {table: (key, flow, sess) for table, key, flow, sess in b.dp.sessions()}
     assert sorted(found) == ["lb_sessions", "lb_sessions4"], found
     for table, dst, src, real in (("lb_sessions4", VIP, P.CLIENT4, P.REALS4[0]),
@@ -148,6 +223,7 @@ def test_a_hit_encapsulates_with_the_hash_its_session_was_made_with(balancer_fac
         return int.from_bytes(decode_encap(out, P.GUE_PORT).udp[0:2], "big")
 
     syn = sport(b.run(P.tcp_to(VIP, flags="S")).out)
+    assert sport(b.run(P.tcp_to(VIP)).out) == syn, "the handshake's ACK inserts the session"
     [(table, key, _, sess)] = list(b.dp.sessions())
     assert sess.hash and syn == 0xC000 | (sess.hash & 0x3FFF), "the session holds the hash the SYN used"
     assert sport(b.run(P.tcp_to(VIP)).out) == syn

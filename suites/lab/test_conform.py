@@ -1,90 +1,198 @@
-"""The conformance matrix of `l4lab conform`: cells from results, findings for foreign DUTs only.
+"""`l4lab conform` and the DUT machinery: four verdicts, the data files, the registry, one run's matrix.
 
-The DUT runs themselves are suites/conformance/test_dut.py (l4lab in the default run, IPVS in
-`make test`'s `l4lab conform --dut ipvs`); here the matrix is built from results written by the
-real schema code, so a wrong label or a lost cell fails.
+The checks themselves run against l4lab in the default run (suites/conformance) and against IPVS in
+`make test`'s `l4lab conform --dut ipvs`; here the pieces are checked with real schema results and
+the real plugin, and a deliberately broken IPVS adapter must give an error, never a finding.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from balancer.encaps import SAME_FAMILY
-from lab.dut import Capability, IpvsDut, L4labDut, conform, encap_capability
+from lab.dut import DUTS, IpvsDut, capabilities_of, conform, dut_class, make_dut
+from lab.dut.base import GRADED, Capability, encap_capability
+from lab.dut.keepalived import RealServer, VirtualServer, render
+from lab.dut.spec import DutSpec, DutSpecError
+from lab.dut.verdict import POLL, combine, failure_verdict, skip_verdict
+from lab.errors import UsageError
+from reports.conformance import Matrix, changes
 from reports.schema import ConformancePayload, Kind, case_id, load_results, write_result
 
 REPO = conform.REPO
+CHECKS = REPO / "suites" / "conformance"
+LAB = REPO / "lab" / "harness" / "labs.py"
 
 
-def _write(tmp: Path, test: str, encap: str, dut: str, outcome: str, detail: str = "") -> None:
+def _write(tmp: Path, test: str, encap: str | None, dut: str, outcome: str, detail: str = "", run: str = "r1",
+           reference: str = "") -> None:
     payload = ConformancePayload(test=test, encap=encap, outcome=outcome, dut=dut, detail=detail,  # type: ignore[arg-type]
-                                 duration_s=0.1)
+                                 duration_s=0.1, run=run, reference=reference)
     write_result(Kind.CONFORMANCE, case_id(test, encap, dut), payload, tmp)
 
 
-def test_matrix_marks_foreign_failures_as_findings_and_names_missing_capabilities(tmp_path: Path) -> None:
-    _write(tmp_path, "test_inner", "ip4-ipip", "l4lab", "pass")
-    _write(tmp_path, "test_inner", "ip4-ipip", "ipvs", "fail", "E   AssertionError: ttl 63 -> 62\n--- ipvs says ---")
-    _write(tmp_path, "test_inner", "ip4-gue1", "l4lab", "fail", "E   AssertionError: broken")
-    _write(tmp_path, "test_inner", "ip4-gue1", "ipvs", "not-applicable", "not applicable: encap:ip4-gue1")
-    matrix = conform.build_matrix(load_results(tmp_path))
-
-    assert matrix[("test_inner", "ip4-ipip")]["l4lab"].label == "pass"
-    assert matrix[("test_inner", "ip4-ipip")]["ipvs"].label == "finding"
-    assert matrix[("test_inner", "ip4-gue1")]["l4lab"].label == "fail"
-    assert matrix[("test_inner", "ip4-gue1")]["ipvs"].label == "n/a: encap:ip4-gue1"
-    text = conform.render_matrix(matrix, ["l4lab", "ipvs"])
-    assert "ipvs test_inner[ip4-ipip]: AssertionError: ttl 63 -> 62" in text
-    assert "l4lab test_inner[ip4-gue1]: AssertionError: broken" in text
+# ---- the four verdicts
 
 
-def test_a_dut_missing_from_a_row_reads_not_run(tmp_path: Path) -> None:
+def test_only_an_assertion_of_the_check_itself_is_a_finding() -> None:
+    check = CHECKS / "test_dut.py"
+    assert failure_verdict(AssertionError("ttl"), [check], CHECKS) == "finding"
+    # a poll that timed out on the check's behalf: the check's frame decides
+    assert failure_verdict(AssertionError("never"), [check, POLL], CHECKS) == "finding"
+    # an assertion inside the harness, and any other exception, is ours
+    assert failure_verdict(AssertionError("ss -K exited 1"), [check, LAB], CHECKS) == "error"
+    assert failure_verdict(AssertionError("poll"), [LAB, POLL], CHECKS) == "error"
+    assert failure_verdict(RuntimeError("ipvsadm failed"), [check], CHECKS) == "error"
+    assert failure_verdict(TimeoutError(), [check], CHECKS) == "error"
+
+
+def test_a_skip_is_not_applicable_only_when_the_dut_lacks_what_the_check_needs() -> None:
+    assert skip_verdict("not applicable: encap:ip4-gue1") == "not-applicable"
+    assert skip_verdict("tshark is not installed") == "error"
+    assert combine("pass", "pass", "pass") == "pass"
+    assert combine("not-applicable", None, "pass") == "not-applicable"
+    assert combine("error", None, "pass") == "error"
+    assert combine("pass", "finding", "pass") == "finding"
+    assert combine("pass", "finding", "error") == "error"  # a failing teardown is ours
+    assert combine() == "error"
+
+
+# ---- the data files and the registry
+
+
+def test_every_dut_has_a_data_file_whose_not_applicable_entries_cite_a_reference_and_their_line() -> None:
+    for name in DUTS:
+        spec = DutSpec.load(name)
+        assert spec.product
+        lines = spec.path.read_text().splitlines()
+        for entry in spec.not_applicable:
+            assert entry.reference and entry.capability in GRADED | set(Capability)
+            assert lines[entry.line - 1].strip() == "[[not_applicable]]", (name, entry)
+            assert spec.reference(entry.capability, entry.variant).startswith(f"lab/dut/{name}.toml:{entry.line}: ")
+        for deviation in spec.deviations:
+            assert deviation.what and deviation.why
+
+
+def test_capabilities_come_from_the_data_files_and_the_variant() -> None:
+    assert capabilities_of("l4lab") >= GRADED | set(Capability)
+    ipvs = capabilities_of("ipvs")
+    assert encap_capability("ip4-gue1") not in ipvs and encap_capability("ip4-gue0") in ipvs
+    assert {Capability.HEALTH_CHECKS, Capability.HITLESS_RESTART, Capability.MULTI_LB} <= ipvs
+    bare = capabilities_of("ipvs", {"control": "ipvsadm"})
+    assert Capability.HEALTH_CHECKS not in bare and Capability.HITLESS_RESTART not in bare
+    rr = capabilities_of("ipvs", {"scheduler": "rr"})
+    assert Capability.WEIGHTS not in rr and Capability.CONSISTENT_HASHING not in rr
+    katran = capabilities_of("katran")
+    assert encap_capability("ip4-gue0") not in katran and Capability.HEALTH_CHECKS not in katran
+    assert Capability.PMTU_GENERATION in katran  # built with ICMP_TOOBIG_GENERATION where a check needs it
+    assert IpvsDut.variant({}) == "keepalived mh"
+
+
+def test_a_bad_data_file_is_refused_naming_the_key(tmp_path: Path) -> None:
+    (tmp_path / "bad.toml").write_text('product = "x"\n[[not_applicable]]\ncapability = "teleport"\nreference = "r"\n')
+    with pytest.raises(DutSpecError, match=r"bad.toml: not_applicable\[0\].capability must be one of"):
+        DutSpec.load("bad", tmp_path)
+    (tmp_path / "bare.toml").write_text('product = "x"\n[[not_applicable]]\ncapability = "weights"\n')
+    with pytest.raises(DutSpecError, match=r"bare.toml: not_applicable\[0\].reference must be a non-empty string"):
+        DutSpec.load("bare", tmp_path)
+
+
+def test_one_registry_names_the_duts_everywhere(tmp_path: Path) -> None:
+    dut_option = next(a for a in conform._parser()._actions if "--dut" in a.option_strings)
+    assert tuple(dut_option.choices or ()) == tuple(DUTS)
+    with pytest.raises(UsageError, match="unknown DUT 'haproxy': choose one of l4lab, ipvs, katran"):
+        dut_class("haproxy")
+    with pytest.raises(UsageError, match="unknown DUT"):
+        make_dut("haproxy", lab=None, workdir=tmp_path)  # type: ignore[arg-type]
+
+
+def test_keepalived_accepts_the_config_the_adapter_writes(tmp_path: Path) -> None:
+    from lab.dut.base import HealthCheck
+
+    if shutil.which("keepalived") is None:
+        pytest.skip("keepalived is not installed: run bash scripts/setup.sh --extra vm")
+    reals = (RealServer("203.0.113.18"), RealServer("203.0.113.34", 0))
+    text = render([VirtualServer("198.51.100.100", 80, "tcp", tunnel="gue", reals=reals, check=HealthCheck(8080)),
+                   VirtualServer("2001:db8:100::100", 9000, "udp", reals=(RealServer("2001:db8:e1::2"),),
+                                 check=HealthCheck(8080, "tcp"))])
+    conf = tmp_path / "keepalived.conf"
+    conf.write_text(text)
+    done = subprocess.run(["keepalived", "--config-test", "-f", str(conf)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "lvs_sched mh\n    mh-port\n    mh-fallback\n    lvs_method TUN type gue port 6080 nocsum" in text
+    assert "inhibit_on_failure" in text and "retry 1" in text and "connect_port 8080" in text
+
+
+# ---- one run's matrix
+
+
+def test_the_matrix_counts_one_run_only_and_a_missing_cell_is_an_error(tmp_path: Path) -> None:
+    _write(tmp_path, "test_gone", "ip4-ipip", "ipvs", "pass", run="r0")  # an older run: not counted
     _write(tmp_path, "test_dsr", "ip4-ipip", "l4lab", "pass")
-    text = conform.render_matrix(conform.build_matrix(load_results(tmp_path)), ["l4lab", "ipvs"])
-    row = next(line for line in text.splitlines() if line.startswith("test_dsr"))
-    assert row.split()[2:] == ["pass", "not", "run"]
+    _write(tmp_path, "test_dsr", "ip4-ipip", "ipvs", "finding", "E   AssertionError: ttl 63 -> 62")
+    _write(tmp_path, "test_dsr", "ip4-gue1", "l4lab", "pass")
+    _write(tmp_path, "test_dsr", "ip4-gue1", "ipvs", "not-applicable", "not applicable: encap:ip4-gue1",
+           reference="lab/dut/ipvs.toml:29: ipvs_gue_encap()")
+    _write(tmp_path, "test_churn", "ip4-ipip", "l4lab", "pass")
+    _write(tmp_path, "test_health", "ip4-ipip", "l4lab", "pass")
+    _write(tmp_path, "test_health", "ip4-ipip", "ipvs", "error", "E   lab.errors.CommandError: ipvsadm exited 2")
+    _write(tmp_path, "test_plain", None, "l4lab", "pass", run="")  # outside a conform run
+    matrix = Matrix.of(load_results(tmp_path))
+    assert matrix.run == "r1" and matrix.duts == ["l4lab", "ipvs"]
+    assert ("test_gone", "ip4-ipip") not in matrix.rows and ("test_plain", "-") not in matrix.rows
+    assert matrix.cell(("test_churn", "ip4-ipip"), "ipvs").verdict == "error"  # not run
+    assert matrix.summary("ipvs").line("ipvs") == "conform: ipvs pass 0 applicable 3 findings 1 errors 2 na 1"
+    assert matrix.summary("l4lab").column == "pass 4 / applicable 4 (findings 0, errors 0, n/a 0)"
+    assert matrix.na_share("ipvs") == (0, 3)  # the encap it has not at all is left aside
+    text = matrix.text()
+    assert "n/a lab/dut/ipvs.toml:29" in text and "pass 0 / applicable 3 (findings 1, errors 2, n/a 1)" in text
+    assert "finding ipvs test_dsr[ip4-ipip]: AssertionError: ttl 63 -> 62" in text
+    report = matrix.report("ipvs")
+    assert report["summary"] == {"pass": 0, "applicable": 3, "findings": 1, "errors": 2, "not_applicable": 1}
+    na = next(c for c in report["checks"] if c["verdict"] == "not-applicable")
+    assert na["reference"].startswith("lab/dut/ipvs.toml:29")
 
 
-def test_capabilities_follow_what_each_dut_can_do(tmp_path: Path) -> None:
-    l4lab = L4labDut(lab=None, workdir=tmp_path)  # type: ignore[arg-type]
-    assert not l4lab.missing([encap_capability(e) for e in SAME_FAMILY])
-    mh = IpvsDut(lab=None, workdir=tmp_path)  # type: ignore[arg-type]
-    assert mh.missing([encap_capability("ip4-gue1")]) == ["encap:ip4-gue1"]  # IPVS's GUE is variant 0
-    assert not mh.missing([Capability.CONSISTENT_HASHING, Capability.WEIGHTS])
-    rr = IpvsDut(lab=None, workdir=tmp_path, scheduler="rr", flags=())  # type: ignore[arg-type]
-    assert rr.missing([Capability.CONSISTENT_HASHING, Capability.WEIGHTS]) == \
-        [Capability.CONSISTENT_HASHING, Capability.WEIGHTS]
-    assert Capability.COUNTERS_PER_REASON in mh.missing([Capability.COUNTERS_PER_REASON])
+def test_an_na_without_reference_is_reported_and_changed_cells_are_listed(tmp_path: Path) -> None:
+    old, new = tmp_path / "old", tmp_path / "new"
+    _write(old, "test_dsr", "ip4-ipip", "ipvs", "finding", "E   x", run="a")
+    _write(old, "test_pmtu", "ip4-ipip", "ipvs", "pass", run="a")
+    _write(new, "test_dsr", "ip4-ipip", "ipvs", "pass", run="b")
+    _write(new, "test_pmtu", "ip4-ipip", "ipvs", "pass", run="b")
+    _write(new, "test_rss", "ip4-ipip", "ipvs", "not-applicable", "not applicable: weights", run="b")
+    a, b = Matrix.of(load_results(old)), Matrix.of(load_results(new))
+    assert b.unreferenced() == ["ipvs test_rss[ip4-ipip]"]
+    assert changes(a, b) == ["ipvs test_dsr[ip4-ipip]: finding -> pass",
+                             "ipvs test_rss[ip4-ipip]: absent -> n/a (no reference)"]
+    done = subprocess.run([sys.executable, "-m", "lab.cli", "conform", "--compare", str(old), str(new)],
+                          cwd=REPO, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["conform: 2 cells changed from run a to run b",
+                                        "  ipvs test_dsr[ip4-ipip]: finding -> pass",
+                                        "  ipvs test_rss[ip4-ipip]: absent -> n/a (no reference)"]
 
 
-def test_conform_refuses_a_path_without_the_suites(tmp_path: Path) -> None:
-    from lab.errors import UsageError
-
-    with pytest.raises(UsageError, match="cannot find the conformance tests"):
-        conform.main(["--tests", "no/such/tests.py", "--results", str(tmp_path)])
-
-
-def test_the_report_opens_with_the_dut_matrix_and_the_figures_side_by_side(tmp_path: Path) -> None:
+def test_the_report_opens_with_one_runs_dut_matrix_linking_each_na_to_its_line(tmp_path: Path) -> None:
     from reports import render
-    from reports.schema import ConformanceFigure
 
-    for dut, mtu in (("l4lab", 1480.0), ("ipvs", 1480.0)):
-        payload = ConformancePayload(test="test_upload", encap="ip4-ipip", outcome="pass", dut=dut,  # type: ignore[arg-type]
-                                     duration_s=0.1, figures=[ConformanceFigure("learnt MTU", mtu, "bytes")])
-        write_result(Kind.CONFORMANCE, case_id("test_upload", "ip4-ipip", dut), payload, tmp_path)
-    _write(tmp_path, "test_inner", "ip4-ipip", "ipvs", "fail", "E   AssertionError: ttl 63 -> 62")
-    _write(tmp_path, "test_inner", "ip4-ipip", "l4lab", "pass")
+    _write(tmp_path, "test_inner", "ip4-ipip", "l4lab", "pass", run="r0")
+    _write(tmp_path, "test_inner", "ip4-ipip", "ipvs", "finding", "E   AssertionError: ttl 63 -> 62", run="r0")
+    _write(tmp_path, "test_inner", "ip4-ipip", "l4lab", "pass", run="r1")
+    _write(tmp_path, "test_inner", "ip4-ipip", "ipvs", "pass", run="r1")
+    _write(tmp_path, "test_inner", "ip4-gue1", "ipvs", "not-applicable", "not applicable: encap:ip4-gue1", run="r1",
+           reference="lab/dut/ipvs.toml:29: variant 0 only")
     page = render.render_html(load_results(tmp_path))
     sections = page.split("<section ")[1:]
     assert sections[0].startswith('id="duts"'), "the DUT matrix is not the first section"
     matrix = sections[0]
-    assert "finding" in matrix and "ttl 63 -&gt; 62" in matrix
-    assert "learnt MTU (bytes)" in matrix and matrix.count(">1480<") == 2
+    assert "ttl 63" not in matrix, "a cell of an older run is in the matrix"
+    assert "n/a lab/dut/ipvs.toml:29" in matrix and "variant 0 only" in matrix
+    assert "pass 1 / applicable 1 (findings 0, errors 0, n/a 1)" in matrix
 
 
 def test_without_a_foreign_dut_the_report_has_no_dut_matrix(tmp_path: Path) -> None:
@@ -94,48 +202,61 @@ def test_without_a_foreign_dut_the_report_has_no_dut_matrix(tmp_path: Path) -> N
     assert 'id="duts"' not in render.render_html(load_results(tmp_path))
 
 
-def test_a_foreign_column_holds_only_pass_finding_with_evidence_or_not_applicable(tmp_path: Path) -> None:
-    _write(tmp_path, "test_ok", "ip4-ipip", "ipvs", "pass")
-    _write(tmp_path, "test_found", "ip4-ipip", "ipvs", "fail", "E   AssertionError: x\n--- ipvs says ---\nTCP 1")
-    _write(tmp_path, "test_bare", "ip4-ipip", "ipvs", "fail", "E   AssertionError: no evidence")
-    _write(tmp_path, "test_na", "ip4-ipip", "ipvs", "not-applicable", "not applicable: owner-query")
-    _write(tmp_path, "test_na_blank", "ip4-ipip", "ipvs", "not-applicable", "not applicable: ")
-    _write(tmp_path, "test_skipped", "ip4-ipip", "ipvs", "skip", "tshark is missing")
-    _write(tmp_path, "test_l4lab_only", "ip4-ipip", "l4lab", "pass")
-    problems = conform.column_problems(conform.build_matrix(load_results(tmp_path)), "ipvs")
-    assert sorted(problems) == sorted([
-        "ipvs test_bare[ip4-ipip]: a finding without ipvs's evidence",
-        "ipvs test_na_blank[ip4-ipip]: not applicable, naming no capability",
-        "ipvs test_skipped[ip4-ipip]: skip: tshark is missing",
-        "ipvs test_l4lab_only[ip4-ipip]: not run",
-    ])
+# ---- the real plugin and the real conform
 
 
-def test_every_conformance_test_l4lab_alone_can_run_is_not_applicable_with_its_capability(tmp_path: Path) -> None:
-    """The real conformance suites under IPVS, less the modules that attach it (test_dut.py,
-    test_dsr.py: `make test`'s `l4lab conform --dut ipvs` runs those): every other test must be
-    decided not applicable up front (no lab is built) and written so, naming the capability."""
-    dut = "ipvs"
-    here = REPO / "suites" / "conformance"
+def test_a_check_the_dut_cannot_do_is_na_with_its_reference_before_any_lab_is_built(tmp_path: Path) -> None:
+    """IPVS has no GUE variant 1: every check in those encaps is decided n/a up front (no lab, no VM)."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", str(here), "--dut", dut, "-q", "-p", "no:cacheprovider",
-         "--ignore", str(here / "test_dut.py"), "--ignore", str(here / "test_dsr.py")],
-        cwd=REPO, env=os.environ | {"L4LAB_RESULTS": str(tmp_path)}, capture_output=True, text=True, timeout=300)
+        [sys.executable, "-m", "pytest", str(CHECKS), "--dut", "ipvs", "--conform", "-q", "-p", "no:cacheprovider",
+         "-k", "gue1"], cwd=REPO, env=os.environ | {"L4LAB_RESULTS": str(tmp_path), "L4LAB_CONFORM_RUN": "t"},
+        capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    collected = int(done.stdout.strip().splitlines()[-1].split()[0])
     results = load_results(tmp_path)
-    assert len(results) == collected > 40, f"{len(results)} results for {collected} tests: {done.stdout[-1000:]}"
-    matrix = conform.build_matrix(results)
-    assert not conform.column_problems(matrix, dut)
-    capabilities = {c.detail.removeprefix("not applicable: ") for cells in matrix.values() for c in cells.values()}
-    assert all(c.outcome == "not-applicable" for cells in matrix.values() for c in cells.values())
-    assert {Capability.OWNER_QUERY, Capability.COUNTERS_PER_REASON, Capability.MULTI_LB} <= capabilities
+    collected = int(done.stdout.strip().splitlines()[-1].split()[0])
+    assert len(results) == collected >= 10, done.stdout[-1000:]
+    matrix = Matrix.of(results)
+    cells = [c for _, c in matrix.cells("ipvs")]
+    assert {c.verdict for c in cells} == {"not-applicable"} and not matrix.unreferenced()
+    assert {c.where for c in cells} == {"lab/dut/ipvs.toml:" + str(n.line) for n in DutSpec.load("ipvs").not_applicable
+                                        if n.capability.endswith("gue1")}
 
 
-def test_every_conformance_test_declares_what_katran_lacks_or_takes_the_dut() -> None:
-    """A test that would grade l4lab under another DUT's name (it does not take `dut` and needs
-    nothing that DUT lacks) stops the collection (suites/conformance/conftest.py): Katran's must pass."""
-    done = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "suites" / "conformance"), "--dut", "katran",
-                           "--collect-only", "-q", "-p", "no:cacheprovider"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+def test_l4labs_extras_are_no_row_of_the_matrix() -> None:
+    """Under a foreign DUT l4lab's white-box extras are deselected, not n/a; the checks all collect."""
+    done = subprocess.run([sys.executable, "-m", "pytest", str(CHECKS), "--dut", "katran", "--collect-only", "-q",
+                           "-p", "no:cacheprovider"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    collected = [ln for ln in done.stdout.splitlines() if "::" in ln]
+    modules = {ln.split("::")[0].rsplit("/", 1)[-1] for ln in collected}
+    assert {"test_dsr.py", "test_dut.py", "test_dut_churn.py", "test_dut_multilb.py"} <= modules, modules
+    extras = {"test_churn.py", "test_stats.py", "test_reliability.py", "test_encap_wire.py", "test_pmtu.py"}
+    assert not modules & extras, modules & extras
+    assert not [ln for ln in collected if "test_katran_under_the_same_flood" in ln]  # l4lab_only
+    assert "deselected" in done.stdout.splitlines()[-1]
+
+
+def test_conform_refuses_a_path_without_the_suites(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="cannot find the conformance tests"):
+        conform.main(["--tests", "no/such/tests.py", "--results", str(tmp_path)])
+
+
+def test_a_broken_adapter_mid_check_is_an_error_never_a_finding(tmp_path: Path) -> None:
+    """The IPVS adapter's ipvsadm fails in the middle of a check (suites/lab/_broken_adapter.py):
+    `l4lab conform` says errors 1, findings 0 and exits non-zero."""
+    from lab.harness.vmlab import vm_skip_reason
+
+    reason = vm_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    done = subprocess.run(
+        [sys.executable, "-m", "lab.cli", "conform", "--dut", "ipvs", "--no-report", "--results", str(tmp_path),
+         "--out", str(tmp_path / "out" / "index.html"),
+         "-k", "test_removing_a_real_moves_only_its_flows_and_breaks_no_other and ip4-ipip"],
+        cwd=REPO, env=os.environ | {"PYTEST_ADDOPTS": "-p suites.lab._broken_adapter"}, capture_output=True,
+        text=True, timeout=600)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "conform: ipvs pass 0 applicable 1 findings 0 errors 1 na 0", \
+        done.stdout[-3000:]
+    (result,) = load_results(next((tmp_path / "conform").iterdir()))
+    assert result.payload.outcome == "error" and "ipvsadm failed" in result.payload.detail, result.payload.detail

@@ -204,8 +204,9 @@ def test_hardware_mode_runs_the_marked_suites(lab: Lab, netns_target: target.Tar
         skipped = case.find("skipped")
         outcome[case.get("name", "")] = "passed" if skipped is None and case.find("failure") is None else (
             f"skipped: {skipped.get('message')}" if skipped is not None else "failed")
-    marked = {k: v for k, v in outcome.items() if k.startswith(("test_replies", "test_client_never", "test_remove"))}
-    assert len(marked) == 3 and set(marked.values()) == {"passed"}, f"hardware-marked tests: {outcome}"
+    marked = {k: v for k, v in outcome.items()
+              if k.startswith(("test_replies", "test_client_never", "test_per_real", "test_remove"))}
+    assert len(marked) == 4 and set(marked.values()) == {"passed"}, f"hardware-marked tests: {outcome}"
     other = [v for k, v in outcome.items() if k not in marked]
     assert other and all("needs the netns lab on this machine" in v for v in other), outcome
     left = [p for p in subprocess.run(["pgrep", "-f", "suites.conformance._(tcp_services|churn_client)"],

@@ -73,6 +73,9 @@ def test_write_result_writes_one_versioned_file(tmp_path: Path) -> None:
         "dut": "l4lab",
         "detail": "",
         "figures": [],
+        "run": "",
+        "reference": "",
+        "build": "",
     }
     (result,) = load_results(tmp_path)
     assert result.test == "test_tcp_connect" and result.encap == "ip4-gue1"
@@ -219,7 +222,8 @@ def _delete(path: str) -> Mutation:
         ("bench", _set("id", "no spaces please"), "id", "must be a test name"),
         ("bench", _set("machine.cpus", 0), "machine.cpus", "must be ≥ 1 but got 0"),
         ("conformance", _set("payload.encap", "ip4-vxlan"), "payload.encap", '"ip4-ipip" or "ip4-gue1"'),
-        ("conformance", _set("payload.outcome", "passed"), "payload.outcome", '"pass" or "fail" or "skip"'),
+        ("conformance", _set("payload.outcome", "passed"), "payload.outcome",
+         '"pass" or "finding" or "not-applicable" or "error"'),
         ("rss", _set("payload.scenarios.0.nqueues", 4), "payload.scenarios[0].queue_counts", "nqueues is 4"),
         ("rss", _set("payload.scenarios.1.p_value", 2), "payload.scenarios[1].p_value", "must be 0..1"),
         (

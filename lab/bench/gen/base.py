@@ -44,6 +44,7 @@ class Endpoints:
     sport: int = 1024
     dport: int = 9000
     ttl: int = 64
+    l4: Literal["udp", "tcp-syn"] = "udp"  # tcp-syn: every frame a TCP SYN (a SYN flood when flows vary)
 
 
 def _mac(text: str) -> bytes:
@@ -58,10 +59,25 @@ def _udp_check(pseudo: bytes, udp: bytes) -> int:
     return check or 0xFFFF
 
 
+def _eth_ip(family: Family, ep: Endpoints, proto: int, l4_len: int) -> tuple[bytes, bytes]:
+    """(Ethernet + IP header with a valid checksum, the L4 checksum's pseudo-header) for flow 0."""
+    eth = _mac(ep.dst_mac) + _mac(ep.src_mac) + struct.pack("!H", ETH_P_IP if family == 4 else ETH_P_IPV6)
+    if family == 4:
+        src, dst = ipaddress.IPv4Address(ep.src4).packed, ipaddress.IPv4Address(ep.dst4).packed
+        df = 0x4000 if proto == socket.IPPROTO_TCP else 0
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + l4_len, 0, df, ep.ttl, proto, 0, src, dst)
+        ip = ip[:10] + struct.pack("!H", inet_checksum(ip)) + ip[12:]
+        return eth + ip, src + dst + struct.pack("!BBH", 0, proto, l4_len)
+    src, dst = ipaddress.IPv6Address(ep.src6).packed, ipaddress.IPv6Address(ep.dst6).packed
+    ip = struct.pack("!IHBB16s16s", 6 << 28, l4_len, proto, ep.ttl, src, dst)
+    return eth + ip, src + dst + struct.pack("!IxxxB", l4_len, proto)
+
+
 def build_frame(size: int, family: Family, ep: Endpoints) -> bytes:
-    """An Ethernet/IP/UDP frame of `size` bytes (no FCS) for flow 0, every checksum valid."""
-    eth_type = ETH_P_IP if family == 4 else ETH_P_IPV6
-    eth = _mac(ep.dst_mac) + _mac(ep.src_mac) + struct.pack("!H", eth_type)
+    """An Ethernet/IP/UDP frame of `size` bytes (no FCS) for flow 0, every checksum valid; a TCP SYN
+    frame instead when ep.l4 says so."""
+    if ep.l4 == "tcp-syn":
+        return build_syn_frame(size, family, ep)
     ip_len = 20 if family == 4 else 40
     payload_len = size - 14 - ip_len - 8
     if payload_len < 0:
@@ -70,18 +86,24 @@ def build_frame(size: int, family: Family, ep: Endpoints) -> bytes:
     payload = bytes((i * 7 + 1) & 0xFF for i in range(payload_len))
     udp_len = 8 + payload_len
     udp = struct.pack("!HHHH", ep.sport, ep.dport, udp_len, 0) + payload
-    if family == 4:
-        src, dst = ipaddress.IPv4Address(ep.src4).packed, ipaddress.IPv4Address(ep.dst4).packed
-        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + udp_len, 0, 0, ep.ttl, socket.IPPROTO_UDP, 0,
-                         src, dst)
-        ip = ip[:10] + struct.pack("!H", inet_checksum(ip)) + ip[12:]
-        pseudo = src + dst + struct.pack("!BBH", 0, socket.IPPROTO_UDP, udp_len)
-    else:
-        src, dst = ipaddress.IPv6Address(ep.src6).packed, ipaddress.IPv6Address(ep.dst6).packed
-        ip = struct.pack("!IHBB16s16s", 6 << 28, udp_len, socket.IPPROTO_UDP, ep.ttl, src, dst)
-        pseudo = src + dst + struct.pack("!IxxxB", udp_len, socket.IPPROTO_UDP)
-    udp = udp[:6] + struct.pack("!H", _udp_check(pseudo, udp)) + udp[8:]
-    return eth + ip + udp
+    head, pseudo = _eth_ip(family, ep, socket.IPPROTO_UDP, udp_len)
+    return head + udp[:6] + struct.pack("!H", _udp_check(pseudo, udp)) + udp[8:]
+
+
+def build_syn_frame(size: int, family: Family, ep: Endpoints) -> bytes:
+    """An Ethernet/IP/TCP SYN of `size` bytes for flow 0: the MSS and SACK-permitted options a client
+    sends, as many NOPs more as fit (the TCP header at most 60 bytes), Ethernet padding for the rest."""
+    ip_len = 20 if family == 4 else 40
+    tcp_len = min(60, (size - 14 - ip_len) // 4 * 4)
+    if tcp_len < 28:
+        raise GeneratorError(f"a {size}-byte IPv{family} TCP SYN frame is too short for its headers "
+                             f"({14 + ip_len + 28} bytes)")
+    options = struct.pack("!BBH", 2, 4, 1460) + b"\x01\x01\x04\x02"  # MSS; NOP NOP SACK-permitted
+    options += b"\x01" * (tcp_len - 20 - len(options))
+    tcp = struct.pack("!HHIIBBHHH", ep.sport, ep.dport, 1, 0, tcp_len // 4 << 4, 0x02, 64240, 0, 0) + options
+    head, pseudo = _eth_ip(family, ep, socket.IPPROTO_TCP, tcp_len)
+    frame = head + tcp[:16] + struct.pack("!H", inet_checksum(pseudo + tcp)) + tcp[18:]
+    return frame + b"\0" * (size - len(frame))
 
 
 @dataclass(frozen=True)

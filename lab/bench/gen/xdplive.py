@@ -75,6 +75,10 @@ class TrafficgenProgram:
                                  f"a {len(frame)}-byte frame is too short")
         if not Path(object_path).is_file():
             raise GeneratorError(f"BPF object {object_path} does not exist; run `make bpf`")
+        l4_check = 16 if frame[14 + (9 if family == 4 else 6)] == socket.IPPROTO_TCP else 6
+        if 14 + (20 if family == 4 else 40) + l4_check + 2 > TEMPLATE_LEN:
+            raise GeneratorError(f"an IPv{family} TCP frame has its checksum beyond the {TEMPLATE_LEN} bytes "
+                                 "the generator rewrites from its template: send TCP over IPv4")
         addrs = max(1, min(src_addrs, flows))
         sport = struct.unpack_from("!H", frame, 14 + (20 if family == 4 else 40))[0]
         if sport + (flows - 1) // addrs > 0xFFFF:
@@ -89,7 +93,7 @@ class TrafficgenProgram:
         try:
             image = self._obj.rodata()
             values = {"cfg_family": family, "cfg_flows": flows, "cfg_src_addrs": addrs,
-                      "cfg_redirect": 1 if egress_ifindex else 0}
+                      "cfg_redirect": 1 if egress_ifindex else 0, "cfg_l4_check": l4_check}
             for name, value in values.items():
                 off, size = offsets[name]
                 image[off: off + size] = value.to_bytes(size, "little")
@@ -185,6 +189,7 @@ class ChainCost:
     received: int
     cpu_s: float
     wall_s: float
+    warm: int = 0  # frames sent before the measured ones (page pool, caches, sessions)
 
     @property
     def cpu_ns_per_frame(self) -> float:
@@ -352,7 +357,8 @@ class XdpLiveGenerator(Generator):
         thread.join()
         if errors:
             raise errors[0]
-        return ChainCost(frames=frames, received=int(out["received"]), cpu_s=out["cpu"], wall_s=out["wall"])
+        return ChainCost(frames=frames, received=int(out["received"]), cpu_s=out["cpu"], wall_s=out["wall"],
+                         warm=call)
 
     def _settled(self) -> int:
         """The sink's count once it has stopped moving (frames still in flight have arrived)."""
