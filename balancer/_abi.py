@@ -132,7 +132,8 @@ class Reason(IntEnum):
     DROP_DECAP_MALFORMED = 23
     DROP_DECAP_FAILED = 24
     DROP_TTL_EXPIRED = 25
-    REASON_COUNT = 26
+    DROP_NO_EGRESS = 26
+    REASON_COUNT = 27
 
 
 class VipFlag(IntFlag):
@@ -187,10 +188,10 @@ class Counter(ctypes.Structure):
 
 
 class Counts(ctypes.Structure):
-    """struct lb_counts (512 bytes)"""
+    """struct lb_counts (528 bytes)"""
 
     _pack_ = 1
-    _fields_ = [("events", ctypes.c_uint64 * 12), ("reasons", Counter * 26)]
+    _fields_ = [("events", ctypes.c_uint64 * 12), ("reasons", Counter * 27)]
 
 
 class DownKey(ctypes.Structure):
@@ -304,7 +305,7 @@ class VipSlot(ctypes.Structure):
 SIZES = {
     "AddrKey": 20,
     "Counter": 16,
-    "Counts": 512,
+    "Counts": 528,
     "DownKey": 8,
     "Flow": 40,
     "Flow4": 16,
@@ -325,11 +326,13 @@ SIZES = {
 RODATA = {
     "balancer": {
         "cfg_ring_size": (48, 4),
+        "cfg_egress_ifindex": (52, 4),
         "cfg_udp_timeout_ns": (56, 8),
         "cfg_jiffy_ns": (64, 4),
         "cfg_jiffies_at_boot": (72, 8),
         "cfg_katran_max_vips": (80, 4),
-        "cfg_syn_lookups": (88, 8),
+        "cfg_egress_mac": (88, 8),
+        "cfg_syn_lookups": (96, 8),
     },
     "decap": {
         "cfg_gue_port": (56, 2),
@@ -360,6 +363,8 @@ MAPS = {
         "lb_counts",
         "lb_decaps",
         "lb_down_reals",
+        "lb_egress",
+        "lb_egress_frags",
         "lb_progs",
         "lb_progs_frags",
         "lb_real_stats",
@@ -403,12 +408,12 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "3ed40c21f7d4a294b43c74edf5682aa7",
-    "decap": "364f939613e0d3ed811f3c1d0d537a78",
+    "balancer": "55cf4acf3385d5f34aa547697d7cf90a",
+    "decap": "a47b9eb4ed31a3f5def495d6fb551120",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
-    "healthcheck": "7005059c7d46d2a3ffc75f6b555477c5",
+    "healthcheck": "d8c3c56af0d786df81bf0088805b8418",
     "pass": "8f39d9f24e7339db28876547ef6a9879",
-    "tcp_sid_client": "4e1423bd492ff7f325c1cdd663c38399",
+    "tcp_sid_client": "8ca24be03c8e00d3a325c8f46e69d494",
     "trafficgen": "e5191253edb60fffbc753f2293e2f2d7",
     "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",
 }

@@ -176,6 +176,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     _warn_generic(st["interfaces"])
     if st["nexthop"]:
         print(f"  next hop {st['nexthop']['describe']}")
+    eg = st["egress"]
+    if eg:
+        note = "" if eg["now"] == eg["ifname"] else (
+            f": renamed to '{eg['now']}', frames still leave there" if eg["now"] else
+            ": deleted; encapsulated frames drop as DROP_NO_EGRESS: `lbctl unload`, then load with one that exists")
+        print(f"  egress {eg['ifname']}: encapsulated frames leave by XDP_REDIRECT (ifindex {eg['ifindex']}, "
+              f"from {eg['mac']}, MTU {eg['mtu'] or '-'}){note}")
     for v in st["vips"]:
         extra = (f"  server ids from {v['server_id_from']}" if v.get("server_id_from", "none") != "none" else "") + \
             ("  udp flow migration" if v.get("udp_flow_migration") else "")

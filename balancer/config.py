@@ -97,6 +97,7 @@ class DatapathConfig:
     frags: bool = False
     object: str = ""  # the BPF object to run (a path or a name, balancer/objects.py); "" = lbctl's default
     katran_max_vips: int = int(_abi.Limits.DEFAULT_KATRAN_MAX_VIPS)  # the Katran fleet's MAX_VIPS (hash seeds)
+    egress: str = ""  # two-arm: the interface encapsulated frames leave by ("": one-arm, balancer/egress.py)
 
 
 @dataclass(frozen=True)
@@ -269,6 +270,11 @@ def _datapath(t: _Table) -> DatapathConfig:
             raise t.error(key, name, "an interface name of 1..15 characters without '/', ':' or spaces")
         if name in interfaces[:i]:
             raise t.error(key, name, "an interface not listed before")
+    egress = t.string("egress", "an interface name (two-arm), or absent (one-arm)", d.egress)
+    if egress and (not _IFNAME.fullmatch(egress) or egress in (".", "..")):
+        raise t.error("egress", egress, "an interface name of 1..15 characters without '/', ':' or spaces")
+    if egress in interfaces:
+        raise t.error("egress", egress, "an interface not in datapath.interfaces (leave egress out for one-arm)")
     ring_size = t.integer("ring_size", 3, U32_MAX, d.ring_size)
     if not is_prime(ring_size):
         raise t.error("ring_size", ring_size, "a prime number (Maglev needs one), such as 65537")
@@ -293,6 +299,7 @@ def _datapath(t: _Table) -> DatapathConfig:
         frags=t.boolean("frags", d.frags),
         object=_object(t),
         katran_max_vips=t.integer("katran_max_vips", 1, U32_MAX, d.katran_max_vips),
+        egress=egress,
     )
 
 
@@ -563,6 +570,7 @@ _KNOWN: Final[dict[str, tuple[str, ...]]] = {
         "frags",
         "object",
         "katran_max_vips",
+        "egress",
     ),
     "encap": ("nexthop_mac", "gue_port", "src4", "src6", "nexthop"),
     "vips": ("address", "port", "proto", "encap", "hash", "lru", "outer_src", "gue_csum", "reals", "healthcheck",
@@ -596,6 +604,7 @@ def dump(config: Config) -> str:
         f"frags = {_toml(d.frags)}",
         *([f"object = {_toml(d.object)}"] if d.object else []),
         f"katran_max_vips = {d.katran_max_vips}",
+        *([f"egress = {_toml(d.egress)}"] if d.egress else []),
         "",
         "[encap]",
         f"nexthop_mac = {_toml(e.nexthop_mac)}",

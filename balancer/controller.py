@@ -29,7 +29,8 @@ import numpy.typing as npt
 
 from balancer import _abi, encaps, katran_hash, maglev, nexthop, objects, route_plan
 from balancer import config as cfg
-from balancer.datapath import Datapath
+from balancer.datapath import Datapath, program_for
+from balancer.egress import Egress, check_mtu, resolve
 from balancer.errors import DatapathError, HostError, LbError
 from balancer.maplayout import settings_bytes
 from balancer.transaction import Transaction
@@ -89,6 +90,7 @@ class State:
     down: dict[str, list[str]] = field(default_factory=dict)       # vip -> reals failed by health checks
     object_sha256: str = ""                                        # of `object` when it was loaded
     nexthop: dict[str, str] = field(default_factory=dict)          # the NextHop the settings hold
+    egress: dict[str, Any] = field(default_factory=dict)           # two-arm: Egress.to_json(); {} one-arm
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=1, sort_keys=True)
@@ -169,10 +171,13 @@ class Instance:
             except OSError as exc:
                 raise DatapathError(f"find interface '{ifname}'", _errno.ENODEV,
                                     "check the name with `ip link`") from exc
+        egress = resolve(d.egress) if d.egress else None
+        if egress:
+            check_mtu(egress, d.mtu)
         obj = objects.find(obj)  # the state file records the path, so `lbctl status` names the file
         dp = Datapath.load(obj, max_vips=d.max_vips, max_reals=d.max_reals, ring_size=d.ring_size,
                            lru_size=d.lru_size, fallback_size=d.fallback_size, udp_timeout_s=d.udp_timeout_s,
-                           katran_max_vips=d.katran_max_vips)
+                           katran_max_vips=d.katran_max_vips, egress=egress, programs=(program_for(d.frags),))
         pin_dir = cls.pin_dir(name)
         try:
             dp.pin(pin_dir, exclusive=True)  # refuses a directory it did not make; undoes its own part
@@ -184,7 +189,7 @@ class Instance:
                 link = dp.attach(ifname, mode, frags=d.frags)
                 link.pin(f"{pin_dir}/link_{ifname}")
             state = State(instance=name, object=obj, interfaces=dict.fromkeys(ifaces, mode),
-                          object_sha256=objects.digest(obj))
+                          object_sha256=objects.digest(obj), egress=egress.to_json() if egress else {})
             inst = cls(name, dp, state)
             inst.save()
             inst.apply(c)
@@ -211,10 +216,10 @@ class Instance:
         and the session tables, rings and counters are the same maps before and after.
         """
         obj = objects.find(obj)
-        new = Datapath.load_reusing(obj, self.dp, self.config.datapath.udp_timeout_s,
-                                    self.config.datapath.katran_max_vips)
         frags = self.config.datapath.frags
-        prog = new.programs["balancer_xdp_frags" if frags else "balancer_xdp"]
+        new = Datapath.load_reusing(obj, self.dp, self.config.datapath.udp_timeout_s,
+                                    self.config.datapath.katran_max_vips, self.egress, programs=(program_for(frags),))
+        prog = new.programs[program_for(frags)]
         try:
             for link in self.dp.links:
                 link.update(prog)
@@ -248,6 +253,11 @@ class Instance:
         self.dp.close()
 
     @property
+    def egress(self) -> Egress | None:
+        """The egress interface the instance was loaded with (two-arm), None for one-arm."""
+        return Egress.from_json(self.state.egress) if self.state.egress else None
+
+    @property
     def config(self) -> cfg.Config:
         return cfg.loads(self.state.config, f"state of instance '{self.name}'") if self.state.config \
             else cfg.Config()
@@ -264,6 +274,7 @@ class Instance:
         next apply.
         """
         _check_fits(new, self.dp, self.config if self.state.config else None)
+        self._check_egress(new)
         hop = self.next_hop(new.encap)
         plan = self._plan(new, down if down is not None else self.state.down)
         plan.routes = route_plan.wanted(new, plan.vip_nums, plan.real_ids, plan.down,
@@ -289,13 +300,25 @@ class Instance:
         self.save()
         return report
 
+    def _check_egress(self, new: cfg.Config) -> None:
+        """The egress interface is fixed at load (.rodata and the devmap): a config may not change it."""
+        loaded = self.egress.ifname if self.egress else ""
+        if new.datapath.egress != loaded:
+            said = f"'{new.datapath.egress}'" if new.datapath.egress else "absent (one-arm)"
+            was = f"'{loaded}'" if loaded else "none (one-arm)"
+            raise LbError(f"datapath.egress is {said} but instance '{self.name}' was loaded with egress {was}; "
+                          "the egress is fixed at load: `lbctl unload`, then `lbctl load` with the new config")
+        if self.egress:
+            check_mtu(self.egress, new.datapath.mtu)
+
     def next_hop(self, encap: cfg.EncapConfig) -> nexthop.NextHop:
-        """Where encap sends frames now (balancer/nexthop.py). When the kernel has lost the neighbour
+        """Where encap sends frames now (balancer/nexthop.py), found on the link the encapsulated frames
+        leave by (a two-arm LB's egress, else its interfaces). When the kernel has lost the neighbour
         that this same encap config found before, its last MAC is kept: a router that is down or
         being replaced gets it back, and health applies are not refused meanwhile."""
+        links = [self.egress.ifname] if self.egress else list(self.state.interfaces)
         try:
-            return nexthop.resolve(encap.nexthop_mac, str(encap.nexthop) if encap.nexthop else None,
-                                   list(self.state.interfaces))
+            return nexthop.resolve(encap.nexthop_mac, str(encap.nexthop) if encap.nexthop else None, links)
         except HostError:
             last = self.state.nexthop
             if last and self.state.config and self.config.encap == encap and last.get("mac") != nexthop.NONE:
@@ -479,10 +502,12 @@ class Instance:
                          "src_routes": [{"prefix": str(p.prefix), "real": str(p.real)} for p in v.src_routes],
                          "reals": reals})
         hop = nexthop.NextHop(**self.state.nexthop) if self.state.nexthop else None
+        egress = self.egress
         return {"instance": self.name, "object": self.state.object, "interfaces": self.attach_modes(),
                 "requested_modes": self.state.interfaces,
                 "nexthop": {**hop.to_dict(), "describe": hop.describe()} if hop else {}, "vips": vips,
-                "decap": [{"address": str(d.address), "action": d.action} for d in c.decap]}
+                "decap": [{"address": str(d.address), "action": d.action} for d in c.decap],
+                "egress": egress.status() if egress else None}
 
     def stats(self) -> dict[str, Any]:
         c = self.config

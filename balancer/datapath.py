@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from balancer import _abi, kclock, objects
 from balancer.btf import read_contract
+from balancer.egress import Egress
 from balancer.errors import AbiMismatchError, DatapathError
 from balancer.libbpf import (
     BpfObject,
@@ -61,6 +62,7 @@ Event = _abi.Event
 VipFlag = _abi.VipFlag
 
 XDP_ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
+PROGRAMS = ("balancer_xdp", "balancer_xdp_frags")
 BALANCER_MAPS = _abi.MAPS["balancer"]  # every map the object defines, read from its BTF by abigen
 DECAP_MAPS = _abi.MAPS["decap"]
 # lb_vips holds, per VIP, its own entry and one address-only entry (port 0, proto 0) for its address;
@@ -92,14 +94,33 @@ def patch_rodata(obj: BpfObject, name: str, values: dict[str, int]) -> None:
     obj.set_rodata(bytes(image))
 
 
+def _autoload(obj: BpfObject, programs: Sequence[str]) -> None:
+    for name in PROGRAMS:
+        if name not in programs:
+            obj.set_autoload(name, False)
+
+
+def program_for(frags: bool) -> str:
+    """The balancer's program for an LB with (xdp.frags, jumbo frames) or without multi-buffer frames."""
+    return PROGRAMS[1] if frags else PROGRAMS[0]
+
+
+def _more_rodata(udp_timeout_s: float, katran_max_vips: int, egress: Egress | None) -> dict[str, int]:
+    """The .rodata values besides the ring size: UDP idle timeout, the kernel's tick, Katran's MAX_VIPS,
+    two-arm's egress."""
+    return {"cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), "cfg_katran_max_vips": katran_max_vips,
+            **kclock.rodata(), **(egress.rodata() if egress else {})}
+
+
 # The program arrays that inline decap tail-calls (bpf/include/maps.h), and the program each holds.
 PROG_ARRAYS = {"lb_progs": "balancer_xdp", "lb_progs_frags": "balancer_xdp_frags"}
 
 
 def fill_prog_arrays(maps: dict[str, Map], progs: dict[str, Program]) -> None:
-    """Put each balancer program into its own program array (slot 0), for inline decap's tail call."""
+    """Put each loaded balancer program into its own program array (slot 0), for inline decap's tail call."""
     for array, prog in PROG_ARRAYS.items():
-        maps[array].update(b"\0" * 4, progs[prog].fd.to_bytes(4, "little"))
+        if prog in progs:
+            maps[array].update(b"\0" * 4, progs[prog].fd.to_bytes(4, "little"))
 
 
 def sum_counters(m: Map, index: int) -> tuple[int, int]:
@@ -129,9 +150,11 @@ class Datapath:
              max_reals: int = _abi.Limits.DEFAULT_MAX_REALS, ring_size: int = _abi.Limits.DEFAULT_RING_SIZE,
              lru_size: int = _abi.Limits.DEFAULT_LRU_SIZE, fallback_size: int | None = None,
              udp_timeout_s: float = _abi.Limits.DEFAULT_UDP_TIMEOUT_S,
-             katran_max_vips: int = _abi.Limits.DEFAULT_KATRAN_MAX_VIPS) -> Datapath:
+             katran_max_vips: int = _abi.Limits.DEFAULT_KATRAN_MAX_VIPS, egress: Egress | None = None,
+             programs: Sequence[str] = PROGRAMS) -> Datapath:
         """Load the balancer: `lru_size` session entries per possible CPU in each session table (IPv4
-        flows, IPv6 flows), each one table for every CPU.
+        flows, IPv6 flows), each one table for every CPU; two-arm when `egress` is given (balancer/egress.py);
+        only the `programs` named (an LB attaches one: the verifier's walk of the other costs as much).
 
         `fallback_size` is accepted and ignored: the session table has no per-CPU slots left empty,
         so there is no shared fallback table any more (configs that set it still load).
@@ -140,8 +163,8 @@ class Datapath:
         verify_abi(obj_path, "balancer")
         obj = BpfObject(obj_path)
         try:
-            patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size, "cfg_katran_max_vips": katran_max_vips,
-                                            "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), **kclock.rodata()})
+            patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size,
+                                            **_more_rodata(udp_timeout_s, katran_max_vips, egress)})
             obj.set_max_entries("lb_vips", max_vips * VIP_ENTRIES_PER_VIP)
             obj.set_max_entries("lb_vip_stats", max_vips)
             obj.set_max_entries("lb_reals", max_reals)
@@ -151,10 +174,14 @@ class Datapath:
             obj.set_max_entries("lb_server_ids", max_reals)
             for table in SESSION_TABLES:
                 obj.set_max_entries(table, lru_size * min(num_possible_cpus(), _abi.Limits.MAX_CPUS))
+            _autoload(obj, programs)
             obj.load()
             maps = {n: obj.map(n) for n in BALANCER_MAPS}
-            progs = {n: obj.program(n) for n in ("balancer_xdp", "balancer_xdp_frags")}
+            progs = {n: obj.program(n) for n in programs}
             fill_prog_arrays(maps, progs)
+            if egress:
+                for devmap in ("lb_egress", "lb_egress_frags"):
+                    maps[devmap].update(b"\0" * 4, egress.ifindex.to_bytes(4, "little"))
             return cls(maps, progs, ring_size, obj)
         except DatapathError as exc:
             obj.close()
@@ -169,19 +196,21 @@ class Datapath:
 
     @classmethod
     def load_reusing(cls, obj_path: str, running: Datapath, udp_timeout_s: float,
-                     katran_max_vips: int = _abi.Limits.DEFAULT_KATRAN_MAX_VIPS) -> Datapath:
-        """Load obj_path on top of running's maps (sessions, rings, counters all kept)."""
+                     katran_max_vips: int = _abi.Limits.DEFAULT_KATRAN_MAX_VIPS, egress: Egress | None = None,
+                     programs: Sequence[str] = PROGRAMS) -> Datapath:
+        """Load obj_path (its `programs`) on top of running's maps (sessions, rings, counters, lb_egress kept)."""
         obj_path = objects.find(obj_path)
         verify_abi(obj_path, "balancer")
         obj = BpfObject(obj_path)
         try:
-            patch_rodata(obj, "balancer", {"cfg_ring_size": running.ring_size, "cfg_katran_max_vips": katran_max_vips,
-                                            "cfg_udp_timeout_ns": int(udp_timeout_s * 1e9), **kclock.rodata()})
+            patch_rodata(obj, "balancer", {"cfg_ring_size": running.ring_size,
+                                            **_more_rodata(udp_timeout_s, katran_max_vips, egress)})
             for name, m in running.maps.items():
                 obj.reuse_map(name, m.fd)
+            _autoload(obj, programs)
             obj.load()
             maps = {n: obj.map(n) for n in BALANCER_MAPS}
-            progs = {n: obj.program(n) for n in ("balancer_xdp", "balancer_xdp_frags")}
+            progs = {n: obj.program(n) for n in programs}
             fill_prog_arrays(maps, progs)  # inline decap's tail calls go to the new program from now on
             return cls(maps, progs, running.ring_size, obj)
         except BaseException:
@@ -293,7 +322,7 @@ class Datapath:
     # -- attachment ---------------------------------------------------------------------------
 
     def attach(self, ifname: str, mode: str = "native", frags: bool = False) -> Link:
-        prog = self.programs["balancer_xdp_frags" if frags else "balancer_xdp"]
+        prog = self.programs[program_for(frags)]
         ifindex = socket.if_nametoindex(ifname) if ifname else 0
         link = prog.attach_xdp(ifindex, mode, ifname)
         self.links.append(link)
@@ -487,7 +516,7 @@ class Datapath:
         return res.retval, res.data
 
     def run_result(self, frame: bytes, repeat: int = 1, frags: bool = False) -> RunResult:
-        prog = self.programs["balancer_xdp_frags" if frags else "balancer_xdp"]
+        prog = self.programs[program_for(frags)]
         return prog.test_run(frame, repeat=repeat)
 
 

@@ -276,8 +276,32 @@ __noinline int forward_steered(struct xdp_md *ctx, const struct packet *pkt, con
 	return reason;
 }
 
+/* Two-arm (cfg_egress_ifindex set): an encapsulated frame leaves by the egress interface, from its MAC,
+ * through the program's devmap: LB_TX_ENCAP, its redirect set up, or LB_DROP_NO_EGRESS when the devmap
+ * has no entry (the interface is gone); any other reason as it is. Called where forward() returns, not
+ * in balance(): there the frags program's frame grew past the verifier's 512 bytes. The ICMP answers
+ * the LB makes itself (echo, too big) go back to their sender by the interface they came in on, whose
+ * neighbour routes to the client. */
+static __always_inline int egress_of(struct xdp_md *ctx, int reason, const int frags)
+{
+	void *data, *data_end;
+
+	if (reason != LB_TX_ENCAP || !cfg_egress_ifindex) /* the reason first: others read no .rodata */
+		return reason;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (data + PARSE_ETH_LEN > data_end)
+		return LB_DROP_ENCAP_FAILED; /* never: the encap wrote the header */
+	*(__u32 *)(data + 6) = (__u32)cfg_egress_mac;
+	*(__u16 *)(data + 10) = (__u16)(cfg_egress_mac >> 32);
+	return bpf_redirect_map(frags ? (void *)&lb_egress_frags : (void *)&lb_egress, 0, 0) == XDP_REDIRECT
+		       ? LB_TX_ENCAP
+		       : LB_DROP_NO_EGRESS;
+}
+
 /* ICMP and ICMPv6: echo for VIPs, errors about VIP flows steered to their real, the rest passed. */
-static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *pkt, struct lb_tally *t)
+static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *pkt, struct lb_tally *t,
+					const int frags)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -303,7 +327,7 @@ static __always_inline int handle_icmp(struct xdp_md *ctx, const struct packet *
 	    icmp_quoted_flow(data, data_end, pkt, &quoted) == 0) {
 		vip = lookup_vip(quoted.dst, quoted.dport, quoted.proto, quoted.family, &cidr);
 		if (vip)
-			return forward_steered(ctx, pkt, &quoted, vip, t);
+			return egress_of(ctx, forward_steered(ctx, pkt, &quoted, vip, t), frags);
 	}
 	return to_vip ? LB_DROP_ICMP_UNSUPPORTED : LB_PASS_ICMP_NOT_VIP;
 }
@@ -382,7 +406,7 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struc
 		*(__u64 *)&pkt->flow.sport = l4_word(pkt, *(const __u32 *)uh);
 		pkt->udp_csum_zero = !uh->check;
 	} else if (pkt->flow.proto == (pkt->flow.family == LB_AF_INET ? IPPROTO_ICMP : IPPROTO_ICMPV6)) {
-		return handle_icmp(ctx, pkt, t);
+		return handle_icmp(ctx, pkt, t, frags);
 	} else if (pkt->flow.proto == IPPROTO_IPIP || pkt->flow.proto == IPPROTO_IPV6) {
 		return not_vip(ctx, pkt, frags);
 	} else {
@@ -392,7 +416,7 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struc
 	vip = lookup_vip(pkt->flow.dst, pkt->flow.dport, pkt->flow.proto, pkt->flow.family, &cidr);
 	if (!vip)
 		return pkt->flow.proto == IPPROTO_UDP ? not_vip(ctx, pkt, frags) : LB_PASS_NOT_VIP;
-	return forward(ctx, pkt, &pkt->flow, vip, t, 0);
+	return egress_of(ctx, forward(ctx, pkt, &pkt->flow, vip, t, 0), frags);
 
 truncated:
 	return is_vip_addr((const struct vip_addr *)pkt->flow.dst, pkt->flow.family) ? LB_DROP_MALFORMED_L4
@@ -402,7 +426,8 @@ truncated:
 static __always_inline int action_of(int reason)
 {
 	switch (reason) {
-	case LB_TX_ENCAP:
+	case LB_TX_ENCAP: /* two-arm: egress_of() set the redirect up */
+		return cfg_egress_ifindex ? XDP_REDIRECT : XDP_TX;
 	case LB_TX_ICMP_ECHO:
 	case LB_TX_ICMP_TOO_BIG:
 	case LB_TX_DECAP_EGRESS:

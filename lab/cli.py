@@ -120,6 +120,11 @@ def _node_netns(args: argparse.Namespace) -> str:
     return netns_name(args.name, topo.node(args.node).name)
 
 
+def _is_vm(args: argparse.Namespace) -> bool:
+    state = LabState.load(check_name(args.name))
+    return topology.load(Path(state.topology_path)).node(args.node).kind == "vm"
+
+
 def _run_exec(args: argparse.Namespace) -> int:
     command: list[str] = args.command
     if not command:
@@ -127,6 +132,12 @@ def _run_exec(args: argparse.Namespace) -> int:
             "l4lab exec: give a command after --, e.g. l4lab exec client -- ping -c1 203.0.113.18"
         )
     ns = _node_netns(args)
+    if _is_vm(args):  # over its control channel: output and exit status, no terminal
+        from lab.remote import vmnodes
+
+        done = vmnodes.run(args.name, args.node, command, timeout=600.0)
+        sys.stdout.write(done.stdout)
+        return done.returncode
     from lab import frr
 
     command = frr.exec_argv(args.name, args.node, command)  # vtysh finds the node's own FRR daemons

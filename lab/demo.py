@@ -45,8 +45,8 @@ from balancer import config as cfg
 from balancer.encaps import SAME_FAMILY, by_id
 from lab import netns, topology
 from lab.capture import Capture, classify_lb_link
-from lab.errors import LabError
-from lab.lbconf import balancer_config, lb_link, peer_mac, real_addresses
+from lab.errors import LabError, UsageError
+from lab.lbconf import balancer_config, egress_link, lb_link, peer_mac, real_addresses, shape
 from lab.nsexec import nsenter_argv
 from lab.poll import poll
 from lab.state import netns_name, state_dir
@@ -153,9 +153,9 @@ def run_traffic(lab: str, topo: topology.Topology, run: EncapRun, requests: int,
     clients = {str(a.ip) for link in topo.links for ep in link.endpoints if ep.node == "client"
                for a in ep.all_addresses if a.version == fam}
     before = _stats(lab)
-    lb_if, router, router_if = lb_link(topo)
-    pcap = work / f"{run.encap_id}.pcap"
-    cap = Capture(lab, router, router_if, pcap)
+    arms = [lb_link(topo), *([egress[:3]] if (egress := egress_link(topo)) else [])]  # in (and out, two-arm)
+    pcaps = [work / f"{run.encap_id}-{lb_if}.pcap" for lb_if, _, _ in arms]
+    caps = [Capture(lab, router, router_if, pcap) for (_, router, router_if), pcap in zip(arms, pcaps, strict=True)]
     try:
         for vip in sorted(vips):
             for kind, port in (("http", 80), ("udp", UDP_PORT)):
@@ -174,11 +174,16 @@ def run_traffic(lab: str, topo: topology.Topology, run: EncapRun, requests: int,
                     run.ok += 1
                     run.reals[r["node"]] = run.reals.get(r["node"], 0) + 1
     finally:
-        _settled(pcap, lambda: _stats(lab)["reasons"]["TX_ENCAP"]["packets"])
-        cap.stop()
+        _settled(pcaps[-1], lambda: _stats(lab)["reasons"]["TX_ENCAP"]["packets"])
+        for cap in caps:
+            cap.stop()
     run.lb_tx = _delta(before, _stats(lab), "TX_ENCAP")
-    counts = classify_lb_link(pcap, peer_mac(lab, "lb", lb_if).lower(), vips, clients, GUE_PORT)
-    run.to_lb, run.from_lb, run.stray = counts.to_lb, counts.from_lb, counts.stray
+    counts = [classify_lb_link(pcap, peer_mac(lab, "lb", lb_if).lower(), vips, clients, GUE_PORT)
+              for (lb_if, _, _), pcap in zip(arms, pcaps, strict=True)]
+    run.to_lb, run.from_lb, run.stray = counts[0].to_lb, counts[-1].from_lb, [s for c in counts for s in c.stray]
+    if len(counts) == 2:  # two-arm: nothing encapsulated comes back by the ingress, nothing goes in by the egress
+        run.stray += [f"{counts[0].from_lb} encapsulated by the ingress arm"] * bool(counts[0].from_lb)
+        run.stray += [f"{counts[1].to_lb} client→VIP by the egress arm"] * bool(counts[1].to_lb)
 
 
 def _settled(pcap: Path, lb_sent: Callable[[], int], quiet_s: float = 0.2, deadline_s: float = 3.0) -> None:
@@ -358,9 +363,10 @@ def summary(runs: list[EncapRun], nreals: int) -> str:
 
 
 def write_outputs(runs: list[EncapRun], nreals: int, results: Path | None = None,
-                  out: Path = REPO / "reports" / "out" / "index.html") -> Path | None:
-    """The demo result, plus rss and pmtu results of the same figures (into `results`, default the
-    results directory); then the report at `out`."""
+                  out: Path = REPO / "reports" / "out" / "index.html", shape: str = "one-arm",
+                  topology_name: str = "default") -> Path | None:
+    """The demo result (with the LB's `shape` and the topology it ran), plus rss and pmtu results of
+    the same figures (into `results`, default the results directory); then the report at `out`."""
     try:
         from reports import render, schema
     except ImportError:
@@ -380,7 +386,7 @@ def write_outputs(runs: list[EncapRun], nreals: int, results: Path | None = None
             schema.write_result("pmtu", schema.case_id("demo_pmtu", r.encap_id), {"encap": r.encap_id, "scenarios": [
                 {"name": "udp-df", "completed": p["learnt_mtu"] == p["expected_mtu"], "seconds": 0.0,
                  "route_mtu": p["learnt_mtu"]}]}, results)
-    schema.write_result("demo", "demo", {"encaps": encaps}, results)
+    schema.write_result("demo", "demo", {"encaps": encaps, "shape": shape, "topology": topology_name}, results)
     return render.render(results, out=out)
 
 
@@ -415,7 +421,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     topo = topology.load(args.topology)
     nreals = len(topo.nodes_with_role("real"))
-    runs: list[EncapRun] = []
+    lb_shape = shape(topo)
+    if lb_shape == "bond-vlan":
+        raise UsageError(f"l4lab demo drives an LB in a namespace, and topology '{topo.name}' has it in a VM: "
+                         "run its checks with `pytest suites/conformance/test_bond_vlan.py`")
+    runs = [EncapRun(encap_id) for encap_id in args.encap or list(SAME_FAMILY)]
     started = time.monotonic()
     with ExitStack() as stack:
         done = _step(f"lab '{args.name}' ({args.topology}) up")
@@ -423,12 +433,16 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(netns.teardown, args.name)
         done()
         work = state_dir(args.name)
-        lb_if = lb_link(topo)[0]
-        lbctl(args.name, ["load", "--interface", lb_if, "--mode", "native"])
+        first = by_id(runs[0].encap_id)  # the load's config: its egress (two-arm) is fixed at load
+        (work / "lb-load.toml").write_text(cfg.dump(balancer_config(
+            topo, args.name, encaps={first.vip_family: first.config_name})))
+        lbctl(args.name, ["load", "--interface", lb_link(topo)[0], "--mode", "native",
+                          "--config", str(work / "lb-load.toml")])
         stack.callback(lbctl, args.name, ["unload"], False)
-        print("  " + lbctl(args.name, ["status"]).stdout.strip().splitlines()[1])
+        for line in lbctl(args.name, ["status"]).stdout.strip().splitlines()[1:]:
+            if line.lstrip().startswith(("interface", "egress")):
+                print("  " + line.strip())
         stack.enter_context(echo_services(args.name, topo))
-        runs = [EncapRun(encap_id) for encap_id in args.encap or list(SAME_FAMILY)]
         # The RSS model needs no lab: it runs beside the lab traffic, which mostly waits on sockets.
         spreads = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="demo-spread"))
         spread_t0 = time.monotonic()
@@ -454,11 +468,11 @@ def main(argv: list[str] | None = None) -> int:
         done = _step("lab down")
     done()
     throughput = None if args.no_bench else _throughput()
-    print()
+    print(f"\nthe LB {lb_shape} (topology {topo.name})")
     print(summary(runs, nreals))
     if throughput:
         print("\n" + "\n".join(throughput))
-    report = write_outputs(runs, nreals)
+    report = write_outputs(runs, nreals, shape=lb_shape, topology_name=topo.name)
     if report is not None:
         print(f"\nreport: {os.path.relpath(report, Path.cwd())}")
     held = all(r.held(nreals) for r in runs)

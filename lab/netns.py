@@ -133,7 +133,7 @@ class Builder:
                 self._links_up(node)
             self._wait_links_ready()
             for node in self.topo.netns_nodes():
-                self._add_routes(node)
+                self._add_routes(node, via_vm=False)
             for link in self.topo.links:
                 for ep in link.endpoints:
                     self._set_offloads(ep)
@@ -141,6 +141,8 @@ class Builder:
                 self._attach_programs(stack)
             self._start_services(stack)
             self._start_vms(stack)
+            for node in self.topo.netns_nodes():
+                self._add_routes(node, via_vm=True)  # through a VM's tap: there once the VM is
             if self.with_balancers:
                 self._load_balancers(stack)
             self._start_frr(stack)
@@ -161,10 +163,17 @@ class Builder:
         from balancer import config as cfg
         from balancer.controller import Instance
         from lab.lbconf import balancer_config, lb_link
+        from lab.remote import lbvm
 
         for node in self.topo.nodes_with_role("lb"):
             instance = f"{self.lab}-{node.name}"
             families = {v.address.version for v in self.topo.vips}
+            if node.kind == "vm":  # its instance lives and dies with the VM: nothing to journal
+                with self._step(f"load the balancer in VM {node.name} (lbctl instance {instance})"):
+                    lbvm.load_balancer(lbvm.in_lab(self.lab, node.name), instance,
+                                       balancer_config(self.topo, self.lab, encaps=dict.fromkeys(families, "ipip"),
+                                                       lb=node.name))
+                continue
             with self._step(f"check that no balancer instance {instance} exists"):
                 left = [str(p) for p in (Path(Instance.pin_dir(instance)), Instance.state_path(instance))
                         if p.exists()]
@@ -196,9 +205,9 @@ class Builder:
                     raise LabError(f"topology '{self.topo.name}' runs BGP nodes but {reason}")
         if self.topo.vm_nodes():
             with self._step("check that qemu and the VM kernel are installed"):
-                reason = vmnodes.missing()
+                reason = vmnodes.missing(lb=any(n.role == "lb" for n in self.topo.vm_nodes()))
                 if reason:
-                    raise LabError(f"topology '{self.topo.name}' has VM reals but {reason}")
+                    raise LabError(f"topology '{self.topo.name}' has VM nodes but {reason}")
 
     def _endpoints(self, node: str) -> list[Endpoint]:
         """The endpoints of `node` that the builder makes (a VM's tap is made by its supervisor)."""
@@ -340,10 +349,14 @@ class Builder:
                     )
         return out
 
-    def _add_routes(self, node: Node) -> None:
+    def _add_routes(self, node: Node, via_vm: bool) -> None:
         ns = netns_name(self.lab, node.name)
         ipr = self.ipr[node.name]
+        taps = [a.network for ep in self.topo.endpoints_of(node.name) if self.topo.is_vm_endpoint(ep)
+                for a in ep.addresses]
         for route in node.routes:
+            if any(route.via in net for net in taps) != via_vm:
+                continue
             with self._step(f"add route {route.describe()} in {ns}"):
                 dst = (
                     str(route.dst)
@@ -416,20 +429,20 @@ class Builder:
             services.wait_ready(started, run_dir)
 
     def _start_vms(self, stack: ExitStack) -> None:
-        """Boot every VM real (in parallel), each under a supervisor process; journal both processes."""
+        """Boot every VM node (in parallel), each under a supervisor process; journal both processes."""
         from lab.remote import vmnodes
 
         started = []
         for node in self.topo.vm_nodes():
             vm_ep, tap_ep = self.topo.vm_link(node.name)
             ns = netns_name(self.lab, tap_ep.node)
-            with self._step(f"start VM real {node.name} (tap {tap_ep.ifname} in {ns})"):
+            with self._step(f"start {_vm_word(node)} {node.name} (tap {tap_ep.ifname} in {ns})"):
                 proc = vmnodes.start(self.lab, ns, self.topo, node, state_dir(self.lab))
             self.state.processes.append(proc)
             self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
             started.append(proc)
         for proc in started:
-            with self._step(f"wait for VM real {proc.node} to boot"):
+            with self._step(f"wait for {_vm_word(self.topo.node(proc.node))} {proc.node} to boot"):
                 ready = vmnodes.wait_ready(proc, state_dir(self.lab))
             qemu = vmnodes.qemu_process(proc.node, ready)
             self.state.processes.append(qemu)
@@ -468,6 +481,10 @@ class Builder:
         with self._step(f"wait for every BGP session to be Established (logs under {frr_root})"):
             self.state.bgp_established_seconds = frr.wait_established(self.lab, self.topo)
             self.state.save()
+
+
+def _vm_word(node: Node) -> str:
+    return "VM real" if node.role == "real" else "LB VM"
 
 
 def build(

@@ -12,6 +12,11 @@ The file format (see lab/topologies/default.toml for a complete example):
                decap = {mode = "kernel", gue_port = 6080}                  (vm reals: tunl0, fou/GUE)
                nic = {queues = 4, rss = true}      (vm reals: a multiqueue virtio-net NIC, qemu's RSS on)
                bgp_asn = 65000                         (router and lb nodes that run FRR, see lab.frr)
+               egress = "lb-eg"     (lb nodes, two-arm: encapsulated frames leave by this interface of the
+                                     node, its link's MTU their limit; the node's other link is the ingress)
+               uplink = {bond = "802.3ad", vlan = 100}     (an lb of kind "vm": its one link is a bond of
+                                     two links (active-backup, 802.3ad or balance-xor) carrying that VLAN,
+                                     named as the VM's end of the link; lab.remote.lbvm)
     [[links]]  mtu, a = {endpoint}, b = {endpoint}; endpoint = {node, ifname, addresses,
                extra_addresses, offloads = {tx = false}, xdp = {object, program, mode}}
     [[vips]]   address, ports = [{proto = "tcp"|"udp", port, service = "http"|"udp-echo"}]
@@ -21,8 +26,8 @@ A sysctl key with `*` in the interface position (`net.ipv4.conf.*.rp_filter`) ap
 and runs the VIPs' services bound to them. Every error names the file, the key, the value and
 what was expected.
 
-A node of kind "vm" is a real server in a qemu VM (lab.remote.vmnodes): it has exactly one link, to a
-netns node whose end of the link is the VM's tap (that end carries the VM's gateway addresses);
+A node of kind "vm" is a real server or an LB (`uplink`) in a qemu VM (lab.remote.vmnodes): it has exactly
+one link, to a netns node whose end of the link is the VM's tap (that end carries the VM's gateway addresses);
 the VM's own end has one IPv4 and at most one IPv6 address, and no routes, sysctls, offloads or XDP
 of its own: its default routes point at the tap's addresses. Every node with `bgp_asn` runs FRR
 (zebra, bgpd, bfdd) and peers over every link to another such node (eBGP, one session per family,
@@ -52,6 +57,7 @@ DECAP_MODES = ("bpf", "kernel")
 BGP_ROLES = ("router", "lb")
 DEFAULT_GUE_PORT = int(_abi.Limits.DEFAULT_GUE_PORT)
 DECAP_ATTACH = ("tc", "xdp")
+BOND_MODES = ("active-backup", "802.3ad", "balance-xor")  # the modes XDP runs on a bond in (lab.remote.lbvm)
 XDP_MODES = ("native", "generic")
 OFFLOADS = ("tx",)
 MAX_NIC_QUEUES = 8  # a VM NIC's queues are its vCPUs under TCG: more only slows the boot
@@ -137,6 +143,14 @@ class Nic:
 
 
 @dataclass(frozen=True)
+class Uplink:
+    """An LB VM's uplink: a bond of two links in `bond` mode, carrying VLAN `vlan`."""
+
+    bond: str
+    vlan: int
+
+
+@dataclass(frozen=True)
 class Node:
     """A machine of the lab (a network namespace for kind = "netns")."""
 
@@ -148,6 +162,8 @@ class Node:
     decap: Decap | None
     bgp_asn: int | None = None  # runs FRR and peers over its links with other BGP nodes
     nic: Nic = Nic()  # a VM real's NIC; netns nodes keep the default
+    egress: str = ""  # a two-arm LB's egress interface ("": one-arm)
+    uplink: Uplink | None = None  # an LB VM's bonded, tagged uplink
 
 
 @dataclass(frozen=True)
@@ -400,7 +416,7 @@ class _Reader:
                     self.vm_endpoints(f"links[{i}]", side, ep, peer, kinds[peer.node])
                     if link.mtu != 1500:
                         raise self.fail(f"links[{i}].mtu", link.mtu, "1500 on a VM's link (its tap's MTU)")
-        if any(n.kind == "vm" for n in nodes):
+        if any(n.kind == "vm" and n.role == "real" for n in nodes):
             self.vm_services(vips)
         body = self.table(raw, "bgp", "", required=False)
         self.check.known_keys(body, ("bfd_interval_ms", "bfd_multiplier"), "bgp")
@@ -510,13 +526,14 @@ class _Reader:
         by_role: dict[str, dict[str, str]],
         links: tuple[Link, ...],
     ) -> Node:
-        self.check.known_keys(raw, ("name", "role", "kind", "sysctls", "routes", "decap", "bgp_asn", "nic"), where)
+        self.check.known_keys(raw, ("name", "role", "kind", "sysctls", "routes", "decap", "bgp_asn", "nic", "egress",
+                                    "uplink"), where)
         name = raw["name"]
         role = self.string(raw, "role", where, choices=ROLES)
         kind = self.string(raw, "kind", where, choices=KINDS, default="netns")
-        if kind == "vm" and role != "real":
+        if kind == "vm" and role not in ("real", "lb"):
             raise self.fail(
-                f"{where}.kind", kind, f"\"netns\" for a node of role '{role}' (only reals can be VMs)"
+                f"{where}.kind", kind, f"\"netns\" for a node of role '{role}' (only reals and LBs can be VMs)"
             )
         bgp_asn = None
         if "bgp_asn" in raw:
@@ -534,8 +551,10 @@ class _Reader:
                         raw[key],
                         "absent on a VM (it routes via its tap and sets its own sysctls)",
                     )
-            if "decap" not in raw:
+            if role == "real" and "decap" not in raw:
                 raise self.fail(f"{where}.decap", None, 'a table {mode = "kernel"} (a VM real decapsulates)')
+            if role == "lb" and "uplink" not in raw:
+                raise self.fail(f"{where}.uplink", None, 'a table {bond = "802.3ad", vlan = 100} (an LB VM\'s uplink)')
         elif "nic" in raw:
             raise self.fail(f"{where}.nic", raw["nic"], 'absent on a netns node (only a VM real has a NIC to set)')
         sysctls = {
@@ -547,7 +566,33 @@ class _Reader:
         routes = self.routes(raw, where, name, [a.network for ep in mine for a in ep.all_addresses])
         decap = self.decap(raw, where, name, role, kind, mine) if "decap" in raw else None
         nic = self.nic(raw, where) if kind == "vm" else Nic()
-        return Node(name, role, kind, tuple(sysctls.items()), routes, decap, bgp_asn, nic)
+        egress = self.egress(raw, where, role, mine) if "egress" in raw else ""
+        uplink = self.uplink(raw, where, name, role, kind, mine) if "uplink" in raw else None
+        return Node(name, role, kind, tuple(sysctls.items()), routes, decap, bgp_asn, nic, egress, uplink)
+
+    def uplink(self, raw: Mapping[str, Any], where: str, name: str, role: str, kind: str,
+               mine: list[Endpoint]) -> Uplink:
+        """An LB VM's `uplink = {bond, vlan}`, on its one link."""
+        body = self.table(raw, "uplink", where)
+        if (role, kind) != ("lb", "vm"):
+            raise self.fail(f"{where}.uplink", body, f"absent on a {kind} node of role '{role}' (an LB VM's uplink)")
+        self.check.known_keys(body, ("bond", "vlan"), f"{where}.uplink")
+        if len(mine) != 1:
+            raise self.fail(f"{where}.name", name, f"a VM with exactly one link (it has {len(mine)})")
+        return Uplink(self.string(body, "bond", f"{where}.uplink", choices=BOND_MODES),
+                      self.integer(body, "vlan", f"{where}.uplink", 1, 4094))
+
+    def egress(self, raw: Mapping[str, Any], where: str, role: str, mine: list[Endpoint]) -> str:
+        """A two-arm LB's `egress`: one of its interfaces, with another one left for the ingress."""
+        ifname = self.string(raw, "egress", where)
+        if role != "lb":
+            raise self.fail(f"{where}.egress", ifname, f"absent on a node of role '{role}' (only an LB has arms)")
+        names = [ep.ifname for ep in mine]
+        if ifname not in names or len(names) < 2:
+            raise self.fail(f"{where}.egress", ifname,
+                            "one of the node's two or more interfaces (" + ", ".join(names) + "), another one "
+                            "being the ingress")
+        return ifname
 
     def routes(self, raw: Mapping[str, Any], where: str, name: str, connected: list[IpNetwork]) -> tuple[Route, ...]:
         """A node's `routes = [{dst, via}]`: each gateway inside one of the node's subnets."""

@@ -1,10 +1,13 @@
 """The lab tracer: where packets died, per lab node and interface (XDP exceptions, XDP bulk-TX errors, drop reasons).
 
-BCC compiles a small program that attaches to three raw tracepoints and counts, per network
+BCC compiles a small program that attaches to five raw tracepoints and counts, per network
 namespace, interface and cause:
 
     xdp:xdp_exception   an XDP program returned XDP_ABORTED or an action the driver could not do
     xdp:xdp_bulk_tx     a batch of XDP_TX / redirected frames with dropped frames or an error
+    xdp:xdp_redirect_err, xdp:xdp_devmap_xmit
+                        a redirect that failed, or a devmap's batch (a two-arm LB's egress) that the
+                        target interface dropped, counted on the target (redirect_error)
     skb:kfree_skb       an skb freed as a drop, with the kernel's drop reason (NO_SOCKET, ...)
 
 Only the lab's namespaces are counted: a node is the namespace /run/netns/<lab>-<node>, matched by
@@ -45,8 +48,8 @@ from lab.state import LabState, netns_name
 
 SETUP_HINT = "bash scripts/setup.sh --extra trace"
 XDP_ACTIONS = {0: "ABORTED", 1: "DROP", 2: "PASS", 3: "TX", 4: "REDIRECT"}
-KINDS = ("xdp_exception", "bulk_tx_error", "kfree_skb")
-_KIND_EXCEPTION, _KIND_BULK_TX, _KIND_KFREE_SKB = range(3)
+KINDS = ("xdp_exception", "bulk_tx_error", "kfree_skb", "redirect_error")
+_KIND_EXCEPTION, _KIND_BULK_TX, _KIND_KFREE_SKB, _KIND_REDIRECT = range(4)
 _FIRST_DROP_REASON = 2  # 0 and 1 (not dropped yet, consumed) are not drops
 _DROP_PREFIX = "SKB_DROP_REASON_"
 
@@ -121,6 +124,28 @@ RAW_TRACEPOINT_PROBE(xdp_bulk_tx)
         return 0;
     count(dev_inum(dev), dev_ifindex(dev), KIND_BULK_TX, (u32)(err < 0 ? -err : err),
           drops > 0 ? drops : 0);
+    return 0;
+}
+
+/* xdp_redirect_err(const struct net_device *dev, const struct bpf_prog *xdp, const void *tgt, int err, ...) */
+RAW_TRACEPOINT_PROBE(xdp_redirect_err)
+{
+    void *dev = (void *)ctx->args[0];
+    int err = (int)ctx->args[3];
+    count(dev_inum(dev), dev_ifindex(dev), KIND_REDIRECT, (u32)(err < 0 ? -err : err), 1);
+    return 0;
+}
+
+/* xdp_devmap_xmit(const struct net_device *from_dev, const struct net_device *to_dev, int sent, int drops,
+ * int err): counted on the target, where a two-arm LB's egress frames died */
+RAW_TRACEPOINT_PROBE(xdp_devmap_xmit)
+{
+    void *dev = (void *)ctx->args[1];
+    int drops = (int)ctx->args[3];
+    int err = (int)ctx->args[4];
+    if (drops == 0 && err == 0)
+        return 0;
+    count(dev_inum(dev), dev_ifindex(dev), KIND_REDIRECT, (u32)(err < 0 ? -err : err), drops > 0 ? drops : 0);
     return 0;
 }
 
@@ -260,7 +285,7 @@ def bcc_missing() -> str | None:
 
 
 def lab_nodes(lab: str) -> dict[str, str]:
-    """{node: netns} of a lab: the topology's nodes when the lab has state, else /run/netns/<lab>-*."""
+    """{node: netns} of a lab: the topology's netns nodes when the lab has state, else /run/netns/<lab>-*."""
     try:
         state = LabState.load(lab)
     except LabNotFoundError:
@@ -273,7 +298,7 @@ def lab_nodes(lab: str) -> dict[str, str]:
             ) from None
         return {ns[len(prefix):]: ns for ns in found}
     topo = topology.load(Path(state.topology_path))
-    return {n.name: netns_name(lab, n.name) for n in topo.nodes}
+    return {n.name: netns_name(lab, n.name) for n in topo.netns_nodes()}  # a VM node has no namespace here
 
 
 def _interfaces(netns: str) -> dict[int, str]:
@@ -315,6 +340,10 @@ class NodeReport:
         """{(interface, errno name or "drops"): frames dropped} of failed XDP bulk transmits."""
         return self._table("bulk_tx_error", "packets")
 
+    def redirect_errors(self) -> dict[tuple[str, str], int]:
+        """{(target interface, errno name or "drops"): frames} of failed redirects and devmap transmits."""
+        return self._table("redirect_error", "packets")
+
     def drops(self) -> dict[tuple[str, str], int]:
         """{(interface, drop reason without SKB_DROP_REASON_): packets}."""
         return self._table("kfree_skb", "events")
@@ -345,7 +374,7 @@ class TraceReport:
                 continue
             lines.append(f"  {node.node}:")
             for c in sorted(node.counts, key=lambda c: (KINDS.index(c.kind), c.ifname, -c.events)):
-                detail = f" ({c.packets} frames)" if c.kind == "bulk_tx_error" else ""
+                detail = f" ({c.packets} frames)" if c.kind in ("bulk_tx_error", "redirect_error") else ""
                 lines.append(f"    {c.kind:<14} {c.ifname:<15} {c.what:<28} {c.events}{detail}")
         return "\n".join(lines)
 
@@ -368,6 +397,7 @@ def kernel_layout() -> tuple[dict[int, str], dict[str, int]]:
         "KIND_EXCEPTION": _KIND_EXCEPTION,
         "KIND_BULK_TX": _KIND_BULK_TX,
         "KIND_KFREE_SKB": _KIND_KFREE_SKB,
+        "KIND_REDIRECT": _KIND_REDIRECT,
         "FIRST_DROP_REASON": _FIRST_DROP_REASON,
     }
     return reasons, defines
@@ -450,7 +480,7 @@ class Tracer:
     def _what(self, kind: int, code: int) -> str:
         if kind == _KIND_EXCEPTION:
             return XDP_ACTIONS.get(code, f"action {code}")
-        if kind == _KIND_BULK_TX:
+        if kind in (_KIND_BULK_TX, _KIND_REDIRECT):
             return errno.errorcode.get(code, f"errno {code}") if code else "drops"
         name = self._reasons.get(code, f"reason {code}")
         return name.removeprefix(_DROP_PREFIX)

@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from reports.bench import BenchPayload
 from reports.page import Cell, Section, Table, encap_rank, fmt, kind_section, newest_rows, run_label
@@ -75,11 +75,16 @@ class DemoEncap:
             yield "ok", f"must be ≤ requests ({self.requests}) but got {self.ok}"
 
 
+LbShape = Literal["one-arm", "two-arm", "bond-vlan"]  # how the LB is wired (lab/lbconf.py shape())
+
+
 @dataclass(frozen=True)
 class DemoPayload:
-    """The `make demo` run: one entry per encap."""
+    """The `make demo` run: one entry per encap, and the LB's shape and topology it ran in."""
 
     encaps: list[DemoEncap] = field(metadata=rule(non_empty))
+    shape: LbShape = "one-arm"
+    topology: str = "default"
 
 
 @kind_section(
@@ -103,7 +108,10 @@ def summary_section(section: Section, results: list[Result]) -> bool:
     if not found:
         return False
     result, payload = max(found, key=lambda rp: rp[0].time)
-    section.notes.append(f"Demo run on {run_label(result)}.")
+    section.notes.append(f"Demo run on {run_label(result)}, the LB {payload.shape} (topology {payload.topology}).")
+    shapes = {p.shape: (r, p) for r, p in sorted(found, key=lambda rp: rp[0].time)}
+    section.notes.append("LB shapes the demo ran (newest run of each): " + "; ".join(
+        f"{shape} (topology {p.topology}, {run_label(r)})" for shape, (r, p) in sorted(shapes.items())) + ".")
     ndr = _newest_ndr_ratio(results)
     rows = []
     for e in sorted(payload.encaps, key=lambda e: encap_rank(e.encap)):

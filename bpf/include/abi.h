@@ -104,6 +104,7 @@ enum lb_reason {
 	LB_DROP_DECAP_MALFORMED,  /* inline decap: the tunnel to our address has no readable inner packet */
 	LB_DROP_DECAP_FAILED,     /* inline decap: a helper refused (adjust_head, the tail call) */
 	LB_DROP_TTL_EXPIRED,      /* inline decap: the inner packet's TTL / hop limit ran out */
+	LB_DROP_NO_EGRESS,        /* two-arm: the egress interface is not in lb_egress (gone, or not written) */
 	LB_REASON_COUNT,
 };
 

@@ -22,8 +22,9 @@
  *   Variant 0 adds the 4-byte header version 0, C 0, hlen 0, proto/ctype = 4 (IPv4) or 41 (IPv6), flags 0.
  * encap_packet makes the room and keeps the L2 header; encap_ip6 / encap_ip4 write the outer IP
  * header of the real's family; encap_gue writes UDP (and GUE) and the UDP checksum.
- * - Ethernet: destination settings.nexthop_mac, source the input frame's destination MAC; an
- *   802.1Q tag on the input is kept on the output.
+ * - Ethernet: destination settings.nexthop_mac, source the input frame's destination MAC (two-arm:
+ *   balancer.bpf.c's egress_of() puts the egress interface's there); an 802.1Q tag on the input is
+ *   kept on the output, also when it leaves by the egress arm.
  */
 #ifndef L4LAB_ENCAP_H
 #define L4LAB_ENCAP_H
@@ -89,9 +90,10 @@ static __always_inline void encap_src6(__u32 *out, const struct lb_settings *s, 
 }
 
 /* Writes the L2 header at the new frame start: the next-hop MAC; as source, the input's destination
- * MAC; the input's VLAN tag if it had one; the outer ethertype. The input's L2 header is read where
- * bpf_xdp_adjust_head() left it, `overhead` bytes into the new frame (overhead >= 20 > 18, the
- * longest L2 header: the two do not overlap), so that nothing is held across the helper call.
+ * MAC (two-arm: egress_of() writes the egress's over it); the input's VLAN tag if it had one; the outer
+ * ethertype. The input's L2 header is read where bpf_xdp_adjust_head() left it, `overhead` bytes into
+ * the new frame (overhead >= 20 > 18, the longest L2 header: the two do not overlap), so that nothing
+ * is held across the helper call.
  * Read and written as 32- and 16-bit words: through the packed struct ethhdr (or a memcpy to a
  * packet pointer) clang moves each byte on its own, a load, shift and or per byte read. The verifier
  * allows unaligned packet access where the architecture has efficient unaligned access (x86-64,

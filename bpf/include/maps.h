@@ -24,6 +24,10 @@ static const __u32 lb_zero_key = 0;
 
 /* Load-time settings; the controller writes them into .rodata before loading. */
 const volatile __u32 cfg_ring_size = LB_DEFAULT_RING_SIZE;
+/* Two-arm (the controller's datapath.egress): the ifindex of the interface encapsulated frames leave
+ * by, 0 for one-arm (they go back out of the interface they came in on); cfg_egress_mac below. Beside
+ * cfg_ring_size, which every VIP packet reads: the same cache line. */
+const volatile __u32 cfg_egress_ifindex = 0;
 const volatile __u64 cfg_udp_timeout_ns = LB_DEFAULT_UDP_TIMEOUT_S * 1000000000ULL;
 /* The kernel's tick, for session idle times (session.h): nanoseconds per jiffy (1e9 / HZ) and the
  * jiffies at boot (INITIAL_JIFFIES), which the controller finds (balancer/kclock.py). 0: not known,
@@ -32,6 +36,9 @@ const volatile __u32 cfg_jiffy_ns = 0;
 const volatile __u64 cfg_jiffies_at_boot = 0;
 /* The Katran fleet's MAX_VIPS, for the seeds of Katran's flow hash (hash.h, LB_VIP_HASH_KATRAN VIPs). */
 const volatile __u32 cfg_katran_max_vips = LB_DEFAULT_KATRAN_MAX_VIPS;
+/* Two-arm: the egress interface's MAC, the source of what leaves by it: its six bytes first in memory.
+ * Load-time, as cfg_egress_ifindex, so the verifier drops the two-arm code from a one-arm program. */
+const volatile __u64 cfg_egress_mac = 0;
 
 /* (VIP address, port, proto, family) -> VIP number, flags, encap. Port 0 is the wildcard; proto 0
  * and port 0 is the address-only entry (LB_VIP_ADDR_ONLY) that marks an address as a VIP. */
@@ -64,6 +71,13 @@ struct {
 } lb_ring SEC(".maps");
 
 LB_MAP(BPF_MAP_TYPE_ARRAY, 1, __u32, struct lb_settings) lb_settings SEC(".maps");
+
+/* A two-arm LB's egress interface (entry 0: its ifindex), the target of bpf_redirect_map. Written by
+ * the controller at load: a devmap resolves an ifindex in the namespace of the process that writes it.
+ * One per program: the kernel ties a devmap to the first program that uses it, frags or not, and
+ * refuses the other (EINVAL once the verifier has passed it). */
+LB_MAP(BPF_MAP_TYPE_DEVMAP, 1, __u32, __u32) lb_egress SEC(".maps");
+LB_MAP(BPF_MAP_TYPE_DEVMAP, 1, __u32, __u32) lb_egress_frags SEC(".maps");
 
 /* The IPv6 session table (struct lb_flow -> struct lb_session): one LRU hash for every CPU, sized by the
  * controller to lru_size entries per possible CPU. A direct map, so the verifier inlines its lookup

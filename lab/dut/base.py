@@ -60,6 +60,8 @@ class Capability(StrEnum):
     INLINE_DECAP = "inline-decap"            # tunnels addressed to the LB itself stripped and balanced
     CIDR_VIPS = "cidr-vips"                  # a VIP that is a prefix: every address in it served by one ring
     UDP_FLOW_MIGRATION = "udp-flow-migration"  # UDP flows leave a real health checks took down; TCP stays
+    TWO_ARM = "two-arm"                      # receives on one interface, sends what it encapsulates out of another
+    BOND_VLAN = "bond-vlan"                  # balances 802.1Q-tagged traffic on a bond, keeping the tag
 
 
 def encap_capability(encap_id: str) -> str:

@@ -192,15 +192,7 @@ class IpvsLb(VmReal):
         super().start()
 
     def kernel_cmdline(self) -> str:
-        words = ["console=ttyS0", "quiet", "panic=-1", "mitigations=off", f"l4lab.name={self.name}",
-                 f"l4lab.addr={self.addr}/{self.prefix}", f"l4lab.vips={','.join(self.vips)}"]
-        if self.gateway:
-            words.append(f"l4lab.gw={self.gateway}")
-        if self.addr6:
-            words.append(f"l4lab.addr6={self.addr6}/{self.prefix6}")
-        if self.gateway6:
-            words.append(f"l4lab.gw6={self.gateway6}")
-        return " ".join(words)
+        return " ".join([*self.network_words(), f"l4lab.vips={','.join(self.vips)}"])
 
     # -- commands ------------------------------------------------------------------------------
 

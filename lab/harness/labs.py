@@ -167,6 +167,9 @@ class NetnsLab(_Common):
         return super().run(node, argv, check=check, timeout=timeout, input=input)
 
     def python_command(self, node: str, module: str, *args: str) -> list[str]:
+        """This interpreter; in a VM node (an LB VM: lab/remote/lbvm.py), the VM's own."""
+        if self.topology.node(node).kind == "vm":
+            return ["python3", "-m", module, *args]
         return [sys.executable, "-m", module, *args]
 
     def ifname(self, node: str, ifname: str) -> str:
@@ -175,6 +178,8 @@ class NetnsLab(_Common):
     def mac(self, node: str, ifname: str) -> str:
         from lab.lbconf import peer_mac
 
+        if self.topology.node(node).kind == "vm":
+            return self.run(node, ["cat", f"/sys/class/net/{ifname}/address"]).stdout.strip()
         return peer_mac(self.name, node, ifname)
 
     def capture(self, node: str, ifname: str, path: Path, snaplen: int = 512) -> AbstractContextManager[Any]:
@@ -183,6 +188,12 @@ class NetnsLab(_Common):
         return Capture(self.name, node, ifname, path, snaplen=snaplen)
 
     def write(self, node: str, path: str, text: str) -> None:
+        """The file here; in a VM node, at the same path in the VM."""
+        if self.topology.node(node).kind == "vm":
+            from lab.remote.lbvm import in_lab, write_file
+
+            write_file(in_lab(self.name, node), path, text)
+            return
         Path(path).write_text(text)
 
     def node_path(self, local: Path, name: str) -> str:

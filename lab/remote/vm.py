@@ -328,24 +328,28 @@ class VmReal:
         """Everything the VM wrote to its serial console so far."""
         return self.serial_log.read_text(errors="replace") if self.serial_log.exists() else ""
 
-    def kernel_cmdline(self) -> str:
-        """The kernel command line carrying this VM's settings to its /init."""
-        words = [
-            "console=ttyS0", "quiet", "panic=-1", "mitigations=off",
-            f"l4lab.name={self.name}",
-            f"l4lab.addr={self.addr}/{self.prefix}",
-            f"l4lab.vips={','.join(self.vips)}",
-            f"l4lab.gue={_ports(self.gue_ports, 'gue_ports')}",
-            f"l4lab.fou={_ports(self.fou_ports, 'fou_ports') or 0}",
-            f"l4lab.http={self.http_port}",
-            f"l4lab.echo={self.udp_echo_port}",
-        ]
+    def network_words(self) -> list[str]:
+        """The kernel command line's common part: console, name, addresses and gateways (every /init reads them)."""
+        words = ["console=ttyS0", "quiet", "panic=-1", "mitigations=off", f"l4lab.name={self.name}",
+                 f"l4lab.addr={self.addr}/{self.prefix}"]
         if self.gateway:
             words.append(f"l4lab.gw={self.gateway}")
         if self.addr6:
             words.append(f"l4lab.addr6={self.addr6}/{self.prefix6}")
         if self.gateway6:
             words.append(f"l4lab.gw6={self.gateway6}")
+        return words
+
+    def kernel_cmdline(self) -> str:
+        """The kernel command line carrying this VM's settings to its /init."""
+        words = [
+            *self.network_words(),
+            f"l4lab.vips={','.join(self.vips)}",
+            f"l4lab.gue={_ports(self.gue_ports, 'gue_ports')}",
+            f"l4lab.fou={_ports(self.fou_ports, 'fou_ports') or 0}",
+            f"l4lab.http={self.http_port}",
+            f"l4lab.echo={self.udp_echo_port}",
+        ]
         if self.queues > 1:
             words.append(f"l4lab.queues={self.queues}")
         if self.rss:

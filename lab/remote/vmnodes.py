@@ -1,6 +1,7 @@
-"""VM nodes of a topology: a supervisor process per VM real that boots its VmReal and stops it on SIGTERM.
+"""VM nodes of a topology: a supervisor process per VM node that boots its VM and stops it on SIGTERM.
 
-A node of kind "vm" is a `lab.remote.vm.VmReal` whose tap is the other end of its one link: the tap lives
+A node of kind "vm" is a `lab.remote.vm.VmReal` (an LB with an `uplink`: a `lab.remote.lbvm.LbVm`, its
+balancer loaded by the builder over the control channel) whose tap is the other end of its one link: the tap lives
 in that netns node (normally the router) and carries the router's addresses on the link, the VM's
 eth0 the node's own. The builder starts `python -m lab.remote.vmnodes` per VM node, outside any namespace
 and in its own session, so the VM outlives `l4lab up`; the supervisor boots the VM, writes a ready
@@ -22,12 +23,16 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lab.errors import LabError
 from lab.poll import poll
 from lab.services import log_tail
 from lab.state import Process
 from lab.topology import Node, Topology
+
+if TYPE_CHECKING:
+    from lab.remote.vm import VmReal
 
 READY_TIMEOUT_S = 240.0  # the first boot may build the initramfs from Debian packages
 _REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -47,11 +52,13 @@ class Ready:
     rss_proof: dict[str, object] | None = None  # what the boot-time RSS proof observed
 
 
-def missing() -> str | None:
-    """None when VM reals can boot here, else what is missing and how to get it (a skip reason)."""
+def missing(lb: bool = False) -> str | None:
+    """None when VM reals (and with `lb` an LB VM) can boot here, else what is missing and how to get it
+    (a skip reason)."""
     from lab.remote.vm_init.image import SETUP_HINT, ImageError, find_kernel, missing_tools
+    from lab.remote.vm_init.lb_image import missing as lb_missing
 
-    tools = missing_tools()
+    tools = missing_tools() + (lb_missing() if lb else [])
     if tools:
         return f"VM reals need {', '.join(tools)}: run `{SETUP_HINT}`"
     try:
@@ -62,16 +69,20 @@ def missing() -> str | None:
 
 
 def supervisor_argv(lab: str, netns: str, topo: Topology, node: Node, ready: Path) -> list[str]:
-    """The supervisor's command line for VM node `node`, derived from its link and the VIPs."""
-    assert node.decap is not None
+    """The supervisor's command line for VM node `node`, derived from its link and the VIPs (a real's) or
+    its uplink (an LB's)."""
     vm_ep, tap_ep = topo.vm_link(node.name)
     argv = [sys.executable, "-m", "lab.remote.vmnodes", "--lab", lab, "--node", node.name, "--netns", netns,
-            "--tap", tap_ep.ifname, "--gue-port", str(node.decap.gue_port), "--ready-file", str(ready)]  # fmt: skip
+            "--tap", tap_ep.ifname, "--ready-file", str(ready)]  # fmt: skip
     for version, (addr_flag, gw_flag) in ((4, ("--addr", "--gateway")), (6, ("--addr6", "--gateway6"))):
         mine = [a for a in vm_ep.addresses if a.version == version]
         theirs = [a for a in tap_ep.addresses if a.version == version]
         if mine:
             argv += [addr_flag, str(mine[0]), gw_flag, str(theirs[0].ip)]
+    if node.uplink is not None:
+        return argv + ["--bond", node.uplink.bond, "--vlan", str(node.uplink.vlan), "--ifname", vm_ep.ifname]
+    assert node.decap is not None
+    argv += ["--gue-port", str(node.decap.gue_port)]
     for vip in topo.vips:
         argv += ["--vip", str(vip.address)]
     if node.nic.queues > 1:
@@ -146,21 +157,32 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
-def supervise(args: argparse.Namespace) -> None:
-    """Boot the VM, write the ready file, wait for SIGTERM/SIGINT, stop the VM (also mid-boot)."""
+def _vm_of(args: argparse.Namespace) -> VmReal:
+    """The VM the supervisor's arguments describe: an LB (--bond) or a real."""
+    from lab.remote.lbvm import LbVm
     from lab.remote.vm import VmReal
-    from lab.services import starttime
 
-    signal.signal(signal.SIGTERM, _raise_stop)
-    signal.signal(signal.SIGINT, _raise_stop)
     addr, prefix = args.addr.split("/")
     addr6, prefix6 = args.addr6.split("/") if args.addr6 else (None, "64")
-    vm = VmReal(
+    if args.bond:
+        return LbVm(args.node, args.netns, addr=addr, prefix=int(prefix), gateway=args.gateway, bond=args.bond,
+                    vlan=args.vlan, ifname=args.ifname, addr6=addr6, prefix6=int(prefix6), gateway6=args.gateway6,
+                    tap=args.tap, keep_logs=False)
+    return VmReal(
         args.node, args.netns, addr=addr, prefix=int(prefix), gateway=args.gateway, vips=args.vip,
         gue_ports=[args.gue_port], addr6=addr6, prefix6=int(prefix6), gateway6=args.gateway6, tap=args.tap,
         http_port=args.http_port, udp_echo_port=args.udp_echo_port, keep_logs=False,
         queues=args.queues, rss=args.rss,
     )  # fmt: skip
+
+
+def supervise(args: argparse.Namespace) -> None:
+    """Boot the VM, write the ready file, wait for SIGTERM/SIGINT, stop the VM (also mid-boot)."""
+    from lab.services import starttime
+
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+    vm = _vm_of(args)
     try:
         vm.start()  # undoes itself on any exception, _Stop included
         proof = vm.prove_rss() if vm.rss else None
@@ -193,7 +215,7 @@ def supervise(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.remote.vmnodes", description="supervise one VM real of a lab")
+    parser = argparse.ArgumentParser(prog="python -m lab.remote.vmnodes", description="supervise one VM node of a lab")
     parser.add_argument("--lab", required=True, help="the lab this process belongs to (for finding it)")
     parser.add_argument("--node", required=True)
     parser.add_argument("--netns", required=True, help="the namespace that holds the VM's tap")
@@ -208,6 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--udp-echo-port", type=int, default=9000)
     parser.add_argument("--queues", type=int, default=1, help="NIC queues (and vCPUs)")
     parser.add_argument("--rss", action="store_true", help="switch qemu's RSS on and prove it before ready")
+    parser.add_argument("--bond", help="an LB VM: its uplink's bond mode (lab.remote.lbvm.BOND_MODES)")
+    parser.add_argument("--vlan", type=int, default=100, help="an LB VM: the VLAN its uplink carries")
+    parser.add_argument("--ifname", default="bond0", help="an LB VM: the bond's name, where XDP attaches")
     parser.add_argument("--ready-file", required=True, type=Path)
     args = parser.parse_args(argv)
     try:

@@ -225,7 +225,7 @@ def test_normalisations() -> None:
         ("[datapath]\nfrags = 1", "lb.toml: datapath.frags must be true or false but got 1"),
         (
             "[datapath]\nmtus = 1500",
-            "lb.toml: datapath.mtus is not a known key; known keys here: fallback_size, frags, interfaces, "
+            "lb.toml: datapath.mtus is not a known key; known keys here: egress, fallback_size, frags, interfaces, "
             "katran_max_vips, lru_size, max_reals, max_vips, mode, mtu, object, ring_size, udp_timeout_s",
         ),
         ("datapath = 3", "lb.toml: datapath must be a table but got 3"),

@@ -115,7 +115,7 @@ _PoolKey = tuple[str, str, tuple[tuple[str, object], ...]]
 # What a fresh load holds in each kind of map: hashes are empty, arrays (per-CPU too) are zeros.
 _EMPTY_AT_LOAD = {MapType.HASH, MapType.PERCPU_HASH, MapType.LRU_HASH, MapType.LRU_PERCPU_HASH, MapType.LPM_TRIE}
 _ZERO_AT_LOAD = {MapType.ARRAY, MapType.PERCPU_ARRAY}
-_FILLED_AT_LOAD = {MapType.PROG_ARRAY}  # the loader puts the programs there: left as they are
+_FILLED_AT_LOAD = {MapType.PROG_ARRAY, MapType.DEVMAP}  # the loader puts programs and the egress there
 
 
 def as_loaded(dp: Loaded) -> bool:

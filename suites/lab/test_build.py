@@ -29,8 +29,10 @@ def expected_netns(lab: str, topo: topology.Topology) -> set[str]:
 
 
 def expected_processes(topo: topology.Topology) -> int:
-    """Processes carrying `--lab`: a real's services or a VM real's supervisor, and an LB's BGP health hook."""
-    return len(topo.nodes_with_role("real")) + len([n for n in topo.bgp_nodes() if n.role == "lb"])
+    """Processes carrying `--lab`: a real's services or a VM real's supervisor, an LB VM's supervisor, and an
+    LB's BGP health hook."""
+    return len(topo.nodes_with_role("real")) + len([n for n in topo.bgp_nodes() if n.role == "lb"]) + \
+        len([n for n in topo.vm_nodes() if n.role == "lb"])
 
 
 def missing_for(topo: topology.Topology) -> str | None:
@@ -38,7 +40,8 @@ def missing_for(topo: topology.Topology) -> str | None:
     from lab import frr
     from lab.remote import vmnodes
 
-    return (frr.missing() if topo.bgp_nodes() else None) or (vmnodes.missing() if topo.vm_nodes() else None)
+    lb_vm = any(n.role == "lb" for n in topo.vm_nodes())
+    return (frr.missing() if topo.bgp_nodes() else None) or (vmnodes.missing(lb=lb_vm) if topo.vm_nodes() else None)
 
 
 @pytest.mark.parametrize("name", topology.shipped())

@@ -121,8 +121,8 @@ def test_exec_without_a_command_is_a_usage_error(capsys: pytest.CaptureFixture[s
         (["frobnicate"], "l4lab: argument VERB: invalid choice: 'frobnicate'"),
         (
             ["up", "nope"],
-            "l4lab: unknown topology 'nope'; shipped topologies: default, dual-stack, kernel-decap, many-reals, "
-            "mtu, multi-lb, nic-rss, pmtu",
+            "l4lab: unknown topology 'nope'; shipped topologies: bond-vlan, default, dual-stack, kernel-decap, "
+            "many-reals, mtu, multi-lb, nic-rss, pmtu, two-arm",
         ),
         (["up", "--name", "Bad_Name"], "l4lab: lab name 'Bad_Name' is invalid"),
         (["status", "--bogus"], "l4lab: unrecognized arguments: --bogus"),

@@ -94,3 +94,24 @@ def test_the_throughput_table_names_its_method_and_every_case() -> None:
     assert lines[0] == f"throughput: {METHOD}" and "live XDP frames" in METHOD and "make bench" in METHOD
     rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
     assert rows["ip4-ipip"] == ["3.000", "3.300", "0.75"] and rows["ip4-gue1"][2] == "0.50"
+
+
+def test_the_report_lists_the_lb_shapes_the_demo_ran(tmp_path: Path) -> None:
+    write_outputs([_good()], 3, results=tmp_path / "results", out=tmp_path / "index.html")
+    out = write_outputs([_good()], 3, results=tmp_path / "results", out=tmp_path / "index.html",
+                        shape="two-arm", topology_name="two-arm")
+    assert out is not None
+    text = out.read_text()
+    assert "the LB two-arm (topology two-arm)." in text, "the newest run's shape"
+    listed = text.split("LB shapes the demo ran (newest run of each): ", 1)[1].split("<", 1)[0]
+    assert listed.count("topology") == 2 and "one-arm (topology default" in listed and "two-arm (topology two-arm" \
+        in listed, listed
+
+
+def test_the_demo_refuses_a_topology_whose_lb_is_a_vm() -> None:
+    from lab.demo import main
+    from lab.errors import UsageError
+
+    with pytest.raises(UsageError, match="topology 'bond-vlan' has it in a VM: run its checks with `pytest "
+                                         "suites/conformance/test_bond_vlan.py`"):
+        main(["--topology", "bond-vlan", "--name", "i31b-never-built"])

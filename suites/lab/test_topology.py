@@ -34,7 +34,7 @@ ports = [{ proto = "tcp", port = 80, service = "http" }]
 
 ERRORS = [
     ("vm-kind", ('kind = "netns"\nrou', 'kind = "vm"\nrou'),
-     """nodes[0].kind must be "netns" for a node of role 'client' (only reals can be VMs) but got 'vm'"""),
+     """nodes[0].kind must be "netns" for a node of role 'client' (only reals and LBs can be VMs) but got 'vm'"""),
     ("bad-role", ('role = "client"', 'role = "server"'),
      "nodes[0].role must be one of 'client', 'router', 'lb', 'real' but got 'server'"),
     ("route-off-link", ('via = "10.0.0.2"', 'via = "10.9.9.9"'),
@@ -102,7 +102,7 @@ def test_invalid_toml_is_a_topology_error(tmp_path: Path) -> None:
 
 
 def test_unknown_topology_name_lists_the_shipped_ones() -> None:
-    with pytest.raises(UsageError, match="unknown topology 'nope'; shipped topologies: default, dual-stack"):
+    with pytest.raises(UsageError, match="unknown topology 'nope'; shipped topologies: bond-vlan, default, dual-stack"):
         topology.load("nope")
 
 
@@ -111,18 +111,25 @@ def test_shipped_topology_is_a_valid_netns_lab(name: str) -> None:
     topo = topology.load(name)
     roles = {n.role for n in topo.nodes}
     assert {"client", "router", "lb", "real"} <= roles
-    assert all(n.kind == "netns" for n in topo.nodes if n.role != "real")
+    assert all(n.kind == "netns" or (n.role, n.uplink is not None) in (("real", False), ("lb", True))
+               for n in topo.nodes)
     for link in topo.links:
         for ep in link.endpoints:
             assert len(ep.ifname) <= 15
     for real in topo.nodes_with_role("real"):
         assert real.decap is not None and real.decap.mode == ("bpf" if real.kind == "netns" else "kernel")
     for lb in topo.nodes_with_role("lb"):
-        (rt_lb,) = [link.a if link.a.node == "router" else link.b for link in topo.links
-                    if {link.a.node, link.b.node} == {"router", lb.name}]  # fmt: skip
+        links = [link for link in topo.links if {link.a.node, link.b.node} == {"router", lb.name}]
+        (rt_lb,) = [lk.a if lk.a.node == "router" else lk.b for lk in links
+                    if lb.egress not in (lk.a.ifname, lk.b.ifname)]
         assert rt_lb.ifname == f"rt-{lb.name}"
+        if lb.kind == "vm":  # the router's end is the LB VM's tap: no veth rules there (bond-vlan.toml)
+            continue
         assert rt_lb.offloads == (("tx", False),)
         assert rt_lb.xdp == topology.XdpProgram("pass.o", "xdp_pass", "native")
+        for link in links:  # a two-arm LB's egress: a redirect target's peer needs an XDP program too
+            if lb.egress in (link.a.ifname, link.b.ifname):
+                assert (link.a if link.a.node == "router" else link.b).xdp == rt_lb.xdp
 
 
 def test_default_topology_has_the_documented_plan() -> None:

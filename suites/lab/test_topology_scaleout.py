@@ -43,7 +43,7 @@ ports = [{ proto = "tcp", port = 80, service = "http" }]
 
 ERRORS = [
     ("vm-role", ('role = "router"\nbgp_asn = 65000', 'role = "router"\nkind = "vm"'),
-     "nodes[0].kind must be \"netns\" for a node of role 'router' (only reals can be VMs) but got 'vm'"),
+     "nodes[0].kind must be \"netns\" for a node of role 'router' (only reals and LBs can be VMs) but got 'vm'"),
     ("vm-bpf-decap", ('decap = { mode = "kernel" }', 'decap = { mode = "bpf", ifname = "eth0" }'),
      "nodes[2].decap.mode must be \"kernel\" on a VM (its kernel decapsulates) but got 'bpf'"),
     ("vm-no-decap", ('decap = { mode = "kernel" }', ""),
@@ -52,7 +52,8 @@ ERRORS = [
      "nodes[2].routes must be absent on a VM (it routes via its tap and sets its own sysctls) but got []"),
     ("node-key", ('routes = [{ dst = "default", via = "10.0.0.1" }]',
                       'routes = [{ dst = "default", via = "10.0.0.1" }]\nrole2 = 1'),
-     "nodes[1].role2 must be absent (known keys: name, role, kind, sysctls, routes, decap, bgp_asn, nic) but got 1"),
+     "nodes[1].role2 must be absent (known keys: name, role, kind, sysctls, routes, decap, bgp_asn, nic, egress, "
+     "uplink) but got 1"),
     ("gue-port", ('decap = { mode = "kernel" }', 'decap = { mode = "kernel", gue_port = 0 }'),
      "nodes[2].decap.gue_port must be an integer 1..65535 but got 0"),
     ("vm-two-v4", ('"10.0.1.2/30", "2001:db8:2::2/64"', '"10.0.1.2/30", "10.0.1.3/30"'),

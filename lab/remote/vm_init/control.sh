@@ -3,6 +3,7 @@
 #
 # fail STEP OUTPUT: report "L4LAB-FAILED name=NAME step=STEP: OUTPUT" on the console and power off.
 # run STEP COMMAND...: run COMMAND; on failure report STEP with the command's output.
+# settings KEY...: the named settings from the kernel command line (l4lab.KEY=VALUE).
 #
 # A shell loop on ttyS1 (a Unix socket on the host: lab/remote/vm.py guest_run) runs "ID COMMAND LINE"
 # requests and answers "L4LAB-BEGIN ID", the command's output, then "L4LAB-DONE ID STATUS".
@@ -17,6 +18,20 @@ run() {
 	step=$1
 	shift
 	out=$("$@" 2>&1) || fail "$step" "'$*': $out"
+}
+
+# settings KEY...: set each variable KEY from l4lab.KEY=VALUE on the kernel command line.
+settings() {
+	for w in $(cat /proc/cmdline); do
+		case "$w" in
+		l4lab.*=*)
+			k=${w%%=*}
+			k=${k#l4lab.}
+			for want in "$@"; do
+				[ "$k" != "$want" ] || eval "$k=\${w#*=}"
+			done ;;
+		esac
+	done
 }
 
 mount -t proc proc /proc

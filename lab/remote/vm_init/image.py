@@ -215,7 +215,11 @@ def _copy(src: Path, root: Path, dest: Path | None = None) -> None:
     shutil.copy2(src.resolve(), target)
 
 
-def _assemble(root: Path, kernel: KernelInfo) -> None:
+def populate(root: Path, kernel: KernelInfo, binaries: dict[Path, Path], modules: tuple[str, ...],
+             init: Path) -> None:
+    """What every VM's initramfs holds: busybox and its applets, `binaries` ({host file: path in the
+    image}) with their libraries, `modules` with their dependencies (and their load order in
+    /etc/l4lab/modules), `init` as /init, and control.sh beside it."""
     for d in ("bin", "dev", "proc", "sys", "etc/l4lab", "lib/modules", "tmp"):
         (root / d).mkdir(parents=True, exist_ok=True)
     _copy(BUSYBOX, root, Path("/bin/busybox"))
@@ -225,10 +229,22 @@ def _assemble(root: Path, kernel: KernelInfo) -> None:
     for applet in applets:
         if applet != "busybox":
             (root / "bin" / applet).symlink_to("busybox")
-    _copy(IPROUTE2_IP, root, Path("/usr/sbin/ip"))
-    _copy(ETHTOOL, root, Path("/bin/ethtool"))
-    for lib in {*shared_libraries(IPROUTE2_IP), *shared_libraries(ETHTOOL)}:
-        _copy(lib, root)
+    for binary, dest in binaries.items():
+        _copy(binary, root, dest)
+        for lib in shared_libraries(binary):
+            _copy(lib, root)
+    order = module_load_order(kernel.modules, modules)
+    for rel in order:
+        _copy(kernel.modules / rel, root, Path("/lib/modules") / rel)
+    (root / "etc/l4lab/modules").write_text("".join(f"{rel}\n" for rel in order))
+    shutil.copy2(init, root / "init")
+    shutil.copy2(HERE / "control.sh", root / "etc/l4lab/control.sh")
+    (root / "init").chmod(0o755)
+
+
+def _assemble(root: Path, kernel: KernelInfo) -> None:
+    populate(root, kernel, {IPROUTE2_IP: Path("/usr/sbin/ip"), ETHTOOL: Path("/bin/ethtool")}, WANTED_MODULES,
+             HERE / "init.sh")
     echo = root / "bin" / "udp_echo"
     gcc = subprocess.run(
         ["gcc", "-static", "-O2", "-Wall", "-o", str(echo), str(HERE / "udp_echo.c")],
@@ -239,14 +255,6 @@ def _assemble(root: Path, kernel: KernelInfo) -> None:
             f"cannot build udp_echo for the VM: gcc said {gcc.stderr.strip()!r}; "
             "static linking needs libc6-dev"
         )
-    order = module_load_order(kernel.modules)
-    for rel in order:
-        _copy(kernel.modules / rel, root, Path("/lib/modules") / rel)
-    (root / "etc/l4lab/modules").write_text("".join(f"{rel}\n" for rel in order))
-    init = root / "init"
-    shutil.copy2(HERE / "init.sh", init)
-    shutil.copy2(HERE / "control.sh", root / "etc/l4lab/control.sh")
-    init.chmod(0o755)
 
 
 def _pack(root: Path, out: Path) -> None:
