@@ -160,7 +160,7 @@ def _add_trace(parser: argparse.ArgumentParser) -> None:
 def _run_trace(args: argparse.Namespace) -> int:
     import threading
 
-    from lab.trace import Tracer
+    from lab.observe.trace import Tracer
 
     if args.seconds is not None and args.seconds <= 0:
         raise UsageError(f"l4lab trace: --seconds must be positive but got {args.seconds:g}")
@@ -243,7 +243,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def _run_nic_queues(args: argparse.Namespace) -> int:
-    from lab.bench import nic
+    from lab.rss import nic
 
     return nic.main(args.args)
 

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from lab.cpu import pinned_cpu
 from lab.harness import names
-from lab.harness.cpu import pinned_cpu
 from lab.harness.labs import REPO, Lab, LabBalancer, NetnsLab, TargetLab
 
 # The DUT's pieces (--dut, the needs marker, the dut fixtures, the verdicts) are a plugin of their own.
@@ -46,9 +46,9 @@ if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
 
     from lab.harness.vmlab import VmLab
+    from lab.observe.trace import Tracer
     from lab.remote.target import Target
     from lab.remote.vm import VmReal
-    from lab.trace import Tracer
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -200,7 +200,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
 
 def _start_tracer(lab_name: str) -> Tracer | None:
     """The BCC tracer on every node of the lab, or None (with a note) when it cannot run here."""
-    from lab import trace
+    from lab.observe import trace
 
     why = trace.bcc_missing()
     if why is None:

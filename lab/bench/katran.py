@@ -59,9 +59,9 @@ from typing import Any
 from balancer import encaps
 from lab.bench.order import Order, Spread, above_floor_ratio, load_order, new_seed
 from lab.checksum import inet_checksum
+from lab.cpu import pinned_cpu
 from lab.dut import katran as K
 from lab.errors import LabError
-from lab.harness.cpu import pinned_cpu
 
 XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
 ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from balancer.config import Config
+    from lab.observe.trace import Tracer
     from lab.remote.target import Target
     from lab.topology import Topology
-    from lab.trace import Tracer
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout the lab's commands run from
 
@@ -35,7 +35,7 @@ class Lab(Protocol):
     """A running lab: its name, topology and how to run things in its nodes."""
 
     kept: bool
-    tracer: Tracer | None  # lab.trace.Tracer while the module runs, when BCC is available
+    tracer: Tracer | None  # lab.observe.trace.Tracer while the module runs, when BCC is available
     results: dict[str, Any]
 
     @property
@@ -178,7 +178,7 @@ class NetnsLab(_Common):
         return peer_mac(self.name, node, ifname)
 
     def capture(self, node: str, ifname: str, path: Path, snaplen: int = 512) -> AbstractContextManager[Any]:
-        from lab.capture import Capture
+        from lab.observe.capture import Capture
 
         return Capture(self.name, node, ifname, path, snaplen=snaplen)
 
