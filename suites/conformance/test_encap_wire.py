@@ -52,7 +52,7 @@ from lab.dut import Capability
 from lab.harness import Lab, LabBalancer, poll
 from lab.harness.settle import wait_client_quiet
 from lab.lbconf import lb_link, real_addresses
-from lab.netns import set_tx_checksum, tx_checksum
+from lab.nsconf import set_tx_checksum, tx_checksum
 from lab.packets.decode import (
     PROTO_IPIP,
     PROTO_IPV6,
