@@ -50,6 +50,7 @@ lock:
 lint:
 	$(VENV)/bin/ruff check balancer lab suites reports
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 check: deps abi-check lint
 

@@ -18,10 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from balancer import completion
+from balancer.errors import LbError, crash_report
+from balancer.version import version
+from lab import frr, netns, topology
 from lab import status as lab_status
-from lab import topology
 from lab.errors import LabError, UsageError
 from lab.nsexec import nsenter_argv
+from lab.observe.trace import Tracer
+from lab.progress import StepProgress
+from lab.remote import target, vagrantbox
 from lab.state import DEFAULT_LAB, LabState, check_name, netns_name
 
 
@@ -54,9 +60,6 @@ def _add_up(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_up(args: argparse.Namespace) -> int:
-    from lab import netns
-    from lab.progress import StepProgress
-
     topo = topology.load(args.topology)
     started = time.monotonic()
     progress = StepProgress()  # each step named as it runs, on a terminal only
@@ -76,8 +79,6 @@ def _add_down(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_down(args: argparse.Namespace) -> int:
-    from lab import netns
-
     started = time.monotonic()
     removed = netns.teardown(check_name(args.name))
     counts: dict[str, int] = {}
@@ -133,12 +134,11 @@ def _run_exec(args: argparse.Namespace) -> int:
         )
     ns = _node_netns(args)
     if _is_vm(args):  # over its control channel: output and exit status, no terminal
-        from lab.remote import vmnodes
+        from lab.remote import vmnodes  # qemu plans and the VM control channel: only VM nodes need them
 
         done = vmnodes.run(args.name, args.node, command, timeout=600.0)
         sys.stdout.write(done.stdout)
         return done.returncode
-    from lab import frr
 
     command = frr.exec_argv(args.name, args.node, command)  # vtysh finds the node's own FRR daemons
     try:
@@ -171,8 +171,6 @@ def _add_trace(parser: argparse.ArgumentParser) -> None:
 def _run_trace(args: argparse.Namespace) -> int:
     import threading
 
-    from lab.trace import Tracer
-
     if args.seconds is not None and args.seconds <= 0:
         raise UsageError(f"l4lab trace: --seconds must be positive but got {args.seconds:g}")
     with Tracer(check_name(args.name), args.node or None) as tracer:
@@ -202,7 +200,7 @@ def _add_vagrant_plan(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_vagrant_plan(args: argparse.Namespace) -> int:
-    from lab.remote import vagrant
+    from lab.remote import vagrant  # the Vagrant planner reads balancer configs (numpy): only this verb loads it
 
     topo = topology.load(args.topology)
     if args.lb_config is not None:
@@ -223,8 +221,6 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_target(args: argparse.Namespace) -> int:
-    from lab.remote import target
-
     if args.netns is not None:
         lab = check_name(args.netns)
         path = target.for_netns_lab(lab, LabState.load(lab).topology_path, args.out.resolve())
@@ -242,37 +238,35 @@ PASSTHROUGH = ("demo", "report", "bench", "nic-queues", "conform", "vagrant-box"
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from lab import demo
+    from lab import demo  # the demo (numpy, the balancer config): only this verb loads it
 
     return demo.main(args.args)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from lab.bench import cli as bench
+    from lab.bench import cli as bench  # the benches (numpy, libbpf): only this verb loads them
 
     return bench.main(args.args)
 
 
 def _run_nic_queues(args: argparse.Namespace) -> int:
-    from lab.bench import nic
+    from lab.rss import nic  # numpy for the spread statistics: only this verb loads it
 
     return nic.main(args.args)
 
 
 def _run_conform(args: argparse.Namespace) -> int:
-    from lab.dut import conform
+    from lab.dut import conform  # every DUT adapter (numpy): only this verb loads them
 
     return conform.main(args.args)
 
 
 def _run_vagrant_box(args: argparse.Namespace) -> int:
-    from lab.remote import vagrantbox
-
     return vagrantbox.main(args.args)
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from reports import render
+    from reports import render  # jinja2 and pandas (the report extra): only this verb loads them
 
     return render.main(args.args)
 
@@ -282,8 +276,6 @@ def _add_completion(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_completion(args: argparse.Namespace) -> int:
-    from balancer import completion
-
     print(completion.bash(parser()), end="")
     return 0
 
@@ -327,8 +319,6 @@ VERBS: dict[str, Verb] = {
 
 
 def parser() -> argparse.ArgumentParser:
-    from balancer.version import version
-
     examples = "examples:\n" + "\n".join(f"  {v.examples[0]}" for v in VERBS.values())
     top = _Parser(prog="l4lab", description="the l4lab lab: netns topologies for the XDP load balancer",
                   epilog=examples, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -386,7 +376,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("l4lab: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - a failure of the controller's own errors, shown in one line
-        from balancer.errors import LbError
 
         if isinstance(exc, LbError):
             print(f"l4lab: {exc}", file=sys.stderr)
@@ -395,9 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"l4lab: {exc.strerror or exc}; run l4lab as root (it needs CAP_SYS_ADMIN and CAP_NET_ADMIN)",
                   file=sys.stderr)
             return 1
-        from balancer.errors import crash_report  # a bug: one line here, the traceback in a log file
-
-        print(crash_report("l4lab", exc, ("/run/l4lab",)), file=sys.stderr)
+        print(crash_report("l4lab", exc, ("/run/l4lab",)), file=sys.stderr)  # a bug: the traceback goes to a log
         return 1
 
 

@@ -7,7 +7,7 @@ and for each encap id checks four things, each a figure the demo measured and co
                link on the router: every request answered, every real served, and the LB received
                client→VIP packets only and emitted only encapsulated ones (0 replies crossed it).
     spread     the outer headers the real balancer program writes for SPREAD_FLOWS flows
-               (BPF_PROG_TEST_RUN), hashed as a NIC does (lab/bench/rss.py: Toeplitz, 8 queues), with a
+               (BPF_PROG_TEST_RUN), hashed as a NIC does (lab/rss/toeplitz.py: Toeplitz, 8 queues), with a
                fixed and a flow-derived outer source, under "sd" and (GUE) "sdfn": one queue where
                the outer headers do not vary, max/mean ≤ 1.25 where they do.
     PMTU       a 1500-byte UDP datagram with DF to the VIP: the LB answers "too big" itself and the
@@ -44,10 +44,10 @@ from balancer import _abi
 from balancer import config as cfg
 from balancer.encaps import SAME_FAMILY, by_id
 from lab import netns, topology
-from lab.capture import Capture, classify_lb_link
 from lab.errors import LabError, UsageError
 from lab.lbconf import balancer_config, egress_link, lb_link, peer_mac, real_addresses, shape
 from lab.nsexec import nsenter_argv
+from lab.observe.capture import Capture, classify_lb_link
 from lab.poll import poll
 from lab.state import netns_name, state_dir
 
@@ -208,8 +208,8 @@ def run_spread(topo: topology.Topology, run: EncapRun) -> None:
     """The NIC model's queues for the outer headers the balancer program writes (no lab traffic)."""
     import numpy as np
 
-    from lab.bench.rss import Toeplitz, indirection_table, queues_of, spread
     from lab.emitted import emit_flows
+    from lab.rss.toeplitz import Toeplitz, indirection_table, queues_of, spread
 
     case = by_id(run.encap_id)
     fam, mode = case.vip_family, case.config_name

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lab.bench.model import Options, Report
 from lab.bench.ndr import SearchSettings
-from lab.bench.run import Options, Report, bench
+from lab.bench.run import bench
 
 RESULT_ID = "demo_bench_ndr_pdr"
 METHOD = ("software bench (live XDP frames on a veth pair, 64-byte UDP frames, 1,024 flows), NDR of a "

@@ -1,4 +1,4 @@
-"""_emitted.py: the encapsulated frames the real balancer program emits for many generated flows (BPF_PROG_TEST_RUN).
+"""emitted.py: the encapsulated frames the real balancer program emits for many generated flows (BPF_PROG_TEST_RUN).
 
 `emit_flows` loads build/bpf/balancer.o through balancer.datapath.Datapath (no lab, no attach),
 programs one TCP VIP with the default lab's reals, outer source prefixes and Maglev ring, runs one

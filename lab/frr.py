@@ -38,7 +38,7 @@ from typing import Any
 from lab.errors import LabError
 from lab.nsexec import nsenter_argv
 from lab.poll import poll
-from lab.services import log_tail
+from lab.services import log_tail, spawn_detached, starttime
 from lab.state import Process, state_dir
 from lab.topology import IpAddress, Node, Topology
 
@@ -188,8 +188,6 @@ def write_configs(lab: str, topo: Topology, node: Node) -> Path:
 
 def spawn(netns: str, node: str, argv: Sequence[str], log: Path) -> Process:
     """Start `argv` inside `netns` in its own session (it outlives `l4lab up`), output to `log`."""
-    from lab.services import spawn_detached
-
     return spawn_detached(nsenter_argv(netns, argv), node=node, log=log, what=f"{argv[0]} of {node}", argv=argv)
 
 
@@ -200,8 +198,6 @@ def start_daemon(lab: str, netns: str, node: str, daemon: str) -> Process:
 
 def wait_daemon(lab: str, proc: Process, daemon: str, timeout: float = READY_TIMEOUT_S) -> None:
     """Poll until the daemon's vty socket exists (it has read its config); raise if it died or hung."""
-    from lab.services import starttime
-
     sock = node_dir(lab, proc.node) / f"{daemon}.vty"
 
     def ready() -> bool:
@@ -236,8 +232,6 @@ def start_hook(lab: str, netns: str, topo: Topology, node: str, interface: str) 
 
 
 def wait_hook(lab: str, proc: Process, timeout: float = READY_TIMEOUT_S) -> None:
-    from lab.services import starttime
-
     ready_file = node_dir(lab, proc.node) / "hook.ready"
 
     def ready() -> bool:
@@ -336,6 +330,7 @@ class Health:
         self._live: set[str] = set()
 
     def healthy_vips(self) -> set[str]:
+        # numpy, libbpf: only the health hook inside an LB node reads the instance
         from balancer.controller import Instance
 
         try:
@@ -352,7 +347,9 @@ class Health:
         return set(self._live)
 
     def _live_vips(self, text: str) -> set[str]:
-        from balancer import config as cfg
+        from balancer import config as cfg  # the config parser: only the health hook inside an LB node needs it
+
+        # numpy, libbpf: only the health hook inside an LB node reads the instance
         from balancer.controller import State
 
         state = State.from_json(text)

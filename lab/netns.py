@@ -21,7 +21,6 @@ import operator
 import os
 import shutil
 import socket
-import struct
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -31,15 +30,19 @@ from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD, IFA_F_TENTATIVE
 
+from balancer import preflight
 from balancer.errors import LbError
-from lab import programs, services
+from lab import frr, programs, services
 from lab.errors import LabError, LabExistsError
+from lab.nsconf import set_tx_checksum, write_sysctl
 from lab.nsexec import entered, netns_path
 from lab.poll import poll
+from lab.remote import vmnodes
 from lab.state import (
     BPF_DIR,
     RUN_DIR,
     LabState,
+    Process,
     Undo,
     check_name,
     netns_name,
@@ -52,9 +55,6 @@ GONE = (errno.ENOENT, errno.ENODEV, errno.ESRCH)
 READY_TIMEOUT_S = 5.0
 FIRST_IFINDEX = 1000  # the first end of link k is ifindex FIRST_IFINDEX + k (see Builder._make_veth)
 _MNT_DETACH = 2
-_SIOCETHTOOL = 0x8946
-_ETHTOOL_GTXCSUM = 0x16
-_ETHTOOL_STXCSUM = 0x17
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -160,10 +160,10 @@ class Builder:
         second of interpreter start-up to `l4lab up`. The instance is `<lab>-<node>`, so
         `lbctl --instance <lab>-<node> ...` in that node manages it afterwards.
         """
-        from balancer import config as cfg
-        from balancer.controller import Instance
-        from lab.lbconf import balancer_config, lb_link
-        from lab.remote import lbvm
+        from balancer import config as cfg  # numpy: only LB nodes load a balancer
+        from balancer.controller import Instance  # numpy, libbpf: only LB nodes load a balancer
+        from lab.lbconf import balancer_config, lb_link  # numpy (the balancer config): only LB nodes load a balancer
+        from lab.remote import lbvm  # qemu and the LB image: only a bond-vlan LB VM needs them
 
         for node in self.topo.nodes_with_role("lb"):
             instance = f"{self.lab}-{node.name}"
@@ -192,9 +192,6 @@ class Builder:
     def _check_tools(self) -> None:
         """Refuse early, before any namespace exists, when FRR or qemu is needed and missing, or
         the host cannot take a lab (capabilities, bpffs hidden)."""
-        from lab import frr
-        from lab.remote import vmnodes
-
         with self._step("check the capabilities and bpffs"):
             require_host(with_bpf=self.with_programs or self.with_balancers)
 
@@ -252,7 +249,7 @@ class Builder:
         for key, value in node.sysctls:
             if ".*." not in key:
                 with self._step(f"set {key}={value} in {ns}"):
-                    _write_sysctl(ns, key, value)
+                    write_sysctl(ns, key, value)
 
     def _make_veth(self, stack: ExitStack, a: Endpoint, b: Endpoint, mtu: int, index: int) -> None:
         """A veth pair; end a gets ifindex `index`, which never equals its peer's.
@@ -290,7 +287,7 @@ class Builder:
                 for ifname in ("all", "default", "lo", *ifnames):
                     concrete = key.replace(".*.", f".{ifname}.")
                     with self._step(f"set {concrete}={value} in {ns}"):
-                        _write_sysctl(ns, concrete, value)
+                        write_sysctl(ns, concrete, value)
         for ep in self._endpoints(node.name):
             index = _index(ipr, ep.ifname, ns)
             for addr in ep.all_addresses:
@@ -430,8 +427,6 @@ class Builder:
 
     def _start_vms(self, stack: ExitStack) -> None:
         """Boot every VM node (in parallel), each under a supervisor process; journal both processes."""
-        from lab.remote import vmnodes
-
         started = []
         for node in self.topo.vm_nodes():
             vm_ep, tap_ep = self.topo.vm_link(node.name)
@@ -453,8 +448,6 @@ class Builder:
 
     def _start_frr(self, stack: ExitStack) -> None:
         """Start zebra, bfdd and bgpd in every BGP node, the health hook in LB nodes; wait for BGP."""
-        from lab import frr
-
         nodes = self.topo.bgp_nodes()
         if not nodes:
             return
@@ -552,8 +545,6 @@ def require_host(*, with_bpf: bool) -> None:
     """Refuse, before anything changes, a process that cannot build or remove a lab: one without
     CAP_SYS_ADMIN and CAP_NET_ADMIN (namespaces, links), or (with_bpf) one that cannot see bpffs,
     where every pin would look gone."""
-    from balancer import preflight
-
     have = preflight.effective_caps()
     missing = [preflight.CAP_NAMES[c] for c in (preflight.CAP_SYS_ADMIN, preflight.CAP_NET_ADMIN)
                if not have >> c & 1]
@@ -602,8 +593,8 @@ def _undo_balancer(undo: Undo) -> str | None:
     """Remove a balancer instance the lab loaded: its pins (which detaches links no process holds),
     its state file, its lock and a daemon's control socket, whichever of them a daemon or a failed
     lbctl left."""
-    from balancer import control, controller, preflight
-    from balancer.datapath import Datapath
+    from balancer import control, controller, preflight  # numpy, libbpf: only when a balancer instance is removed
+    from balancer.datapath import Datapath  # numpy, libbpf: only when a balancer instance is removed
 
     name = undo.target
     pins = Path(controller.Instance.pin_dir(name))
@@ -678,8 +669,6 @@ def _undo_pin(undo: Undo) -> str:
 
 
 def _undo_process(undo: Undo) -> str | None:
-    from lab.state import Process
-
     assert undo.starttime is not None
     if services.starttime(int(undo.target)) != undo.starttime:  # gone, or its pid reused
         return None
@@ -695,43 +684,3 @@ def _index(ipr: IPRoute, ifname: str, ns: str) -> int:
     if not found:
         raise OSError(errno.ENODEV, f"no interface {ifname} in {ns}")
     return int(found[0])
-
-
-def _write_sysctl(ns: str, key: str, value: str) -> None:
-    path = Path("/proc/sys") / key.replace(".", "/")
-    with entered(ns):
-        fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
-
-
-def read_sysctl(ns: str, key: str) -> str:
-    """The value of sysctl `key` inside namespace `ns`."""
-    with entered(ns):
-        fd = os.open(Path("/proc/sys") / key.replace(".", "/"), os.O_RDONLY)
-    try:
-        return os.read(fd, 4096).decode().strip()
-    finally:
-        os.close(fd)
-
-
-def _ethtool_value(ns: str, ifname: str, cmd: int, data: int = 0) -> int:
-    value = ctypes.create_string_buffer(struct.pack("II", cmd, data), 8)
-    ifreq = struct.pack("16sP", ifname.encode(), ctypes.addressof(value)).ljust(40, b"\0")
-    with entered(ns):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with sock:
-        fcntl.ioctl(sock.fileno(), _SIOCETHTOOL, ifreq)
-    return int(struct.unpack("II", value.raw)[1])
-
-
-def set_tx_checksum(ns: str, ifname: str, on: bool) -> None:
-    """`ethtool -K IFNAME tx on|off` inside `ns` (the legacy ioctl; it also drops dependent offloads)."""
-    _ethtool_value(ns, ifname, _ETHTOOL_STXCSUM, int(on))
-
-
-def tx_checksum(ns: str, ifname: str) -> bool:
-    """Whether tx checksum offload is on for IFNAME inside `ns`."""
-    return _ethtool_value(ns, ifname, _ETHTOOL_GTXCSUM) != 0

@@ -26,12 +26,12 @@ from pathlib import Path
 from balancer import config as cfg
 from balancer.encaps import SAME_FAMILY, by_id
 from lab import netns, topology
-from lab.bench.nic import deltas, flow_hash_fields, queue_counters, spread_verdict
 from lab.errors import LabError
 from lab.lbconf import balancer_config, lb_link, real_addresses
 from lab.nsexec import entered, nsenter_argv
 from lab.poll import poll
 from lab.remote import vmnodes
+from lab.rss.nic import deltas, flow_hash_fields, queue_counters, spread_verdict
 from lab.state import netns_name, state_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ class NicSpread:
     fields: str  # the NIC's rx-flow-hash for udp4/udp6: sd, sdfn
     queue_counts: tuple[int, ...]
     flows: int
-    verdict: str  # lab.bench.nic.spread_verdict: one queue, spread, uneven
+    verdict: str  # lab.rss.nic.spread_verdict: one queue, spread, uneven
     source: str = "nic:virtio"
 
 

@@ -57,7 +57,7 @@ def attach_xdp(
     netns: str, ifname: str, xdp: XdpProgram, node_dir: Path, node: str, journal: Journal
 ) -> Program:
     """Load `xdp.object`, attach `xdp.program` to `ifname` inside `netns` and pin the link."""
-    from balancer.libbpf import BpfObject
+    from balancer.libbpf import BpfObject  # libbpf: only when a node gets a program
 
     path = object_path(xdp.object)
     pin = node_dir / f"xdp_{ifname}"
@@ -84,7 +84,7 @@ def attach_decap(
     journal: Journal,
 ) -> Program:
     """Load the decap object told the real's own addresses, attach it to `decap.ifname`, pin maps and link."""
-    from balancer.decap import Decap as DecapProgram
+    from balancer.decap import Decap as DecapProgram  # libbpf: only when a real gets the decap program
 
     path = object_path(DECAP_OBJECT)
     pins = node_dir / "decap"

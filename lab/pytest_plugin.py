@@ -35,9 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from lab.cpu import pinned_cpu
 from lab.harness import names
-from lab.harness.cpu import pinned_cpu
 from lab.harness.labs import REPO, Lab, LabBalancer, NetnsLab, TargetLab
+from lab.observe import trace
+from lab.remote import target as targets
 
 # The DUT's pieces (--dut, the needs marker, the dut fixtures, the verdicts) are a plugin of their own.
 pytest_plugins = ("lab.dut.pytest_plugin",)
@@ -46,9 +48,9 @@ if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
 
     from lab.harness.vmlab import VmLab
+    from lab.observe.trace import Tracer
     from lab.remote.target import Target
     from lab.remote.vm import VmReal
-    from lab.trace import Tracer
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -73,7 +75,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if marker is not None:
                 item.add_marker(pytest.mark.skip(reason=f"runs only with --target (hardware mode): {marker.args[0]}"))
         return
-    from lab.remote import target as targets
 
     tgt = targets.load(path)
     for item in items:
@@ -152,8 +153,6 @@ def target_hosts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         def test_x(target_hosts):
             target_hosts.run("lb", ["uname", "-r"])
     """
-    from lab.remote import target as targets
-
     path = request.config.getoption("--target")
     if not path:
         pytest.skip("needs --target FILE (a lab reached over ssh)")
@@ -175,7 +174,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
         yield TargetLab(request.getfixturevalue("target_hosts"))
         return
     _needs_root_and_build()
-    from lab import netns, topology
+    from lab import netns, topology  # pyroute2 (the lab builder): only when a test needs a netns lab
 
     topo = topology.load(_topology_of(request))
     name = names.unique_name(names.CONFORMANCE)
@@ -200,8 +199,6 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
 
 def _start_tracer(lab_name: str) -> Tracer | None:
     """The BCC tracer on every node of the lab, or None (with a note) when it cannot run here."""
-    from lab import trace
-
     why = trace.bcc_missing()
     if why is None:
         try:
@@ -215,7 +212,7 @@ def _start_tracer(lab_name: str) -> Tracer | None:
 
 
 def _unload_all(lab_name: str) -> None:
-    from balancer.controller import STATE_ROOT, Instance
+    from balancer.controller import STATE_ROOT, Instance  # numpy, libbpf: only when a lab's instances are unloaded
 
     for state in Path(STATE_ROOT).glob(f"{lab_name}-*.json"):
         try:
@@ -278,6 +275,7 @@ def vm_lab(request: pytest.FixtureRequest) -> Iterator[VmLab]:
             with entered(vm_lab.netns):
                 socket.create_connection((vm_lab.vm.addr, 80))
     """
+    # qemu VM labs (numpy, pyroute2): only the vm_lab fixture loads them
     from lab.harness.vmlab import booted_vm_lab, vm_skip_reason
 
     reason = vm_skip_reason()

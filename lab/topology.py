@@ -356,35 +356,9 @@ class _Reader:
         base_sysctls = self.sysctls(
             self.table(defaults, "sysctls", "node_defaults", required=False), "node_defaults.sysctls"
         )
-        roles = self.table(raw, "roles", "", required=False)
-        role_sysctls: dict[str, dict[str, str]] = {}
-        for role, body in roles.items():
-            if role not in ROLES:
-                raise self.fail(f"roles.{role}", role, "a role: " + ", ".join(ROLES))
-            body = self.check.table(body, f"roles.{role}")
-            self.check.known_keys(body, ("sysctls",), f"roles.{role}")
-            role_sysctls[role] = self.sysctls(
-                self.table(body, "sysctls", f"roles.{role}", required=False), f"roles.{role}.sysctls"
-            )
-
-        raw_nodes = self.array(raw, "nodes", "")
-        if not raw_nodes:
-            raise self.fail("nodes", raw_nodes, "at least one [[nodes]] entry")
-        names: set[str] = set()
-        node_tables: list[tuple[str, dict[str, Any]]] = []
-        for i, body in enumerate(raw_nodes):
-            where = f"nodes[{i}]"
-            body = self.check.table(body, where)
-            name = self.string(body, "name", where)
-            if not _NAME_RE.match(name):
-                raise self.fail(
-                    f"{where}.name", name, "lower-case letters, digits and '-', starting with a letter"
-                )
-            if name in names:
-                raise self.fail(f"{where}.name", name, "a name not used by another node")
-            names.add(name)
-            node_tables.append((where, body))
-
+        role_sysctls = self.role_sysctls(raw)
+        node_tables = self.node_tables(raw)
+        names = {self.string(body, "name", where) for where, body in node_tables}
         links = tuple(
             self.link(body, f"links[{i}]", names) for i, body in enumerate(self.array(raw, "links", ""))
         )
@@ -425,6 +399,40 @@ class _Reader:
             self.integer(body, "bfd_multiplier", "bgp", 2, 255, default=Bgp.bfd_multiplier),
         )
         return Topology(path.stem, path, description, nodes, links, vips, prefixes, bgp)
+
+    def role_sysctls(self, raw: dict[str, Any]) -> dict[str, dict[str, str]]:
+        """The [roles.<role>.sysctls] tables, by role."""
+        role_sysctls: dict[str, dict[str, str]] = {}
+        for role, body in self.table(raw, "roles", "", required=False).items():
+            if role not in ROLES:
+                raise self.fail(f"roles.{role}", role, "a role: " + ", ".join(ROLES))
+            body = self.check.table(body, f"roles.{role}")
+            self.check.known_keys(body, ("sysctls",), f"roles.{role}")
+            role_sysctls[role] = self.sysctls(
+                self.table(body, "sysctls", f"roles.{role}", required=False), f"roles.{role}.sysctls"
+            )
+        return role_sysctls
+
+    def node_tables(self, raw: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """The [[nodes]] tables with where each is, their names checked: well-formed and unique."""
+        raw_nodes = self.array(raw, "nodes", "")
+        if not raw_nodes:
+            raise self.fail("nodes", raw_nodes, "at least one [[nodes]] entry")
+        names: set[str] = set()
+        node_tables: list[tuple[str, dict[str, Any]]] = []
+        for i, body in enumerate(raw_nodes):
+            where = f"nodes[{i}]"
+            body = self.check.table(body, where)
+            name = self.string(body, "name", where)
+            if not _NAME_RE.match(name):
+                raise self.fail(
+                    f"{where}.name", name, "lower-case letters, digits and '-', starting with a letter"
+                )
+            if name in names:
+                raise self.fail(f"{where}.name", name, "a name not used by another node")
+            names.add(name)
+            node_tables.append((where, body))
+        return node_tables
 
     def vm_endpoints(self, where: str, side: str, ep: Endpoint, peer: Endpoint, peer_kind: str) -> None:
         """A link to a VM: the VM's end and the tap's end must fit what a VmReal can be given."""

@@ -1,7 +1,7 @@
 """`l4lab bench`: its arguments, options and dispatch to the software bench (lab/bench/run.py), the
 hardware bench over TRex (lab/bench/trex.py) or Katran side by side (lab/bench/katran.py).
 
-Kept apart from run.py so that the benches it dispatches to import run.py, never the other way round.
+Kept apart from the benches: they share the model (model.py) and never import this dispatcher.
 """
 
 from __future__ import annotations
@@ -13,9 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from balancer.errors import LbError
 from lab.bench.gen.base import FrameSpec, check_frame_spec
-from lab.bench.run import ENCAPS, FULL_SIZES, PARTS, QUICK_SIZES, Options, bench, check_environment
+from lab.bench.model import ENCAPS, FULL_SIZES, PARTS, QUICK_SIZES, Options
+from lab.bench.run import bench
+from lab.bench.testbed import check_environment
 from lab.errors import LabError, UsageError
+from reports.schema import ResultsError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if args.katran is not None and args.profile is not None:
         raise UsageError("--katran and --profile are separate runs: give one of them")
     if args.katran is not None:
-        from lab.bench import katran as katranbench
+        from lab.bench import katran as katranbench  # Katran's build and driver (lab/dut): only --katran loads them
 
         check_environment()
         if args.seed is not None and not 0 <= args.seed < 1 << 32:
@@ -115,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None:
         raise UsageError("--seed replays the order of a side-by-side run: it needs --katran")
     if args.profile is not None:
-        from lab.bench import profile
+        from lab.bench import profile  # perf's sampling: only --profile loads it
 
         check_environment()
         profile.run(args.profile, obj=args.baseline)
@@ -125,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
                          "(or --profile, to profile it)")
     opts = options(args)
     if opts.trex is not None:
-        from lab.bench import trex as trexbench
+        from lab.bench import trex as trexbench  # the remote target and TRex's plumbing: only --trex loads them
 
         trexbench.bench_trex(opts)
     else:
@@ -157,8 +161,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("l4lab bench: interrupted (what the bench had set up is removed)", file=sys.stderr)
         return 130
     except Exception as exc:  # balancer errors (LbError) and results errors name their cause
-        from balancer.errors import LbError
-        from reports.schema import ResultsError
 
         if isinstance(exc, LbError | ResultsError):
             _say_error(exc)

@@ -56,12 +56,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from balancer import encaps
+from balancer import encaps, maglev
+from balancer.datapath import Datapath
+from balancer.libbpf import BpfObject
+from lab.bench import katran_live
+from lab.bench.baseline import baseline_object, check_baseline
+from lab.bench.katran_live import FLOOD, FLOOD_SOURCES, live_plan, loop_ns
+from lab.bench.model import KATRAN_ENCAPS, LINK_MTU
 from lab.bench.order import Order, Spread, above_floor_ratio, load_order, new_seed
+from lab.bench.proginfo import program_insns
 from lab.checksum import inet_checksum
+from lab.cpu import pinned_cpu
 from lab.dut import katran as K
 from lab.errors import LabError
-from lab.harness.cpu import pinned_cpu
+from reports.schema import (
+    BenchPayload,
+    BenchPoint,
+    Floor,
+    LoopCost,
+    ProgramSize,
+    SessionTables,
+    SideBySide,
+    SideCase,
+    SynFlood,
+    Trial,
+    Versus,
+    case_id,
+    results_dir,
+    write_result,
+)
 
 XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
 ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
@@ -70,8 +93,6 @@ VIP, VIP_PORT, NOT_VIP = "198.51.100.100", 80, "198.51.100.99"
 CLIENT = "192.0.2.10"
 REALS = ("203.0.113.18", "203.0.113.34", "203.0.113.50", "203.0.113.66")
 SRC4 = "198.51.100.128"
-# The cases benched side by side, each with the Katran build (flavour) that encapsulates it.
-ENCAPS: dict[str, str] = {encaps.IP4_IPIP: "ipip", encaps.IP4_GUE1: "gue"}
 CASES = ("non-vip", "session-hit", "new-syn", "new-ack")
 PAYLOAD = b"l4lab bench 69B"  # 14 + 20 + 20 + 15 = 69-byte frames
 RING = K.RING_SIZE
@@ -95,7 +116,7 @@ class Side:
     """One datapath instance (l4lab or Katran) serving one encap, with its path counters."""
 
     who: str                      # "l4lab" | "katran" | "base"
-    encap: str                    # a case of ENCAPS
+    encap: str                    # a case of KATRAN_ENCAPS
     program: Any
     counters: Callable[[], dict[str, int]]
     path_counter: dict[str, str]  # case -> the counter only that case moves
@@ -112,7 +133,7 @@ class Result:
     insns: dict[str, tuple[int, int]] = field(default_factory=dict)  # "who:encap" -> (xlated, verified)
     tables: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # who -> (tables, entries each, bytes)
     ndr: dict[str, float] = field(default_factory=dict)            # name -> NDR Mpps at 64 B
-    live: dict[str, Any] = field(default_factory=dict)             # name -> lab/bench/run.py Measured
+    live: dict[str, Any] = field(default_factory=dict)             # name -> lab/bench/model.py Measured
     loop: dict[str, list[Any]] = field(default_factory=dict)       # name -> xdplive.ChainCost per round
     flood_sessions: dict[str, int] = field(default_factory=dict)   # SYN flood: who -> sessions in its tables
     live_first: list[str] = field(default_factory=list)            # per live round: whose tables came first
@@ -130,41 +151,6 @@ def options(katran: str | None, quick: bool, results: Path | None, baseline: Pat
         return Options(katran=katran, runs=20_000, rounds=4, lru_size=1 << 17, quick=True, results=results,
                        baseline=baseline, seed=seed)
     return Options(katran=katran, results=results, baseline=baseline, seed=seed)
-
-
-def check_baseline(path: Path) -> None:
-    """Refuse a baseline object that this checkout's controller cannot program: not a file, or a BTF
-    contract (structs, enums, maps, load-time constants) other than balancer/_abi.py's."""
-    from balancer import _abi
-    from balancer.btf import read_contract
-    from balancer.errors import AbiMismatchError
-
-    if not path.is_file():
-        raise LabError(f"--baseline {path}: no such file (a balancer.o built by `make bpf`, e.g. in a "
-                       "worktree of an older commit)")
-    try:
-        got = read_contract(str(path)).digest()
-    except AbiMismatchError as exc:
-        raise LabError(f"--baseline {path}: not a BPF object with BTF ({exc})") from None
-    want = _abi.DIGESTS["balancer"]
-    if got != want:
-        raise LabError(f"--baseline {path}: its BTF contract ({got}) differs from this checkout's "
-                       f"balancer/_abi.py ({want}); the bench programs its maps with this checkout's "
-                       "layout, so a baseline must be built from a commit with the same contract")
-
-
-def baseline_object(stack: ExitStack, path: Path) -> Path:
-    """A copy of the baseline named balancer.o in a private folder, removed with the stack: the loader
-    finds an object's contract by its file name, so the object itself may be called anything."""
-    import shutil
-    import tempfile
-
-    check_baseline(path)
-    folder = Path(tempfile.mkdtemp(prefix="l4lab-baseline-"))
-    stack.callback(shutil.rmtree, folder, True)
-    copy = folder / "balancer.o"
-    shutil.copyfile(path, copy)
-    return copy
 
 
 def baseline_lines(result: Result) -> list[str]:
@@ -222,8 +208,6 @@ class NewFlows:
 
 
 def l4lab_side(stack: ExitStack, encap_id: str, lru_size: int, obj: Path | None = None, who: str = "l4lab") -> Side:
-    from balancer.datapath import Datapath
-
     path = str(obj or Path(__file__).resolve().parents[2] / "build" / "bpf" / "balancer.o")
     dp = Datapath.load(path, max_vips=4, max_reals=16, ring_size=RING, lru_size=lru_size, fallback_size=1024)
     stack.callback(dp.close)
@@ -246,7 +230,7 @@ def katran_side(stack: ExitStack, encap_id: str, obj: Path, lru_size: int) -> Si
     kt = K.Katran(obj, lru_size=lru_size).load()
     stack.callback(kt.close)
     kt.set_router_mac(CLIENT_MAC)
-    if ENCAPS[encap_id] == "gue":
+    if KATRAN_ENCAPS[encap_id] == "gue":
         kt.set_sources(SRC4, "2001:db8:1b::80")
     kt.add_vip(VIP, VIP_PORT, socket.IPPROTO_TCP, 0)
     for i, addr in enumerate(REALS):
@@ -278,18 +262,7 @@ def table_sizes(side: Side) -> tuple[int, int, int]:
 
 
 def ring() -> Any:
-    from balancer import maglev
-
     return maglev.build_ring({i + 1: (a, 1) for i, a in enumerate(REALS)}, RING)
-
-
-def program_insns(prog: Any) -> tuple[int, int]:
-    """(xlated instructions, verified instructions) of a loaded program, from bpf_prog_info."""
-    from lab.bench.profile import prog_info, u32_at
-
-    info = prog_info(prog.fd)
-    # xlated_prog_len at 20; verified_insns at 216 (Linux >= 5.16)
-    return u32_at(info, 20) // 8, u32_at(info, 216)
 
 
 # --- timing -----------------------------------------------------------------------------------------
@@ -367,9 +340,9 @@ def load_sides(stack: ExitStack, first: list[str], objs: dict[str, Path], opts: 
     """Every program's instance per encap, created program by program in the order `first` gives."""
     sides = []
     for who in first:
-        for encap_id in ENCAPS:
+        for encap_id in KATRAN_ENCAPS:
             if who == "katran":
-                sides.append(katran_side(stack, encap_id, objs[ENCAPS[encap_id]], opts.lru_size))
+                sides.append(katran_side(stack, encap_id, objs[KATRAN_ENCAPS[encap_id]], opts.lru_size))
             else:
                 sides.append(l4lab_side(stack, encap_id, opts.lru_size, baseline if who == "base" else None, who))
     return sides
@@ -377,8 +350,6 @@ def load_sides(stack: ExitStack, first: list[str], objs: dict[str, Path], opts: 
 
 def time_micro(opts: Options, objs: dict[str, Path], result: Result, say: Callable[[str], None]) -> None:
     """The test-run table: rounds of freshly loaded programs, load order rotated, cases shuffled."""
-    from balancer.libbpf import BpfObject
-
     order = Order(result.seed)
     per_round = max(1, opts.runs // opts.rounds)
     samples: dict[str, list[list[int]]] = {}
@@ -432,8 +403,6 @@ def run(opts: Options, say: Callable[[str], None] = print) -> Result:
         for line in baseline_lines(result):
             say(line)
     if opts.ndr:
-        from lab.bench import katran_live
-
         katran_live.measure(opts, objs, result, say)
     write_results(result, opts)
     if result.results_file:
@@ -468,7 +437,7 @@ def table(result: Result) -> list[str]:
              f"{'case':<24} {'Katran':>8} {'l4lab':>8}   l4lab / Katran, cost above the MAC-swap floor; its spread "
              "over the rounds"]
     rows: list[tuple[str, str, str | None]] = [("non-VIP", "non-vip", None)]
-    for encap_id in ENCAPS:
+    for encap_id in KATRAN_ENCAPS:
         name = "GUE" if encaps.by_id(encap_id).gue else "IPIP"
         rows += [(f"{name} session hit", "session-hit", encap_id),
                  (f"{name} new flow, SYN", "new-syn", encap_id), (f"{name} new flow, ACK", "new-ack", encap_id)]
@@ -478,7 +447,7 @@ def table(result: Result) -> list[str]:
                      f"{ratio(result, case, encap):.2f}  {spread(result, case, encap).text()}")
     lines.append(f"{'floor XDP_DROP':<24} {m['floor:xdp_drop']:>8.0f}")
     lines.append(f"{'floor MAC-swap XDP_TX':<24} {m['floor:xdp_tx']:>8.0f}")
-    for encap_id in ENCAPS:
+    for encap_id in KATRAN_ENCAPS:
         k, o = result.insns[f"katran:{encap_id}"], result.insns[f"l4lab:{encap_id}"]
         lines.append(f"{'verified insns ' + encap_id:<24} {k[1]:>8} {o[1]:>8}   {o[1] / k[1]:.2f} "
                      f"(xlated {k[0]} / {o[0]})")
@@ -497,8 +466,6 @@ def table_lines(result: Result) -> list[str]:
 
 def side_by_side(result: Result) -> Any:
     """The micro table, program sizes, tables, loop costs and SYN flood as the schema's SideBySide."""
-    from reports.schema import ProgramSize, SessionTables, SideBySide, SideCase
-
     rows: list[Any] = []
     for name in result.medians:
         who, _, rest = name.partition(":")
@@ -516,7 +483,7 @@ def side_by_side(result: Result) -> Any:
     sizes = [ProgramSize(encap=encap_id, verified_insns=result.insns[f"l4lab:{encap_id}"][1],  # type: ignore[arg-type]
                          other_verified_insns=result.insns[f"katran:{encap_id}"][1],
                          xlated_insns=result.insns[f"l4lab:{encap_id}"][0],
-                         other_xlated_insns=result.insns[f"katran:{encap_id}"][0]) for encap_id in ENCAPS]
+                         other_xlated_insns=result.insns[f"katran:{encap_id}"][0]) for encap_id in KATRAN_ENCAPS]
     tables = [SessionTables(program=who, tables=n, entries=entries, bytes=size)
               for who, (n, entries, size) in sorted(result.tables.items()) if who != "base"]
     return SideBySide(program="katran", frame_bytes=len(tcp_frame(CLIENT, 45000, VIP, 0x10)), rounds=result.rounds,
@@ -528,11 +495,8 @@ def side_by_side(result: Result) -> Any:
 
 def loop_costs(result: Result) -> list[Any]:
     """Every live case's loop cost as the schema's LoopCost (the SYN flood's with traffic "syn-flood")."""
-    from lab.bench.katran_live import FLOOD, live_plan, loop_ns
-    from reports.schema import LoopCost
-
     loop = []
-    for case in live_plan(list(ENCAPS)) if result.loop else []:
+    for case in live_plan(list(KATRAN_ENCAPS)) if result.loop else []:
         costs = result.loop[case.name]
         loop.append(LoopCost(program=case.what if case.who == "floor" else case.who,
                              encap=case.encap or None,  # type: ignore[arg-type]
@@ -544,9 +508,6 @@ def loop_costs(result: Result) -> list[Any]:
 
 def syn_flood(result: Result) -> list[Any]:
     """The SYN flood's NDR of both programs, with the sessions each had inserted."""
-    from lab.bench.katran_live import FLOOD, FLOOD_SOURCES
-    from reports.schema import SynFlood
-
     out = []
     for who in ("l4lab", "katran"):
         measured = result.live.get(f"{who}:{FLOOD}")
@@ -561,13 +522,11 @@ def syn_flood(result: Result) -> list[Any]:
 
 def live_points(result: Result) -> list[Any]:
     """The live-frames NDR of l4lab per encap as the schema's BenchPoints, Katran's in `versus`."""
-    from reports.schema import BenchPoint, Floor, Trial, Versus
-
     if not {"floor:xdp_tx", "floor:xdp_drop"} <= result.live.keys():
         return []
     floor = Floor(xdp_tx_mpps=result.ndr["floor:xdp_tx"], xdp_drop_mpps=result.ndr["floor:xdp_drop"])
     points = []
-    for encap_id in ENCAPS:
+    for encap_id in KATRAN_ENCAPS:
         ours, theirs = result.live.get(f"l4lab:{encap_id}"), result.live.get(f"katran:{encap_id}")
         if ours is None or theirs is None:
             continue
@@ -583,9 +542,6 @@ def live_points(result: Result) -> list[Any]:
 
 def write_results(result: Result, opts: Options) -> None:
     """One `bench` result: the micro table and sizes (side_by_side), the live-frames NDR (points, with versus)."""
-    from lab.bench.run import LINK_MTU
-    from reports.schema import BenchPayload, case_id, results_dir, write_result
-
     points = live_points(result)
     payload = BenchPayload(generator="xdp-live" if points else "test-run",
                            egress_mtu=LINK_MTU if points else 1500, points=points,

@@ -1,8 +1,7 @@
 """Live frames for `l4lab bench --katran`: the floors, l4lab and Katran on the bench veth, per encap and in
 a SYN flood, each program's loop cost and NDR, in one run (lab/bench/katran.py holds the test-run table).
 
-Cases, on lab/bench/run.py's testbed (64-byte frames):
-
+Cases, on the bench's testbed (lab/bench/testbed.py), 64-byte frames:
     floor:xdp_drop, floor:xdp_tx   the floors (XDP_DROP; MAC-swap XDP_TX)
     l4lab:<encap>, katran:<encap>  1,024 UDP flows to a UDP VIP, per encap (ip4-ipip, ip4-gue1)
     l4lab:syn-flood, katran:syn-flood
@@ -13,7 +12,7 @@ Cases, on lab/bench/run.py's testbed (64-byte frames):
 Both balancers get session tables of LIVE_LRU entries per CPU (Katran one per CPU, l4lab one for all).
 
     loop cost   one thread sends unpaced; the CPU time it spends per frame, median of rounds
-    NDR         the zero-loss rate of lab/bench/run.py's search
+    NDR         the zero-loss rate of the bench model's search (lab/bench/model.py)
 
 On veth the whole loop (the generator's program, both veths, the program under test, its XDP_TX,
 the counting sink) runs in the sending thread's softirqs on its own CPU: every frame sent arrives,
@@ -42,8 +41,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from balancer import _abi, encaps
+from balancer import _abi, encaps, maglev
+from balancer.controller import Instance
+from lab.bench.gen.base import Endpoints
+from lab.bench.gen.xdplive import XdpLiveGenerator
+from lab.bench.model import (
+    GEN_IF,
+    GEN_MAC,
+    KATRAN_ENCAPS,
+    LB_MAC,
+    REALS4,
+    VIP4,
+    VIP_PORT,
+    Options,
+    lb_config,
+    ndr_point,
+    repeats,
+)
 from lab.bench.order import Order, load_order
+from lab.bench.testbed import OBJECT_DIR, PARK_IFS, PREFIX, Testbed, live_generator, object_path, testbed
 from lab.dut import katran as K
 from lab.errors import LabError
 
@@ -60,7 +76,7 @@ class LiveCase:
     """One program on the LB veth with the traffic it gets."""
 
     who: str    # "floor" | "l4lab" | "katran"
-    what: str   # floors: "xdp_drop" | "xdp_tx"; balancers: an encap id of ENCAPS, or FLOOD
+    what: str   # floors: "xdp_drop" | "xdp_tx"; balancers: an encap id of KATRAN_ENCAPS, or FLOOD
 
     @property
     def name(self) -> str:
@@ -95,21 +111,17 @@ class Loaded:
 
 
 def l4lab_config(case: LiveCase) -> Any:
-    """lab/bench/run.py's config for the encap (the flood: its VIP made TCP), LIVE_LRU entries per CPU."""
-    from lab.bench import run as B
+    """The bench model's config for the encap (the flood: its VIP made TCP), LIVE_LRU entries per CPU."""
 
-    config = B.lb_config(case.encap)
+    config = lb_config(case.encap)
     if case.what == FLOOD:
         config = dataclasses.replace(config, vips=tuple(dataclasses.replace(v, proto="tcp") for v in config.vips))
     return dataclasses.replace(config, datapath=dataclasses.replace(config.datapath, lru_size=LIVE_LRU))
 
 
 def load_l4lab(stack: ExitStack, case: LiveCase, tag: str) -> Loaded:
-    from balancer.controller import Instance
-    from lab.bench import run as B
-
-    inst = Instance.load(f"{B.PREFIX}{os.getpid()}-{tag}", [], config=l4lab_config(case),
-                         obj=str(B.OBJECT_DIR / "balancer.o"))
+    inst = Instance.load(f"{PREFIX}{os.getpid()}-{tag}", [], config=l4lab_config(case),
+                         obj=str(OBJECT_DIR / "balancer.o"))
     stack.callback(inst.unload)
     dp = inst.dp
     return Loaded(dp.programs["balancer_xdp"], lambda: dp.reasons()["TX_ENCAP"],
@@ -118,18 +130,14 @@ def load_l4lab(stack: ExitStack, case: LiveCase, tag: str) -> Loaded:
 
 
 def load_katran(stack: ExitStack, case: LiveCase, objs: dict[str, Path]) -> Loaded:
-    from balancer import maglev
-    from lab.bench import run as B
-    from lab.bench.katran import ENCAPS
-
-    kt = K.Katran(objs[ENCAPS[case.encap]], lru_size=LIVE_LRU).load()
+    kt = K.Katran(objs[KATRAN_ENCAPS[case.encap]], lru_size=LIVE_LRU).load()
     stack.callback(kt.close)
-    kt.set_router_mac(B.GEN_MAC)
-    if ENCAPS[case.encap] == "gue":
+    kt.set_router_mac(GEN_MAC)
+    if KATRAN_ENCAPS[case.encap] == "gue":
         kt.set_sources("198.51.100.128", "2001:db8:1b:80::")
     proto = socket.IPPROTO_TCP if case.what == FLOOD else socket.IPPROTO_UDP
-    kt.add_vip(B.VIP4, B.VIP_PORT, proto, 0)
-    reals = {i + 1: (a, 1) for i, a in enumerate(B.REALS4)}
+    kt.add_vip(VIP4, VIP_PORT, proto, 0)
+    reals = {i + 1: (a, 1) for i, a in enumerate(REALS4)}
     for rid, (addr, _) in reals.items():
         kt.add_real(rid, addr)
     kt.set_ring(0, list(maglev.build_ring(reals, K.RING_SIZE)))
@@ -143,7 +151,7 @@ def load_katran(stack: ExitStack, case: LiveCase, objs: dict[str, Path]) -> Load
                   (lambda: kt.counter(K.LRU_MISS_CNTR)[0]) if case.what == FLOOD else None, "LRU_MISS.v1", sessions)
 
 
-def load_all(stack: ExitStack, bed: Any, plan: list[LiveCase], objs: dict[str, Path], first: list[str],
+def load_all(stack: ExitStack, bed: Testbed, plan: list[LiveCase], objs: dict[str, Path], first: list[str],
              tag: str) -> dict[str, Loaded]:
     """Every case's program, the balancers' created program by program in the order `first` gives."""
     loaded = {"floor:xdp_drop": Loaded(bed.lb_floor.program("xdp_drop"), bed.lb_count),
@@ -159,24 +167,20 @@ def load_all(stack: ExitStack, bed: Any, plan: list[LiveCase], objs: dict[str, P
 
 
 @contextmanager
-def generator(bed: Any, case: LiveCase) -> Iterator[tuple[Any, int]]:
+def generator(bed: Testbed, case: LiveCase) -> Iterator[tuple[Any, int]]:
     """The case's generator and its flow count: UDP flows, or the SYN flood's new source every frame."""
-    from lab.bench import run as B
-    from lab.bench.gen.base import Endpoints
-    from lab.bench.gen.xdplive import XdpLiveGenerator
-
     sink = bed.lb_count if case.name == "floor:xdp_drop" else bed.gen_count
     if case.what != FLOOD:
-        with B._generator(bed, sink) as gen:
+        with live_generator(bed, sink) as gen:
             yield gen, UDP_FLOWS
         return
-    ep = Endpoints(src_mac=B.GEN_MAC, dst_mac=B.LB_MAC, src4=FLOOD_SRC4, dst4=B.VIP4, dport=B.VIP_PORT, l4="tcp-syn")
-    with XdpLiveGenerator(bed.gen_ns, B.GEN_IF, ep, sink, park_ifnames=B.PARK_IFS, src_addrs=FLOOD_ADDRS,
-                          object_path=B._object("trafficgen.o")) as gen:
+    ep = Endpoints(src_mac=GEN_MAC, dst_mac=LB_MAC, src4=FLOOD_SRC4, dst4=VIP4, dport=VIP_PORT, l4="tcp-syn")
+    with XdpLiveGenerator(bed.gen_ns, GEN_IF, ep, sink, park_ifnames=PARK_IFS, src_addrs=FLOOD_ADDRS,
+                          object_path=object_path("trafficgen.o")) as gen:
         yield gen, FLOOD_SOURCES
 
 
-def loop_round(bed: Any, case: LiveCase, got: Loaded, frames: int, cpu: int) -> Any:
+def loop_round(bed: Testbed, case: LiveCase, got: Loaded, frames: int, cpu: int) -> Any:
     """One unpaced loop of `frames`, checked: all delivered, the program's counters moved by every frame."""
     bed.on_lb_program(got.program)
     with generator(bed, case) as (gen, flows):
@@ -202,15 +206,12 @@ def loop_round(bed: Any, case: LiveCase, got: Loaded, frames: int, cpu: int) -> 
 def measure(opts: Any, objs: dict[str, Path], result: Any, say: Callable[[str], None]) -> None:
     """Loop costs in rounds (programs loaded afresh each round, load order rotated, cases shuffled),
     then each case's NDR search, then the summary lines."""
-    from lab.bench import run as B
-    from lab.bench.katran import ENCAPS
-
-    plan = live_plan(list(ENCAPS))
+    plan = live_plan(list(KATRAN_ENCAPS))
     order = Order(result.seed + 1)  # its own stream: a replay of the table alone leaves this one as it was
     frames, rounds = (1 << 18, 2) if opts.quick else (1 << 20, 4)
     cpu = max(os.sched_getaffinity(0))
-    with B.testbed() as bed:
-        say(f"live frames on veth, 64 B (lab/bench/run.py testbed): CPU time per frame of the whole loop, "
+    with testbed() as bed:
+        say(f"live frames on veth, 64 B (lab/bench/testbed.py): CPU time per frame of the whole loop, "
             f"{rounds} rounds × {frames} frames sent unpaced from CPU {cpu}, session tables of {LIVE_LRU:,} "
             "entries per CPU; the SYN flood: every frame a new flow, 10^6 sources:")
         for r in range(rounds):
@@ -232,12 +233,10 @@ def print_loops(plan: list[LiveCase], result: Any, say: Callable[[str], None]) -
             f"{share(tx_ns, loop_ns(result, case.name))}  (every round: all frames delivered, counters checked)")
 
 
-def search_all(bed: Any, plan: list[LiveCase], objs: dict[str, Path], order: Order, opts: Any, result: Any,
+def search_all(bed: Testbed, plan: list[LiveCase], objs: dict[str, Path], order: Order, opts: Any, result: Any,
                say: Callable[[str], None]) -> None:
     """Each case's NDR search, in a shuffled order, the programs loaded once more (the next load order)."""
-    from lab.bench import run as B
-
-    settings = B.Options(quick=opts.quick).search_settings()
+    settings = Options(quick=opts.quick).search_settings()
     say("NDR search (zero loss; on veth a lost frame is one the paced sender could not send in time):")
     with ExitStack() as stack:
         first = load_order(["l4lab", "katran"], len(result.live_first))
@@ -246,7 +245,7 @@ def search_all(bed: Any, plan: list[LiveCase], objs: dict[str, Path], order: Ord
             got = loaded[case.name]
             bed.on_lb_program(got.program)
             with generator(bed, case) as (gen, flows):
-                measured = B.ndr_point(gen, case.name, 64, flows, 4, settings)
+                measured = ndr_point(gen, case.name, 64, flows, 4, settings)
             result.live[case.name] = measured
             result.ndr[case.name] = measured.result.ndr_pps / 1e6
             if case.what == FLOOD and got.sessions is not None:
@@ -254,15 +253,13 @@ def search_all(bed: Any, plan: list[LiveCase], objs: dict[str, Path], order: Ord
         for case in plan:
             measured = result.live[case.name]
             say(f"  {case.name:<16} NDR {result.ndr[case.name]:6.3f} Mpps  PDR {measured.result.pdr_pps / 1e6:6.3f} "
-                f"Mpps  ({len(measured.result.trials)} trials{B.repeats(measured)})")
+                f"Mpps  ({len(measured.result.trials)} trials{repeats(measured)})")
 
 
 def summary(result: Any, say: Callable[[str], None]) -> None:
     """The lines scripts read: per encap and for the flood, NDR and loop cost against the XDP_TX floor."""
-    from lab.bench.katran import ENCAPS
-
     floor_ndr, tx_ns = result.ndr["floor:xdp_tx"], loop_ns(result, "floor:xdp_tx")
-    for what in [*ENCAPS, FLOOD]:
+    for what in [*KATRAN_ENCAPS, FLOOD]:
         ours, theirs = result.ndr[f"l4lab:{what}"], result.ndr[f"katran:{what}"]
         say(f"  {what}: NDR l4lab {share(ours, floor_ndr)} × XDP_TX floor, Katran {share(theirs, floor_ndr)} ×; "
             f"loop cost floor ÷ l4lab {share(tx_ns, loop_ns(result, 'l4lab:' + what))}, "

@@ -1,6 +1,6 @@
 """`l4lab bench --profile ENCAP`: where the balancer's time per live frame goes, by source line.
 
-The live loop of lab/bench/run.py's testbed (one thread sends 64-byte frames of 1024 flows unpaced
+The live loop of lab/bench/testbed.py (one thread sends 64-byte frames of 1024 flows unpaced
 from the highest CPU; on veth the generator, the balancer serving ENCAP, its XDP_TX and the sink
 all run in that thread's softirqs) runs while `perf record -e cpu-clock` samples that CPU: a timer
 event, so no PMU is needed (this VM has none). Each sample inside the balancer's JIT image is
@@ -29,6 +29,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from balancer.libbpf import lib
+from lab.bench.baseline import baseline_object
+from lab.bench.model import lb_config
+from lab.bench.proginfo import (
+    BTF_ID,
+    JITED_PROG_LEN,
+    LINE_INFO_REC_SIZE,
+    NR_JITED_FUNC_LENS,
+    NR_JITED_KSYMS,
+    NR_JITED_LINE_INFO,
+    NR_LINE_INFO,
+    prog_info,
+    u32_at,
+)
+from lab.bench.testbed import live_generator, testbed
 from lab.errors import LabError
 
 PERF_HOW = "bash scripts/setup.sh --extra perf (Debian's linux-perf)"
@@ -36,15 +51,6 @@ PERF_HOW = "bash scripts/setup.sh --extra perf (Debian's linux-perf)"
 # per frame became 180-190; at 2 kHz it was 114-116 against 110-114 without perf), so the rate stays
 # low and the run long instead.
 SAMPLE_HZ = 2_000
-
-# struct bpf_prog_info (include/uapi/linux/bpf.h): byte offsets of the fields read here.
-_INFO_SIZE = 256
-_JITED_PROG_LEN = 16
-_NR_JITED_KSYMS, _NR_JITED_FUNC_LENS, _JITED_KSYMS, _JITED_FUNC_LENS = 104, 108, 112, 120
-_BTF_ID = 128
-_NR_LINE_INFO, _LINE_INFO, _JITED_LINE_INFO = 148, 152, 160
-_NR_JITED_LINE_INFO, _LINE_INFO_REC_SIZE, _JITED_LINE_INFO_REC_SIZE = 168, 172, 176
-
 
 @dataclass(frozen=True)
 class SourceLine:
@@ -78,47 +84,28 @@ class JitImage:
         return self.lines[i] if i >= 0 else None
 
 
-def prog_info(fd: int, prepare: Callable[[ctypes.Array[ctypes.c_char]], None] | None = None) -> bytes:
-    """A program's struct bpf_prog_info; `prepare` fills in the arrays the kernel is to copy out."""
-    from balancer.libbpf import lib
-
-    buf = ctypes.create_string_buffer(_INFO_SIZE)
-    if prepare:
-        prepare(buf)
-    size = ctypes.c_uint32(_INFO_SIZE)
-    if lib().bpf_obj_get_info_by_fd(fd, buf, ctypes.byref(size)) != 0:
-        raise LabError(f"cannot read bpf_prog_info of program fd {fd}")
-    return buf.raw
-
-
-def u32_at(raw: bytes, off: int) -> int:
-    return int(struct.unpack_from("<I", raw, off)[0])
-
-
 def jit_image(prog_fd: int) -> JitImage:
     """The JIT image of a loaded program: needs root, the JIT on, and a program loaded with BTF."""
-    from balancer.libbpf import lib
-
     first = prog_info(prog_fd)
-    if not u32_at(first, _JITED_PROG_LEN):
+    if not u32_at(first, JITED_PROG_LEN):
         raise LabError("the program is not JIT-compiled (net.core.bpf_jit_enable = 0?)")
-    nr_ksyms, nr_lens = u32_at(first, _NR_JITED_KSYMS), u32_at(first, _NR_JITED_FUNC_LENS)
-    nr_lines, nr_jited = u32_at(first, _NR_LINE_INFO), u32_at(first, _NR_JITED_LINE_INFO)
-    rec = u32_at(first, _LINE_INFO_REC_SIZE)
+    nr_ksyms, nr_lens = u32_at(first, NR_JITED_KSYMS), u32_at(first, NR_JITED_FUNC_LENS)
+    nr_lines, nr_jited = u32_at(first, NR_LINE_INFO), u32_at(first, NR_JITED_LINE_INFO)
+    rec = u32_at(first, LINE_INFO_REC_SIZE)
     if not nr_lines or nr_lines != nr_jited or rec < 16:
         raise LabError("the program has no line info (built without clang -g?)")
     ksyms, lens = (ctypes.c_uint64 * nr_ksyms)(), (ctypes.c_uint32 * nr_lens)()
     line_info, jited = ctypes.create_string_buffer(nr_lines * rec), (ctypes.c_uint64 * nr_jited)()
 
     def prepare(buf: ctypes.Array[ctypes.c_char]) -> None:
-        struct.pack_into("<IIQQ", buf, _NR_JITED_KSYMS, nr_ksyms, nr_lens, ctypes.addressof(ksyms),
+        struct.pack_into("<IIQQ", buf, NR_JITED_KSYMS, nr_ksyms, nr_lens, ctypes.addressof(ksyms),
                          ctypes.addressof(lens))
-        struct.pack_into("<IQQ", buf, _NR_LINE_INFO, nr_lines, ctypes.addressof(line_info),
+        struct.pack_into("<IQQ", buf, NR_LINE_INFO, nr_lines, ctypes.addressof(line_info),
                          ctypes.addressof(jited))
-        struct.pack_into("<IIII", buf, _NR_JITED_LINE_INFO, nr_jited, rec, 8, 0)
+        struct.pack_into("<IIII", buf, NR_JITED_LINE_INFO, nr_jited, rec, 8, 0)
 
     second = prog_info(prog_fd, prepare)
-    btf_id = u32_at(second, _BTF_ID)
+    btf_id = u32_at(second, BTF_ID)
     lib().btf__load_from_kernel_by_id.restype = ctypes.c_void_p
     lib().btf__load_from_kernel_by_id.argtypes = [ctypes.c_uint32]
     lib().btf__name_by_offset.restype = ctypes.c_char_p
@@ -230,21 +217,18 @@ def record(cpu: int, seconds: float, run_loop: Callable[[], float], workdir: Pat
 
 def profile(encap_id: str, seconds: float = 6.0, obj: Path | None = None) -> Profile:
     """The live loop with the balancer serving encap_id, sampled for `seconds`."""
-    from lab.bench import run as B
-    from lab.bench.katran import baseline_object
-
     perf_binary()  # before the testbed is built
     cpu = max(os.sched_getaffinity(0))
     with ExitStack() as stack:
         copy = baseline_object(stack, obj) if obj else None  # checked: this checkout's contract
-        bed = stack.enter_context(B.testbed())
+        bed = stack.enter_context(testbed())
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="l4lab-profile-"))
         bed.load_balancer(copy)
-        bed.instance.apply(B.lb_config(encap_id))
+        bed.instance.apply(lb_config(encap_id))
         prog = bed.instance.dp.programs["balancer_xdp"]
         image = jit_image(prog.fd)
         bed.on_lb_program(prog)
-        with B._generator(bed, bed.gen_count) as gen:
+        with live_generator(bed, bed.gen_count) as gen:
             def loop() -> float:
                 cost = gen.chain_cost(1 << 19, 64, 1024, 4, cpu)
                 if cost.delivered < 0.99:

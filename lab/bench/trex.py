@@ -43,22 +43,15 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from balancer import config as cfg
 from lab.bench.gen.base import Endpoints, Family, FrameSpec, Generator, TrialResult, mean_frame_size
-from lab.bench.run import (
-    ENCAPS,
-    VIP4,
-    VIP6,
-    VIP_PORT,
-    Measured,
-    Options,
-    Report,
-    finish,
-    lb_config,
-    ndr_point,
-)
+from lab.bench.model import ENCAPS, VIP4, VIP6, VIP_PORT, Measured, Options, Report, lb_config, ndr_point
+from lab.bench.results import finish
 from lab.errors import LabError, UsageError
+from lab.lbconf import lb_link
 from lab.progress import BenchProgress
 from lab.remote.target import Target, TrexPorts
+from lab.remote.target import load as load_target
 
 BENCH_INSTANCE = "l4lab-bench"
 PREAMBLE_AND_GAP = 20  # bytes on the wire around every frame: preamble + start delimiter 8, gap 12
@@ -102,8 +95,6 @@ def trex_ports(target: Target) -> TrexPorts:
 
 def lb_host(target: Target) -> LbHost:
     """The first node of role lb that the target lists, its data interface, MAC, MTU and link speed."""
-    from lab.lbconf import lb_link
-
     names = [n.name for n in target.topology.nodes_with_role("lb") if n.name in target.nodes]
     if not names:
         raise UsageError(f"{target.path}: nodes has no node of role lb of topology '{target.topology.name}'; "
@@ -245,8 +236,6 @@ class RemoteBalancer:
 
     def put_config(self, config: Any) -> str:
         """Write config to the temporary file on the LB (made on first use); its path there."""
-        from balancer import config as cfg
-
         t, node = self.lb.target, self.lb.node
         if self.config_path is None:
             self.config_path = t.run(node, ["mktemp", "-t", "l4lab-bench.XXXXXXXX"]).stdout.strip()
@@ -323,7 +312,7 @@ def trex_generator(trex: TrexPorts) -> GeneratorFactory:
     """TrexGenerators of the target's server, sending from tx_port."""
 
     def make(endpoints: Endpoints, rx_port: int, latency: bool) -> Generator:
-        from lab.bench.gen.trex import TrexGenerator
+        from lab.bench.gen.trex import TrexGenerator  # TRex's client library is optional (setup.sh --extra trex)
 
         return TrexGenerator(trex.server, endpoints, tx_port=trex.tx_port, rx_port=rx_port,
                              sync_port=trex.sync_port, async_port=trex.async_port,
@@ -408,8 +397,6 @@ def bench_trex(opts: Options, say: Callable[[str], None] = print, make: Generato
     """The hardware bench of opts.trex (a target file): measure, print the summary, write the results.
 
     `make` builds the generators (default: TrexGenerators of the target's [trex] server)."""
-    from lab.remote.target import load as load_target
-
     if opts.trex is None:
         raise UsageError("the hardware bench needs --trex TARGET.toml")
     target = load_target(opts.trex)

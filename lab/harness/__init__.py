@@ -4,7 +4,7 @@ The pytest side (options, hooks, fixtures) is `lab.pytest_plugin`; this package 
 fixtures hand to tests and what tests import, so that no test module imports a conftest.
 """
 
-from lab.harness.cpu import pinned_cpu
+from lab.cpu import pinned_cpu
 from lab.harness.labs import REPO, Lab, LabBalancer, NetnsLab, TargetLab
 from lab.harness.names import unique_name
 from lab.poll import PollTimeoutError, poll

@@ -18,14 +18,18 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from balancer.encaps import by_id
 from lab.errors import CommandError
+from lab.nsexec import nsenter_argv
+from lab.observe.capture import Capture
+from lab.remote import vmnodes
+from lab.remote.target import RemoteCapture
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from balancer.config import Config
+    from lab.observe.trace import Tracer
     from lab.remote.target import Target
     from lab.topology import Topology
-    from lab.trace import Tracer
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout the lab's commands run from
 
@@ -35,7 +39,7 @@ class Lab(Protocol):
     """A running lab: its name, topology and how to run things in its nodes."""
 
     kept: bool
-    tracer: Tracer | None  # lab.trace.Tracer while the module runs, when BCC is available
+    tracer: Tracer | None  # lab.observe.trace.Tracer while the module runs, when BCC is available
     results: dict[str, Any]
 
     @property
@@ -152,8 +156,6 @@ class NetnsLab(_Common):
         return self.netns(node)
 
     def argv(self, node: str, argv: list[str] | tuple[str, ...]) -> list[str]:
-        from lab.nsexec import nsenter_argv
-
         return nsenter_argv(self.netns(node), list(argv))
 
     def run(self, node: str, argv: list[str] | tuple[str, ...], *, check: bool = True, timeout: float = 60.0,
@@ -161,8 +163,6 @@ class NetnsLab(_Common):
         """nsenter keeps /sys/fs/bpf visible; a VM node runs argv over its control channel (its stderr
         comes back in stdout)."""
         if self.topology.node(node).kind == "vm" and input is None:
-            from lab.remote import vmnodes
-
             return _checked(vmnodes.run(self.name, node, argv, timeout=timeout), argv, self.where(node), check)
         return super().run(node, argv, check=check, timeout=timeout, input=input)
 
@@ -176,15 +176,13 @@ class NetnsLab(_Common):
         return ifname
 
     def mac(self, node: str, ifname: str) -> str:
-        from lab.lbconf import peer_mac
+        from lab.lbconf import peer_mac  # lab.lbconf brings numpy and pyroute2; every pytest run imports this module
 
         if self.topology.node(node).kind == "vm":
             return self.run(node, ["cat", f"/sys/class/net/{ifname}/address"]).stdout.strip()
         return peer_mac(self.name, node, ifname)
 
     def capture(self, node: str, ifname: str, path: Path, snaplen: int = 512) -> AbstractContextManager[Any]:
-        from lab.capture import Capture
-
         return Capture(self.name, node, ifname, path, snaplen=snaplen)
 
     def write(self, node: str, path: str, text: str) -> None:
@@ -247,7 +245,6 @@ class TargetLab(_Common):
         """On a node that says capture = false (a hardware router), the test is skipped."""
         import pytest
 
-        from lab.remote.target import RemoteCapture
 
         if node not in self.hosts.nodes or not self.hosts.node(node).capture:
             pytest.skip(f"this test captures on {node}'s {ifname}, which target {self.hosts.name} "
@@ -261,7 +258,7 @@ class TargetLab(_Common):
         return f"/tmp/{name}"
 
     def link_overrides(self, node: str) -> dict[str, str]:
-        from lab.lbconf import lb_link
+        from lab.lbconf import lb_link  # lab.lbconf brings numpy and pyroute2; every pytest run imports this module
 
         lb_if, peer, peer_if = lb_link(self.topology, node)
         return {"ifname": self.ifname(node, lb_if), "nexthop_mac": self.mac(peer, peer_if)}
@@ -293,7 +290,7 @@ class LabBalancer:
         return self.lab.node_path(self.config_path, f"{self.instance}-{self.encap_id}.toml")
 
     def write_config(self, config: Config) -> None:
-        from balancer import config as cfg
+        from balancer import config as cfg  # the config parser brings numpy; every pytest run imports this module
 
         text = cfg.dump(config)
         self.config_path.write_text(text)
@@ -304,6 +301,7 @@ class LabBalancer:
         self.lbctl("apply", self.config_file)
 
     def config_for(self, encap_id: str | None = None, **kwargs: Any) -> Config:
+        # lab.lbconf brings numpy and pyroute2; every pytest run imports this module
         from lab.lbconf import balancer_config
 
         case = by_id(encap_id or self.encap_id)
@@ -318,7 +316,7 @@ class LabBalancer:
 
     def load(self, mode: str = "native") -> None:
         """Write the encap's config and load lbctl on the node's link to its peer."""
-        from lab.lbconf import lb_link
+        from lab.lbconf import lb_link  # lab.lbconf brings numpy and pyroute2; every pytest run imports this module
 
         self.write_config(self.config_for())
         ifname = self.lab.ifname(self.node, lb_link(self.lab.topology, self.node)[0])

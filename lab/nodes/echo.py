@@ -1,4 +1,4 @@
-"""_echo.py: exactly N ICMP / ICMPv6 echo requests to one address, each awaited, over a raw socket (no ping binary).
+"""echo.py: exactly N ICMP / ICMPv6 echo requests to one address, each awaited, over a raw socket (no ping binary).
 
     python -m lab.nodes.echo --count 3 198.51.100.100
 

@@ -1,4 +1,4 @@
-"""_flows.py: one UDP datagram from each of N source ports to a VIP, so N distinct 5-tuples cross the LB.
+"""flows.py: one UDP datagram from each of N source ports to a VIP, so N distinct 5-tuples cross the LB.
 
     python -m lab.nodes.flows --vip 198.51.100.100 --port 9000 --flows 12000 [--first-port 20000]
 

@@ -1,4 +1,4 @@
-"""_rps.py: a TCP probe that tells, per connection, which CPU of the server's kernel received it.
+"""rps.py: a TCP probe that tells, per connection, which CPU of the server's kernel received it.
 
     python -m lab.nodes.rps serve --bind VIP --port 8081 --count 48     (in a real)
     python -m lab.nodes.rps connect --vip VIP --port 8081 --count 48 --source A ...

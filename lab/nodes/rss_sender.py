@@ -1,4 +1,4 @@
-"""_sender.py: UDP flows to a VIP on request, each from its own source port, for per-flow RSS checks.
+"""rss_sender.py: UDP flows to a VIP on request, each from its own source port, for per-flow RSS checks.
 
     python -m lab.nodes.rss_sender --vip 198.51.100.100 --port 9000
 

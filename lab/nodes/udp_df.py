@@ -17,7 +17,7 @@ import socket
 import sys
 from typing import Any
 
-from lab.harness import poll
+from lab.poll import poll
 
 # Linux socket options (include/uapi/linux/in.h, in6.h); older Pythons lack some names.
 IP_MTU_DISCOVER = 10

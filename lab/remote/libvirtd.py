@@ -32,6 +32,7 @@ from pathlib import Path
 
 from lab.errors import LabError
 from lab.poll import poll
+from lab.remote.vagrantbox import BOOT_ROOT
 
 RUN_DIR = Path("/run/l4lab-vg")
 URI = "qemu:///system"
@@ -43,8 +44,6 @@ QEMU = "qemu-system-x86_64"
 
 def _kernels() -> list[Path]:
     """Linux kernels the probe can boot: the local box's, then the machine's own."""
-    from lab.remote.vagrantbox import BOOT_ROOT
-
     return [*sorted(BOOT_ROOT.glob("l4lab-vg-*/vmlinuz")), *sorted(Path("/boot").glob("vmlinuz-*"))]
 
 

@@ -54,7 +54,10 @@ from typing import Any
 
 from balancer.validate import Reader
 from lab.errors import LabError, TopologyError, UsageError
+from lab.nsexec import netns_path
 from lab.poll import poll
+from lab.remote.libvirtd import driver
+from lab.state import netns_name
 from lab.topology import Topology
 from lab.topology import load as load_topology
 
@@ -348,9 +351,6 @@ def for_netns_lab(lab: str, topology: str, directory: Path) -> Path:
 
     Each node is reached by `ssh NODE`, whose ProxyCommand starts `sshd -i` inside the node's
     namespace: a real ssh session with a real sshd, nothing listening, nothing left running."""
-    from lab.nsexec import netns_path
-    from lab.state import netns_name
-
     topo = load_topology(topology)
     sshd = _sshd()
     directory.mkdir(parents=True, exist_ok=True)
@@ -399,8 +399,7 @@ def for_vagrant(topology: str, directory: Path, ssh_config: str | None = None,
     `env` is the environment of `vagrant ssh-config` (default: this process's, with L4LAB_TOPOLOGY);
     `machines` the nodes that are up (default: every node of the topology); `time_scale` the file's
     (default TCG_TIME_SCALE when libvirt's driver is qemu, TCG, else 1)."""
-    from lab.remote.libvirtd import driver
-    from lab.remote.vagrant import plan
+    from lab.remote.vagrant import plan  # the Vagrant planner reads balancer configs (numpy): only Vagrant labs need it
 
     topo = load_topology(topology)
     p = plan(topo, driver="")

@@ -34,6 +34,8 @@ from balancer import _abi
 from balancer import config as cfg
 from lab.errors import UsageError
 from lab.lbconf import lb_link, real_addresses
+from lab.remote import vagrantbox
+from lab.remote.libvirtd import driver as probe
 from lab.topology import TOPOLOGY_DIR, IpNetwork, Node, Topology
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -273,11 +275,7 @@ def node_plan(topo: Topology, node: Node, box: str = BOX, lab: str | None = None
 def libvirt(box: str, lab: str, driver: str | None = None, init: str = "systemd") -> dict[str, Any]:
     """The libvirt settings of lab `lab`: driver, domain name prefix, the management network, and with
     the local box's light init (`init` "light") the kernel command line that boots it."""
-    from lab.remote import vagrantbox
-
     if driver is None:
-        from lab.remote.libvirtd import driver as probe
-
         driver = probe()
     if init != "systemd" and box != LOCAL_BOX:
         raise UsageError(f"the box init '{init}' is the local box's ({LOCAL_BOX}, --box local); {box} boots its own")

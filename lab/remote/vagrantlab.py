@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.errors import LabError
+from lab.remote import libvirtd, target, vagrantbox
+from lab.remote import target as targets
 from lab.remote.vagrant import LIBVIRT_PREFIX
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -130,8 +132,6 @@ class Timings:
 
 def unload_provisioned(target_file: Path) -> None:
     """Unload the balancer lb.sh loaded on every LB host: the suites load their own, one per test."""
-    from lab.remote import target as targets
-
     tgt = targets.load(target_file)
     for node in tgt.topology.nodes_with_role("lb"):
         tgt.run(node.name, tgt.python_argv(node.name, "balancer.cli", "unload"), check=False, timeout=120)
@@ -139,8 +139,6 @@ def unload_provisioned(target_file: Path) -> None:
 
 def run_suites(topology: str, pytest_args: Sequence[str], keep: bool = False, init: str = "light") -> int:
     """The whole round trip; returns pytest's exit status (LabError when a lab step fails)."""
-    from lab.remote import libvirtd, target, vagrantbox
-
     log = state_dir(topology) / "vagrant.log"
     environ = env(topology, init=init)
     t = Timings()

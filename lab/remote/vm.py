@@ -10,7 +10,7 @@ A second serial port is the VM's control channel: a shell loop in the guest runs
 per request and answers with its output and exit status (`run()`), so the guest's ethtool can be
 asked without a packet on the VM's NIC. With `queues` > 1 the NIC is a multiqueue virtio-net (one
 vCPU per queue); with `rss` qemu spreads received packets over the queues by Toeplitz RSS, which
-the guest switches on at boot with the key given here (lab.bench.rss.MICROSOFT_KEY by default).
+the guest switches on at boot with the key given here (lab.rss.toeplitz.MICROSOFT_KEY by default).
 
 Example::
 
@@ -37,11 +37,11 @@ from types import TracebackType
 
 from pyroute2 import IPRoute
 
-from lab.bench.nic import RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
-from lab.bench.rss import MICROSOFT_KEY, Flow, Toeplitz, flow_input, queues_of
 from lab.errors import LabError
 from lab.nsexec import entered, netns_path, nsenter_argv
 from lab.remote.vm_init.image import DEFAULT_CACHE_DIR, BootImage, build_image
+from lab.rss.nic import RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
+from lab.rss.toeplitz import MICROSOFT_KEY, Flow, Toeplitz, flow_input, queues_of
 
 READY_MARK = "L4LAB-READY"
 FAILED_MARK = "L4LAB-FAILED"

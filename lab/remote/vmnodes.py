@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 
 from lab.errors import LabError
 from lab.poll import poll
-from lab.services import log_tail
-from lab.state import Process
+from lab.remote.vm_init.image import SETUP_HINT, ImageError, find_kernel, missing_tools
+from lab.services import log_tail, spawn_detached, starttime
+from lab.state import Process, state_dir
 from lab.topology import Node, Topology
 
 if TYPE_CHECKING:
@@ -55,8 +56,7 @@ class Ready:
 def missing(lb: bool = False) -> str | None:
     """None when VM reals (and with `lb` an LB VM) can boot here, else what is missing and how to get it
     (a skip reason)."""
-    from lab.remote.vm_init.image import SETUP_HINT, ImageError, find_kernel, missing_tools
-    from lab.remote.vm_init.lb_image import missing as lb_missing
+    from lab.remote.vm_init.lb_image import missing as lb_missing  # the LB image builder: only with an LB VM
 
     tools = missing_tools() + (lb_missing() if lb else [])
     if tools:
@@ -99,8 +99,6 @@ def supervisor_argv(lab: str, netns: str, topo: Topology, node: Node, ready: Pat
 
 def start(lab: str, netns: str, topo: Topology, node: Node, run_dir: Path) -> Process:
     """Start the supervisor of VM node `node` (its tap goes into `netns`); returns at once."""
-    from lab.services import spawn_detached
-
     ready = run_dir / f"{node.name}.ready"
     log = run_dir / f"{node.name}.log"
     argv = supervisor_argv(lab, netns, topo, node, ready)
@@ -109,8 +107,6 @@ def start(lab: str, netns: str, topo: Topology, node: Node, run_dir: Path) -> Pr
 
 def wait_ready(proc: Process, run_dir: Path, timeout: float = READY_TIMEOUT_S) -> Ready:
     """Poll for the supervisor's ready file; raise with the end of its log if it exits first."""
-    from lab.services import starttime
-
     path = run_dir / f"{proc.node}.ready"
 
     def ready() -> bool:
@@ -128,8 +124,6 @@ def wait_ready(proc: Process, run_dir: Path, timeout: float = READY_TIMEOUT_S) -
 
 def ready_of(lab: str, node: str) -> Ready:
     """The ready record of a running lab's VM node; LabError if it has none (not a VM, or not up)."""
-    from lab.state import state_dir
-
     path = state_dir(lab) / f"{node}.ready"
     if not path.is_file():
         raise LabError(f"lab '{lab}' has no running VM node '{node}' ({path} is missing); is the lab up?")
@@ -138,7 +132,7 @@ def ready_of(lab: str, node: str) -> Ready:
 
 def run(lab: str, node: str, argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Run argv in VM node `node` of lab `lab` (its output and stderr together in stdout)."""
-    from lab.remote.vm import guest_run
+    from lab.remote.vm import guest_run  # numpy and the Toeplitz model: only a VM node's commands load them
 
     return guest_run(Path(ready_of(lab, node).control), argv, timeout=timeout)
 
@@ -159,7 +153,7 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 def _vm_of(args: argparse.Namespace) -> VmReal:
     """The VM the supervisor's arguments describe: an LB (--bond) or a real."""
-    from lab.remote.lbvm import LbVm
+    from lab.remote.lbvm import LbVm  # numpy and the Toeplitz model: only a VM node's supervisor loads them
     from lab.remote.vm import VmReal
 
     addr, prefix = args.addr.split("/")
@@ -178,8 +172,6 @@ def _vm_of(args: argparse.Namespace) -> VmReal:
 
 def supervise(args: argparse.Namespace) -> None:
     """Boot the VM, write the ready file, wait for SIGTERM/SIGINT, stop the VM (also mid-boot)."""
-    from lab.services import starttime
-
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
     vm = _vm_of(args)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from lab.bench import cli as bench_cli
-from lab.bench import run as bench
+from lab.bench import model, testbed
+from lab.bench import run as bench_run
 from lab.bench.gen.base import Family, FrameSpec, Generator, Latency, TrialResult
 from lab.bench.ndr import SearchSettings
 from lab.errors import UsageError
@@ -29,13 +30,13 @@ def _needs_root_and_build() -> None:
         pytest.skip("the bench needs root (network namespaces, BPF): run as root, e.g. sudo make test")
     if not os.path.ismount("/sys/fs/bpf"):
         pytest.skip("bpffs is not mounted on /sys/fs/bpf: run make deps")
-    missing = [o for o in ("balancer.o", "floor.o", "trafficgen.o") if not (bench.OBJECT_DIR / o).exists()]
+    missing = [o for o in ("balancer.o", "floor.o", "trafficgen.o") if not (testbed.OBJECT_DIR / o).exists()]
     if missing:
         pytest.skip(f"BPF objects missing ({', '.join(missing)}): run make bpf")
 
 
 def _leftovers() -> list[str]:
-    tag = f"{bench.PREFIX}{os.getpid()}"
+    tag = f"{testbed.PREFIX}{os.getpid()}"
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     left = [line.split()[0] for line in names.splitlines() if line.startswith(tag)]
     left += [str(p) for p in Path("/sys/fs/bpf/lbctl").glob(f"{tag}*")]
@@ -47,9 +48,9 @@ def _leftovers() -> list[str]:
 def test_generator_frames_come_back_through_the_xdp_tx_floor(family: int, size: int | str) -> None:
     _needs_root_and_build()
     try:
-        with bench.testbed() as bed:
+        with testbed.testbed() as bed:
             bed.on_lb("xdp_tx_swap")
-            with bench._generator(bed, bed.gen_count) as gen:
+            with testbed.live_generator(bed, bed.gen_count) as gen:
                 result = gen.run(50_000, 0.2, size, 64, family)  # type: ignore[arg-type]
             print(f"IPv{family} {size}: {result}")
             # The rate itself is the pacing unit tests' business; a machine busy with other work
@@ -66,9 +67,9 @@ def test_the_live_loop_runs_in_the_sender_so_every_frame_sent_arrives(program: s
     """The premise of the loop cost (lab/bench/katran.py): unpaced, nothing is lost in flight on veth."""
     _needs_root_and_build()
     try:
-        with bench.testbed() as bed:
+        with testbed.testbed() as bed:
             bed.on_lb(program)
-            with bench._generator(bed, bed.gen_count) as gen:
+            with testbed.live_generator(bed, bed.gen_count) as gen:
                 cost = gen.chain_cost(1 << 15, 64, 1024, 4, max(os.sched_getaffinity(0)))
             print(f"{program}: {cost.cpu_ns_per_frame:.0f} CPU ns per frame, {cost}")
             assert cost.received == cost.frames == 1 << 15, cost
@@ -81,9 +82,9 @@ def test_the_live_loop_runs_in_the_sender_so_every_frame_sent_arrives(program: s
 
 def test_quick_bench_writes_results_that_validate(capsys: pytest.CaptureFixture[str]) -> None:
     _needs_root_and_build()
-    opts = bench.Options(encaps=("ip4-ipip", "ip6-gue1"), sizes=(64,), quick=True, result_id="test_bench_quick")
+    opts = model.Options(encaps=("ip4-ipip", "ip6-gue1"), sizes=(64,), quick=True, result_id="test_bench_quick")
     try:
-        report = bench.bench(opts)
+        report = bench_run.bench(opts)
     finally:
         assert _leftovers() == []
     out = capsys.readouterr().out
@@ -99,7 +100,7 @@ def test_quick_bench_writes_results_that_validate(capsys: pytest.CaptureFixture[
     for point in payload.points:
         assert point.trials and point.trials[0].rate_mpps == pytest.approx(opts.max_rate_pps / 1e6)
         assert point.floor.xdp_tx_mpps > 0 and point.floor.xdp_drop_mpps > 0
-        assert point.egress_overhead_bytes == bench.ENCAPS[point.encap].overhead
+        assert point.egress_overhead_bytes == model.ENCAPS[point.encap].overhead
     assert {m.case for m in payload.micro} == {"xdp_drop", "xdp_tx", "ip4-ipip", "ip6-gue1"}
     assert all(m.ns_per_packet > 0 for m in payload.micro)
     figures = {c.name: c for c in payload.controller}
@@ -126,7 +127,7 @@ def test_options_defaults_quick_and_lists() -> None:
     parser = __import__("argparse").ArgumentParser()
     bench_cli.add_arguments(parser)
     quick = bench_cli.options(parser.parse_args(["--quick"]))
-    assert quick.sizes == (64,) and quick.encaps == tuple(bench.ENCAPS) and quick.quick
+    assert quick.sizes == (64,) and quick.encaps == tuple(model.ENCAPS) and quick.quick
     full = bench_cli.options(parser.parse_args(["--sizes", "64,1518,imix", "--encap", "ip4-gue0",
                                             "--encap", "ip4-gue0", "--parts", "micro"]))
     assert full.sizes == (64, 1518, "imix") and full.encaps == ("ip4-gue0",) and full.parts == ("micro",)
@@ -153,7 +154,7 @@ class _FakeDevice(Generator):
 def test_ndr_point_measures_latency_at_10_50_90_percent_of_pdr_when_the_generator_can() -> None:
     device = _FakeDevice(1e6)
     settings = SearchSettings(max_rate_pps=4e6, short_s=0.1, full_s=1.0, width=0.02)
-    measured = bench.ndr_point(device, "ip4-ipip", 64, 16, 4, settings)
+    measured = model.ndr_point(device, "ip4-ipip", 64, 16, 4, settings)
     assert 0.98e6 <= measured.result.ndr_pps <= 1e6
     assert list(measured.latency) == ["10%", "50%", "90%"]
     assert device.runs[-3:] == pytest.approx([0.1 * measured.result.pdr_pps, 0.5 * measured.result.pdr_pps,
@@ -182,29 +183,29 @@ class _Crowded(Generator):
 
 def test_a_lossy_trial_whose_sender_waited_for_a_cpu_is_run_again() -> None:
     settings = SearchSettings(max_rate_pps=4e6, short_s=0.1, full_s=1.0, width=0.02)
-    clean = bench.ndr_point(_Crowded(1e6, 10**9, 0.0), "ip4-ipip", 64, 16, 4, settings)
-    crowded = bench.ndr_point(_Crowded(1e6, 3, 0.3), "ip4-ipip", 64, 16, 4, settings)
+    clean = model.ndr_point(_Crowded(1e6, 10**9, 0.0), "ip4-ipip", 64, 16, 4, settings)
+    crowded = model.ndr_point(_Crowded(1e6, 3, 0.3), "ip4-ipip", 64, 16, 4, settings)
     assert clean.repeated == 0 and crowded.repeated > 0
     assert crowded.result.ndr_pps == clean.result.ndr_pps, "the crowded trials were repeated, not counted"
-    always = bench.ndr_point(_Crowded(1e6, 1, 0.3), "ip4-ipip", 64, 16, 4, settings)
+    always = model.ndr_point(_Crowded(1e6, 1, 0.3), "ip4-ipip", 64, 16, 4, settings)
     assert always.result.ndr_pps < 0.75e6, "a machine that is always crowded still loses: the last run counts"
-    assert not bench.disturbed(TrialResult(1000, 990, 990, 1.0, waited=0.5), 1.0), "within the rate tolerance: no loss"
-    assert not bench.disturbed(TrialResult(1000, 900, 900, 1.0, waited=0.01), 1.0), "a short wait explains nothing"
-    assert not bench.disturbed(TrialResult(1000, 900, 900, 1.0), 1.0), "a generator that cannot tell"
+    assert not model.disturbed(TrialResult(1000, 990, 990, 1.0, waited=0.5), 1.0), "within the rate tolerance: no loss"
+    assert not model.disturbed(TrialResult(1000, 900, 900, 1.0, waited=0.01), 1.0), "a short wait explains nothing"
+    assert not model.disturbed(TrialResult(1000, 900, 900, 1.0), 1.0), "a generator that cannot tell"
 
 
 def test_a_failing_measurement_still_removes_the_testbed(monkeypatch: pytest.MonkeyPatch) -> None:
     _needs_root_and_build()
     built: list[str] = []
 
-    def explode(bed: bench.Testbed, opts: bench.Options, report: bench.Report) -> None:
+    def explode(bed: testbed.Testbed, opts: model.Options, report: model.Report) -> None:
         bed.on_lb("balancer")  # namespaces, veths, counters, a pinned balancer instance: all built
         built.extend([bed.gen_ns, bed.lb_ns])
         raise RuntimeError("measurement failed")
 
-    monkeypatch.setattr(bench, "measure_micro", explode)
+    monkeypatch.setattr(bench_run, "measure_micro", explode)
     with pytest.raises(RuntimeError, match="measurement failed"):
-        bench.bench(bench.Options(parts=("micro",), quick=True))
+        bench_run.bench(model.Options(parts=("micro",), quick=True))
     assert built and _leftovers() == []
 
 
@@ -214,13 +215,13 @@ def test_redirect_mode_sends_through_the_devmap_to_the_egress_interface() -> Non
     from lab.bench.gen.xdplive import XdpLiveGenerator
 
     try:
-        with bench.testbed() as bed:
+        with testbed.testbed() as bed:
             bed.on_lb("xdp_tx_swap")
-            ep = Endpoints(src_mac=bench.GEN_MAC, dst_mac=bench.LB_MAC)
+            ep = Endpoints(src_mac=model.GEN_MAC, dst_mac=model.LB_MAC)
             # The context names an idle interface; only the devmap can get frames onto the bench link.
-            with XdpLiveGenerator(bed.gen_ns, bench.PARK_IFS[3], ep, bed.gen_count,
-                                  park_ifnames=bench.PARK_IFS[:2], egress_ifname=bench.GEN_IF,
-                                  object_path=bench._object("trafficgen.o")) as gen:
+            with XdpLiveGenerator(bed.gen_ns, testbed.PARK_IFS[3], ep, bed.gen_count,
+                                  park_ifnames=testbed.PARK_IFS[:2], egress_ifname=model.GEN_IF,
+                                  object_path=testbed.object_path("trafficgen.o")) as gen:
                 result = gen.run(50_000, 0.2, 64, 64, 4)
             assert result.sent >= 5_000, result
             assert 0.95 * result.sent <= result.received <= result.sent, result

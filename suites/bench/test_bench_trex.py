@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from lab.bench import cli as bench_cli
-from lab.bench import run as bench
+from lab.bench import model
 from lab.bench.gen.base import Endpoints, Family, FrameSpec, Generator, Latency, TrialResult
 from lab.bench.trex import BENCH_INSTANCE, FloorHold, LbHost, RemoteBalancer, bench_config, bench_trex, lb_host
 from lab.harness import poll
@@ -264,13 +264,13 @@ def test_remote_balancer_loads_applies_every_encap_and_unloads_clean(target: Tar
         balancer.load(bench_config("ip4-ipip", lb, target.trex))
         config_path = balancer.config_path
         assert config_path is not None and _exists(target, config_path)
-        for case, c in bench.ENCAPS.items():
+        for case, c in model.ENCAPS.items():
             balancer.apply(bench_config(case, lb, target.trex))
             status = balancer.status()
             assert status["interfaces"] == {"lb-rt": "native"}
-            vip = bench.VIP4 if c.vip_family == 4 else f"[{bench.VIP6}]"
+            vip = model.VIP4 if c.vip_family == 4 else f"[{model.VIP6}]"
             (entry,) = status["vips"]
-            assert (entry["vip"], entry["encap"]) == (f"{vip}:{bench.VIP_PORT}/udp", c.config_name), (case, entry)
+            assert (entry["vip"], entry["encap"]) == (f"{vip}:{model.VIP_PORT}/udp", c.config_name), (case, entry)
             assert len(entry["reals"]) == 4
             assert _nexthop_mac(target) == RX_MAC, case
         assert _xdp(target)["prog"]["name"] == "balancer_xdp"  # type: ignore[index]
@@ -322,7 +322,7 @@ def test_bench_runs_every_phase_on_the_lb_and_writes_a_trex_result(
         made.append((rx_port, latency, StandIn(lab, endpoints, rx_port, latency)))
         return made[-1][2]
 
-    opts = bench.Options(encaps=("ip4-ipip", "ip6-gue1"), sizes=(64,), parts=("ndr",), results=tmp_path,
+    opts = model.Options(encaps=("ip4-ipip", "ip6-gue1"), sizes=(64,), parts=("ndr",), results=tmp_path,
                          quick=True, max_rate_pps=1e6, max_rate_given=True, trex=target.path,
                          result_id="test_bench_trex")
     try:
@@ -334,8 +334,8 @@ def test_bench_runs_every_phase_on_the_lb_and_writes_a_trex_result(
     # One generator per phase: the drop floor (counted on the LB), the XDP_TX floor counted on the
     # tx port (the MAC swap returns frames to it), the encaps counted on the rx port with latency.
     assert [(rx, lat) for rx, lat, _ in made] == [(1, False), (0, False), (1, True)]
-    assert all(g.endpoints == Endpoints(src_mac=TX_MAC, dst_mac=lb_host(target).mac, dst4=bench.VIP4,
-                                        dst6=bench.VIP6, dport=bench.VIP_PORT) for _, _, g in made)
+    assert all(g.endpoints == Endpoints(src_mac=TX_MAC, dst_mac=lb_host(target).mac, dst4=model.VIP4,
+                                        dst6=model.VIP6, dport=model.VIP_PORT) for _, _, g in made)
     assert {p for p, _, _ in made[0][2].trials} == {"xdp_drop"}
     assert {p for p, _, _ in made[1][2].trials} == {"xdp_tx_swap"}
     assert {p for p, _, _ in made[2][2].trials} == {"balancer_xdp"}

@@ -25,6 +25,7 @@ from scapy.utils import checksum
 
 from lab.bench import cli as bench_cli
 from lab.bench import katran as katranbench
+from lab.bench import model
 from lab.dut import katran
 from lab.errors import LabError
 from lab.packets.decode import decapsulate
@@ -144,7 +145,7 @@ def test_side_by_side_checks_every_path(checkout: katran.Checkout, tmp_path: Pat
                                results=tmp_path)
     lines: list[str] = []
     result = katranbench.run(opts, lines.append)
-    for encap in katranbench.ENCAPS:
+    for encap in model.KATRAN_ENCAPS:
         for case in ("session-hit", "new-syn", "new-ack"):
             for who in ("l4lab", "katran"):
                 assert result.medians[f"{who}:{encap}:{case}"] > 0
@@ -160,12 +161,12 @@ def test_side_by_side_checks_every_path(checkout: katran.Checkout, tmp_path: Pat
     (written,) = load_results(tmp_path)
     assert isinstance(written.payload, BenchPayload) and written.payload.side_by_side is not None
     sbs = written.payload.side_by_side
-    assert len(sbs.cases) == 1 + 3 * len(katranbench.ENCAPS) and {c.calls for c in sbs.cases} == {300}
+    assert len(sbs.cases) == 1 + 3 * len(model.KATRAN_ENCAPS) and {c.calls for c in sbs.cases} == {300}
     hit = next(c for c in sbs.cases if (c.encap, c.case) == ("ip4-ipip", "session-hit"))
     assert (hit.ns, hit.other_ns) == (result.medians["l4lab:ip4-ipip:session-hit"],
                                       result.medians["katran:ip4-ipip:session-hit"])
     assert (hit.path_counter, hit.other_path_counter) == ("LRU_HIT", "LRU hits")
-    assert [z.encap for z in sbs.sizes] == list(katranbench.ENCAPS)
+    assert [z.encap for z in sbs.sizes] == list(model.KATRAN_ENCAPS)
     assert written.payload.points == [], "no live frames in this run (ndr=False)"
     assert (sbs.seed, sbs.first_loaded) == (result.seed, ["l4lab", "katran", "l4lab"])
     assert all(len(c.round_ratios) == 3 for c in sbs.cases)
@@ -207,14 +208,14 @@ def test_a_baseline_is_timed_in_the_same_rounds(checkout: katran.Checkout, tmp_p
     opts = katranbench.Options(katran=checkout.root, runs=200, rounds=2, lru_size=4096, ndr=False,
                                baseline=older)
     result = katranbench.run(opts, lines.append)
-    for encap in katranbench.ENCAPS:
+    for encap in model.KATRAN_ENCAPS:
         for case in ("session-hit", "new-syn", "new-ack"):
             assert result.medians[f"base:{encap}:{case}"] > 0
     assert sum("actions and path counters checked" in line for line in lines) == 2
     start = lines.index(next(line for line in lines if line.startswith("l4lab against --baseline")))
     rows = lines[start + 1:start + 1 + 7]
     assert sorted(r.split()[0] for r in rows) == sorted(
-        ["non-vip"] + [f"{e}:{c}" for e in katranbench.ENCAPS for c in ("new-ack", "new-syn", "session-hit")])
+        ["non-vip"] + [f"{e}:{c}" for e in model.KATRAN_ENCAPS for c in ("new-ack", "new-syn", "session-hit")])
     assert all(len(r.split()) == 6 for r in rows), rows
     assert glob.glob(os.path.join(tempfile.gettempdir(), "l4lab-baseline-*")) == copies
 
@@ -227,11 +228,11 @@ def test_the_live_loop_checks_every_frame_and_catches_one_that_went_elsewhere(ob
     from contextlib import ExitStack
 
     from lab.bench import katran_live as live
-    from lab.bench import run as B
+    from lab.bench import testbed
 
-    plan = live.live_plan(list(katranbench.ENCAPS))
+    plan = live.live_plan(list(model.KATRAN_ENCAPS))
     cpu = max(os.sched_getaffinity(0))
-    with B.testbed() as bed, ExitStack() as stack:
+    with testbed.testbed() as bed, ExitStack() as stack:
         loaded = live.load_all(stack, bed, plan, objects, ["katran", "l4lab"], "test")
         for case in plan:
             cost = live.loop_round(bed, case, loaded[case.name], 1 << 14, cpu)

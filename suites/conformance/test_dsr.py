@@ -20,8 +20,8 @@ import pytest
 
 from balancer import _abi
 from balancer.encaps import EncapCase
-from lab.capture import classify_lb_link
 from lab.dut import Capability, Dut
+from lab.observe.capture import classify_lb_link
 from lab.packets.decode import decapsulate
 from lab.poll import poll
 from reports.schema import ConformanceFigure as Figure

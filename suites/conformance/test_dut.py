@@ -22,10 +22,10 @@ import pytest
 
 from balancer import _abi
 from balancer.encaps import EncapCase
-from lab.capture import decapsulate
 from lab.dut import Capability, Dut
 from lab.lbconf import real_addresses
 from lab.nodes.tcp_services import Services
+from lab.observe.capture import decapsulate
 from lab.packets.decode import decapsulate as decapsulate_frame
 from lab.packets.gue import GUE
 from lab.poll import poll

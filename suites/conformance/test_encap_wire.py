@@ -50,8 +50,9 @@ from balancer import config as cfg
 from balancer.encaps import IP4_IPIP, IP6_IP4IP6, by_id
 from lab.dut import Capability
 from lab.harness import Lab, LabBalancer, poll
+from lab.harness.settle import wait_client_quiet
 from lab.lbconf import lb_link, real_addresses
-from lab.netns import set_tx_checksum, tx_checksum
+from lab.nsconf import set_tx_checksum, tx_checksum
 from lab.packets.decode import (
     PROTO_IPIP,
     PROTO_IPV6,
@@ -63,7 +64,6 @@ from lab.packets.decode import (
     decapsulate,
     ip_of,
 )
-from lab.settle import wait_client_quiet
 
 from ._record import recorded
 from ._wire import (

@@ -32,7 +32,7 @@ every connection must still be answered by its original real. (Measured with per
 deleting the echo sessions right after the ring change resets 63 of the 200.)
 
 Neither test passes quietly without its evidence: XDP exceptions are counted by our own program on
-the xdp:xdp_exception tracepoint (lab/xdp_exceptions.py, no BCC) for the LB's program id, and a
+the xdp:xdp_exception tracepoint (lab/observe/xdp_exceptions.py, no BCC) for the LB's program id, and a
 counter that cannot start fails the test with the reason.
 """
 
@@ -63,12 +63,12 @@ from lab.bench.gen.xdplive import OBJECT as TRAFFICGEN
 from lab.bench.gen.xdplive import XdpLiveGenerator
 from lab.dut import Capability
 from lab.harness import Lab, LabBalancer, poll
+from lab.harness.settle import wait_client_quiet
 from lab.lbconf import lb_link, peer_mac, real_addresses
 from lab.nodes.churn_client import ChurnClient
 from lab.nodes.tcp_services import Services
 from lab.nsexec import entered
-from lab.settle import wait_client_quiet
-from lab.xdp_exceptions import XdpExceptions, xdp_prog_id
+from lab.observe.xdp_exceptions import XdpExceptions, xdp_prog_id
 from suites.conformance._counters import changed, counters
 from suites.conformance._record import recorded
 from suites.conformance._robust_frames import named_frames, random_frames

@@ -7,7 +7,7 @@ Maglev ring. Test runs rather than lab traffic because the NIC model only needs 
 balancer writes, and the program's own code writes them: 36,000 test runs take under a second,
 while as many real connections through the lab would take minutes on two vCPUs and exercise
 nothing more of the header-writing code. The frames sent to one real (about 12,000 flows, at
-least 10,000 asserted) are hashed as a NIC does (lab/bench/rss.py: Toeplitz with the standard key over
+least 10,000 asserted) are hashed as a NIC does (lab/rss/toeplitz.py: Toeplitz with the standard key over
 "sd" = addresses or "sdfn" = addresses + ports, then a 128-entry indirection table over 8 queues).
 IPIP carries no ports a NIC parses, so it is hashed "sd" whatever the NIC's setting. Expected:
 
@@ -49,12 +49,12 @@ import pytest
 from balancer import _abi
 from balancer import config as cfg
 from balancer.encaps import IP4_GUE1, IP4_IPIP, IP6_IP6IP6, by_id
-from lab.bench.rss import Toeplitz, indirection_table, queues_of, spread
 from lab.dut import Capability
 from lab.emitted import emit_flows
 from lab.harness import REPO, Lab, LabBalancer
 from lab.lbconf import real_addresses
 from lab.nsexec import nsenter_argv
+from lab.rss.toeplitz import Toeplitz, indirection_table, queues_of, spread
 from lab.topology import load as load_topology
 from reports.schema import Kind, RssPayload, RssScenario, case_id, write_result
 

@@ -48,6 +48,7 @@ import pytest
 from balancer import _abi
 from lab.dut import Capability
 from lab.harness import Lab, LabBalancer, poll
+from lab.harness.settle import wait_client_quiet
 from lab.lbconf import lb_link, real_addresses
 from lab.packets.decode import (
     PROTO_TCP,
@@ -56,7 +57,6 @@ from lab.packets.decode import (
     decapsulate,
     ip_of,
 )
-from lab.settle import wait_client_quiet
 from suites.conformance._counters import counters
 
 from ._record import recorded

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.bench.katran import program_insns
+from lab.bench.proginfo import program_insns
 
 from .rig import BalancerFactory
 

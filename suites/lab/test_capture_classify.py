@@ -1,4 +1,4 @@
-"""test_capture_classify.py: how lab.capture.classify_lb_link sorts a capture of the LB's link (the DSR
+"""test_capture_classify.py: how lab.observe.capture.classify_lb_link sorts a capture of the LB's link (the DSR
 check's judge): a host's own link control (ND, MLD) is no reply, anything else unexpected is stray."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from scapy.layers.inet6 import (
 from scapy.layers.l2 import Ether
 from scapy.utils import wrpcap
 
-from lab.capture import classify_lb_link
+from lab.observe.capture import classify_lb_link
 
 LB_MAC = "02:00:00:00:00:0b"
 ROUTER_MAC = "02:00:00:00:00:0a"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab import netns, topology
+from lab import nsconf, topology
 from lab.state import LabState
 from suites.lab import probes
 from suites.lab.probes import bpf_available
@@ -74,13 +74,13 @@ SYSCTLS = [
 
 @pytest.mark.parametrize(("node", "key", "value"), SYSCTLS, ids=[f"{n}:{k}" for n, k, _ in SYSCTLS])
 def test_sysctls_are_set(default_lab: LabState, node: str, key: str, value: str) -> None:
-    assert netns.read_sysctl(f"{default_lab.name}-{node}", key) == value
+    assert nsconf.read_sysctl(f"{default_lab.name}-{node}", key) == value
 
 
 def test_tx_checksum_offload_is_off_only_towards_the_lb(default_lab: LabState) -> None:
     router = f"{default_lab.name}-router"
-    assert netns.tx_checksum(router, "rt-lb") is False
-    assert netns.tx_checksum(router, "rt-r1") is True
+    assert nsconf.tx_checksum(router, "rt-lb") is False
+    assert nsconf.tx_checksum(router, "rt-r1") is True
 
 
 @pytest.mark.parametrize("i", [1, 2, 3])

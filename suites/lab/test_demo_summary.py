@@ -82,8 +82,8 @@ def test_outputs_render_as_the_first_table(tmp_path: Path) -> None:
 
 
 def test_the_throughput_table_names_its_method_and_every_case() -> None:
+    from lab.bench.model import Measured, Report
     from lab.bench.ndr import SearchResult
-    from lab.bench.run import Measured, Report
     from lab.demo_bench import METHOD, table
 
     report = Report()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import trace
+from lab.observe import trace
 
 REPO = Path(__file__).resolve().parents[2]
 

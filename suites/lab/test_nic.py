@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from balancer.libbpf import BpfObject
-from lab.bench.nic import (
+from lab.errors import LabError
+from lab.harness import unique_name
+from lab.nsexec import entered
+from lab.rss.nic import (
     ONE_QUEUE,
     SPREAD,
     UNEVEN,
@@ -25,10 +28,7 @@ from lab.bench.nic import (
     read_queue_counters,
     spread_verdict,
 )
-from lab.bench.rss import MICROSOFT_KEY
-from lab.errors import LabError
-from lab.harness import unique_name
-from lab.nsexec import entered
+from lab.rss.toeplitz import MICROSOFT_KEY
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -74,7 +74,7 @@ def test_target_file_is_read(tmp_path: Path) -> None:
     py = t.python_argv("lb", "balancer.cli", "stats", "--json")
     assert py == ["sh", "-c", "cd /opt/l4lab && exec .venv/bin/python -m balancer.cli stats --json"]
     with pytest.raises(UsageError, match=r"\[nodes.real1\] needs repo"):
-        t.python_argv("real1", "lab.bench.nic")
+        t.python_argv("real1", "lab.rss.nic")
     with pytest.raises(UsageError, match=r"no \[nodes.client\]"):
         t.node("client")
 

@@ -1,4 +1,4 @@
-"""The tracer (lab/trace.py) names the node, interface and cause of XDP exceptions, bulk-TX errors and drops.
+"""The tracer (lab/observe/trace.py) names the node, interface and cause of XDP exceptions, bulk-TX errors and drops.
 
 Each test builds two namespaces `trt-<hex>-a` and `trt-<hex>-b` joined by a veth (a-b <-> b-a),
 IPv4 only with static neighbours so that nothing but the test's packets crosses it, and removes
@@ -23,7 +23,7 @@ from lab import cli
 from lab.errors import UsageError
 from lab.harness import poll, unique_name
 from lab.nsexec import NETNS_DIR, entered
-from lab.trace import HEADERS_ROOT, SETUP_HINT, Tracer, TraceReport, bcc_missing, compile_bcc, kernel_build_dir
+from lab.observe.trace import HEADERS_ROOT, SETUP_HINT, Tracer, TraceReport, bcc_missing, compile_bcc, kernel_build_dir
 
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "trt-"
@@ -196,7 +196,7 @@ def test_cli_prints_the_report_as_json(pair: Pair, capsys: pytest.CaptureFixture
 HIDDEN_BUILD_PROBE = """
 import os, sys
 from pathlib import Path
-from lab.trace import HEADERS_ROOT, compile_bcc, kernel_build_dir, kernel_headers
+from lab.observe.trace import HEADERS_ROOT, compile_bcc, kernel_build_dir, kernel_headers
 assert not (kernel_build_dir() / "build").exists()
 headers = kernel_headers()
 assert headers is not None and headers.parent == HEADERS_ROOT, headers

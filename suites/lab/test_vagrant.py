@@ -466,8 +466,8 @@ def _tunl0_rx(tgt: Any, node: str) -> int:
 def test_vagrant_smoke_one_dsr_request_through_the_local_box(smoke_lab: Any, tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from lab.capture import classify_lb_link
     from lab.lbconf import lb_link, real_addresses
+    from lab.observe.capture import classify_lb_link
     from lab.remote.target import RemoteCapture
 
     tgt = smoke_lab

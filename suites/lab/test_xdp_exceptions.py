@@ -1,4 +1,4 @@
-"""The XDP exception counter (lab/xdp_exceptions.py) sees every xdp:xdp_exception the kernel raises, by program.
+"""The XDP exception counter (lab/observe/xdp_exceptions.py) sees every xdp:xdp_exception the kernel raises, by program.
 
 A fresh pair of namespaces `xet-<hex>-a` / `-b` joined by a veth (a-b <-> b-a), IPv6 off and no
 addresses, so nothing but the test's frames crosses it; b-a runs an XDP program that aborts every
@@ -20,7 +20,7 @@ from balancer.libbpf import BpfObject
 from lab.errors import LabError
 from lab.harness import poll, unique_name
 from lab.nsexec import NETNS_DIR, entered
-from lab.xdp_exceptions import ABORT_PROGRAM, OBJECT, PROGRAM, XdpExceptions, xdp_prog_id
+from lab.observe.xdp_exceptions import ABORT_PROGRAM, OBJECT, PROGRAM, XdpExceptions, xdp_prog_id
 
 FRAMES = 37
 DEADLINE_S = 5.0

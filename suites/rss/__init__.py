@@ -1,1 +1,1 @@
-"""Tests of the NIC receive-side-scaling model (lab/bench/rss.py)."""
+"""Tests of the NIC receive-side-scaling model (lab/rss/toeplitz.py)."""

@@ -7,7 +7,7 @@ udp4|udp6 sd|sdfn` setting (restored afterwards), FLOWS UDP flows go from the cl
 l4lab XDP balancer to the real. Each flow's receive queue is read from the NIC's own per-queue
 counters (`ethtool -S`, the same reading as on hardware): flows go in batches of BATCH, flow i of
 a batch sending 2**i packets, so each queue's delta names exactly the flows it received
-(lab.bench.nic.observe_queues; a batch that does not add up exactly is sent again). A capture of the
+(lab.rss.nic.observe_queues; a batch that does not add up exactly is sent again). A capture of the
 frames the router hands to the real gives each flow's outer headers; the Toeplitz model hashes
 them with the key and indirection table read from the NIC (`ethtool -x`) under the same setting.
 Asserted: every flow on the queue the model predicts (100 %), and the spread verdict, for the NIC
@@ -16,7 +16,7 @@ and the model alike:
 * outer headers that do not vary (IPIP or 6in6 from a fixed source; GUE from a fixed source hashed
   "sd") → every flow on one queue;
 * anything else → spread: every queue used, chi-square p ≥ 0.001 against an even spread
-  (lab.bench.nic.spread_verdict).
+  (lab.rss.nic.spread_verdict).
 
 Results are rss results with one scenario per setting from each source: "model" and "nic:virtio"
 ("nic:<driver>" on hardware). Also runs against a --target lab (marked hardware) built as nic-rss
@@ -37,12 +37,12 @@ from pathlib import Path
 import pytest
 
 from balancer.encaps import SAME_FAMILY, by_id
-from lab.bench.nic import ONE_QUEUE, SPREAD, RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
-from lab.bench.nic import spread_verdict as verdict
-from lab.bench.rss import Toeplitz, nic_input, queues_of, spread
 from lab.harness import REPO, Lab, LabBalancer
 from lab.lbconf import real_addresses
 from lab.nodes.rss_sender import PAYLOAD
+from lab.rss.nic import ONE_QUEUE, SPREAD, RssSettings, flow_hash_fields, observe_queues, parse_rss, queue_counters
+from lab.rss.nic import spread_verdict as verdict
+from lab.rss.toeplitz import Toeplitz, nic_input, queues_of, spread
 from reports.schema import Kind, RssPayload, RssScenario, case_id, write_result
 
 # Here the nic-rss lab; on hardware, a target built as nic-rss or default (flows then go to real1 alone).

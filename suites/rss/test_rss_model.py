@@ -1,4 +1,4 @@
-"""The RSS model (lab/bench/rss.py): Toeplitz against published vectors, indirection, spread statistics."""
+"""The RSS model (lab/rss/toeplitz.py): Toeplitz against published vectors, indirection, spread statistics."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lab.bench.rss import (
+from lab.rss.toeplitz import (
     MICROSOFT_KEY,
     RETA_SIZE,
     Flow,

@@ -29,13 +29,13 @@ import pytest
 from balancer import config as cfg
 from balancer.encaps import SAME_FAMILY, EncapCase
 from lab import netns, topology
-from lab.capture import Capture, classify_lb_link
 from lab.errors import LabError
 from lab.harness import poll, unique_name
 from lab.harness.vmlab import vm_skip_reason
 from lab.lbconf import balancer_config, lb_link, peer_mac, real_addresses
 from lab.netns import Builder, InjectedFailure
 from lab.nsexec import entered, nsenter_argv
+from lab.observe.capture import Capture, classify_lb_link
 from lab.pytest_plugin import record_boot
 from lab.remote.vm_init.image import DEFAULT_CACHE_DIR
 from lab.services import starttime

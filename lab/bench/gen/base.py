@@ -7,7 +7,7 @@ import ipaddress
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Self
 
 from lab.checksum import inet_checksum
 from lab.errors import LabError
@@ -184,7 +184,7 @@ class Generator(abc.ABC):
     def close(self) -> None:  # noqa: B027 (optional hook, nothing to release by default)
         """Release what the generator holds (programs, connections)."""
 
-    def __enter__(self) -> Generator:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

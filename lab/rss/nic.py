@@ -1,6 +1,6 @@
 """nic.py: per-receive-queue packet counters of a real NIC (`ethtool -S`), for RSS spread on hardware.
 
-The conformance RSS suite predicts queues with the Toeplitz model (lab/bench/rss.py); on hardware the
+The conformance RSS suite predicts queues with the Toeplitz model (lab/rss/toeplitz.py); on hardware the
 same question is answered by the NIC itself: read its per-queue RX counters before and after the
 LB sends many flows, and compute the same spread figures (max/mean, chi-square) on the deltas.
 Drivers name the counters differently; the names below are the ones they print:
@@ -34,10 +34,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from lab.bench.rss import chi2_sf
 from lab.errors import LabError, UsageError
 from lab.nsexec import nsenter_argv
 from lab.poll import poll
+from lab.rss.toeplitz import chi2_sf
 from lab.state import netns_name
 
 T = TypeVar("T")

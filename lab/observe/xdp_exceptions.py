@@ -26,7 +26,7 @@ from balancer.libbpf import BpfObject, Map, TracepointLink
 from lab import nsexec
 from lab.errors import LabError
 
-OBJECT = Path(__file__).resolve().parent.parent / "build" / "bpf" / "xdp_exception.o"
+OBJECT = Path(__file__).resolve().parents[2] / "build" / "bpf" / "xdp_exception.o"
 PROGRAM = "count_xdp_exception"
 ABORT_PROGRAM = "xdp_abort"  # returns XDP_ABORTED: the self-test's way to make the kernel raise the event
 XDP_ACTIONS = {0: "ABORTED", 1: "DROP", 2: "PASS", 3: "TX", 4: "REDIRECT"}

@@ -1,4 +1,4 @@
-"""_settle.py: waiting, with deadlines, until a lab is quiet: client sockets done, captures and counters caught up.
+"""settle.py: waiting, with deadlines, until a lab is quiet: client sockets done, captures and counters caught up.
 
 A request returns before its connection is finished: the client's kernel still sends the last ACK
 or FIN after the server's FIN arrives. A test that stops its captures or reads its counters when

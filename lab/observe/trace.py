@@ -21,7 +21,7 @@ is written under /lib/modules.
         print(tracer.report().render())
 
 This tracer is evidence for a human (a failed test's report, `l4lab trace`), and it is absent when
-BCC is. A test that asserts "no XDP exception" counts them with lab/xdp_exceptions.py instead: our
+BCC is. A test that asserts "no XDP exception" counts them with lab/observe/xdp_exceptions.py instead: our
 own BPF object on the same tracepoint, loaded through balancer.libbpf, which fails saying why
 rather than turning into nothing.
 """
@@ -42,8 +42,8 @@ from typing import Any
 
 from lab import topology
 from lab.errors import LabError, LabNotFoundError, UsageError
-from lab.kernel_btf import KernelBtf
 from lab.nsexec import NETNS_DIR, entered
+from lab.observe.kernel_btf import KernelBtf
 from lab.state import LabState, netns_name
 
 SETUP_HINT = "bash scripts/setup.sh --extra trace"
