@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from balancer import cli_args, cli_routes, controller, preflight
+from balancer import cli_args, cli_routes, completion, controller, preflight
 from balancer import config as cfg
 from balancer.controller import Instance, ring_kind
 from balancer.datapath import Datapath, xdp_link_ifindex
 from balancer.errors import ConfigError, InstanceOwnedError, LbError, crash_report
+from balancer.handover import hand_over
 from balancer.version import version
 
 
@@ -416,8 +417,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from balancer import completion
-
     print(completion.bash(build_parser()), end="")
     return 0
 
@@ -478,7 +477,6 @@ def main(argv: list[str] | None = None) -> int:
                 with _owned(args):
                     result = args.fn(args)
             except InstanceOwnedError as owned:  # `lbctl run` holds it: hand the write over, or say what works
-                from balancer.handover import hand_over
 
                 result = hand_over(args, owned)
         return result

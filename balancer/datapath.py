@@ -35,6 +35,7 @@ from balancer.libbpf import (
     Map,
     Program,
     RunResult,
+    lib,
     map_from_pin,
     num_possible_cpus,
     wait_for_bpf_programs,
@@ -525,7 +526,6 @@ def xdp_link_ifindex(link: Link) -> int:
 
     struct bpf_link_info: type, id and prog_id (3 × u32), then, 8-byte aligned, the union whose
     xdp member starts with the ifindex (u32)."""
-    from balancer.libbpf import lib
 
     info = ctypes.create_string_buffer(64)
     size = ctypes.c_uint32(64)

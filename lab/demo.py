@@ -40,15 +40,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from balancer import _abi
+from balancer import _abi, maglev
 from balancer import config as cfg
+from balancer.controller import Instance
 from balancer.encaps import SAME_FAMILY, by_id
-from lab import netns, topology
+from lab import demo_bench, netns, nicdemo, topology
+from lab.emitted import emit_flows
 from lab.errors import LabError, UsageError
 from lab.lbconf import balancer_config, egress_link, lb_link, peer_mac, real_addresses, shape
+from lab.nodes.churn_client import ChurnClient
+from lab.nodes.tcp_services import Services
 from lab.nsexec import nsenter_argv
 from lab.observe.capture import Capture, classify_lb_link
 from lab.poll import poll
+from lab.rss.toeplitz import Toeplitz, indirection_table, queues_of, spread
 from lab.state import netns_name, state_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,7 +134,6 @@ def _apply(lab: str, conf: cfg.Config, work: Path, name: str) -> None:
 def _stats(lab: str) -> dict[str, Any]:
     """What `lbctl stats --json` prints, read in this process from the instance's pinned maps (no
     interpreter start-up per reading: the demo reads the counters 20 times)."""
-    from balancer.controller import Instance
 
     inst = Instance.open(f"{lab}-lb")
     try:
@@ -208,9 +212,6 @@ def run_spread(topo: topology.Topology, run: EncapRun) -> None:
     """The NIC model's queues for the outer headers the balancer program writes (no lab traffic)."""
     import numpy as np
 
-    from lab.emitted import emit_flows
-    from lab.rss.toeplitz import Toeplitz, indirection_table, queues_of, spread
-
     case = by_id(run.encap_id)
     fam, mode = case.vip_family, case.config_name
     vip = next(str(v.address) for v in topo.vips if v.address.version == fam)
@@ -260,8 +261,6 @@ def _ring_collateral(topo: topology.Topology, fam: int) -> tuple[int, int]:
     """(slots moved between surviving reals, ring size) when MOVED leaves the lab's ring."""
     import numpy as np
 
-    from balancer import maglev
-
     addrs = real_addresses(topo, fam)
     ids = {node: i for i, node in enumerate(sorted(addrs), start=1)}
     size = maglev.DEFAULT_RING_SIZE
@@ -274,8 +273,6 @@ def _ring_collateral(topo: topology.Topology, fam: int) -> tuple[int, int]:
 @contextlib.contextmanager
 def echo_services(lab: str, topo: topology.Topology) -> Iterator[None]:
     """A line echo on ECHO_PORT of every VIP on every real, pinned to CPU 0 (as test_churn does)."""
-    from lab.nodes.tcp_services import Services
-
     binds = [f"[{v.address}]:{ECHO_PORT}" if v.address.version == 6 else f"{v.address}:{ECHO_PORT}"
              for v in topo.vips]
     with Services(lab, sorted(real_addresses(topo, 4)), "echo", binds, cpu=0):
@@ -290,8 +287,6 @@ def _kill_echo_connections(lab: str, topo: topology.Topology) -> None:
 
 def run_churn(lab: str, topo: topology.Topology, run: EncapRun, work: Path) -> None:
     """CHURN_CONNS live connections to the echo VIP, then MOVED removed from it with `lbctl real del`."""
-    from lab.nodes.churn_client import ChurnClient
-
     case = by_id(run.encap_id)
     fam = case.vip_family
     conf = balancer_config(topo, lab, encaps={fam: case.config_name})
@@ -368,7 +363,7 @@ def write_outputs(runs: list[EncapRun], nreals: int, results: Path | None = None
     """The demo result (with the LB's `shape` and the topology it ran), plus rss and pmtu results of
     the same figures (into `results`, default the results directory); then the report at `out`."""
     try:
-        from reports import render, schema
+        from reports import render, schema  # the report extra is optional: without it the demo writes no report
     except ImportError:
         return None
     encaps = []
@@ -399,8 +394,6 @@ def _step(what: str) -> Callable[[], None]:
 
 def _throughput() -> list[str]:
     """The software bench of every encap, a few seconds each (its result written); its table's lines."""
-    from lab import demo_bench
-
     done = _step("throughput of every encap: the software bench, a few seconds each")
     report = demo_bench.throughput(say=lambda _line: None)
     done()
@@ -477,7 +470,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nreport: {os.path.relpath(report, Path.cwd())}")
     held = all(r.held(nreals) for r in runs)
     if args.nic:
-        from lab import nicdemo
 
         done = _step("NIC-measured spread: a VM real with a 4-queue virtio-net (qemu's Toeplitz RSS)")
         spread = nicdemo.nic_spread(flows=48)

@@ -146,7 +146,7 @@ class Dut(abc.ABC):
     @classmethod
     def spec(cls) -> DutSpec:
         """Its data file (lab/dut/<name>.toml): deviations and what it lacks, with references."""
-        from lab.dut.spec import DutSpec
+        from lab.dut.spec import DutSpec  # spec.py imports this module: at the top the two would import each other
 
         return DutSpec.load(cls.name)
 
@@ -253,6 +253,7 @@ class Dut(abc.ABC):
     def fleet(cls, lab: LabLike, workdir: Path, options: Mapping[str, str], count: int = 2) -> Fleet:
         """`count` instances of this DUT behind the router's ECMP (topology multi-lb), for the
         multi-LB checks: one per LB node by default, announced by that node's bgpd."""
+        # fleet.py imports this module: at the top the two would import each other
         from lab.dut.fleet import BgpFleet, lb_nodes
 
         return BgpFleet(lab, [cls(lab, workdir / node, options, node=node)  # type: ignore[call-arg]

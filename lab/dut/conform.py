@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in _json_reports(matrix, out.parent / "conformance"):
         print(f"wrote {path}")
     if not args.no_report:
-        from reports import render
+        from reports import render  # jinja2, the report extra: only when a report is written
 
         render.main(["--results", str(main_dir), "--out", str(out)])
     run_errors = {dut: _run_errors(matrix, dut, codes[dut]) for dut in duts}

@@ -27,7 +27,8 @@ from balancer import encaps
 from lab.dut import keepalived
 from lab.dut.base import Dut, HealthCheck, LabLike, LbLink
 from lab.dut.fleet import ROUTER, Fleet
-from lab.errors import LabError
+from lab.dut.ipvs_vm import IpvsLb, Service
+from lab.errors import CommandError, LabError
 from lab.poll import poll
 
 DEFAULT_SCHEDULER = "mh:mh-port,mh-fallback"
@@ -76,8 +77,6 @@ class IpvsDut(Dut):
         return str(hosts4[1]), str(hosts4[0]), str(net6[2]), str(net6[1])
 
     def start(self) -> None:
-        from lab.dut.ipvs_vm import IpvsLb
-
         addr4, gw4, addr6, gw6 = self.addresses
         net4, net6 = subnets(self.index)
         all_vips = sorted({str(v.address) for v in self.lab.topology.vips})
@@ -169,8 +168,6 @@ class IpvsDut(Dut):
                            f"the config asks {want}; keepalived said: {self.vm.keepalived_log()[-1500:]}")
 
     def _ipvsadm_configure(self) -> None:
-        from lab.dut.ipvs_vm import Service
-
         self.vm.clear()
         self.vm.ipvsadm("--set", *map(str, keepalived.TIMEOUTS))
         for vs in self._services():
@@ -184,7 +181,6 @@ class IpvsDut(Dut):
         if self.control == "keepalived":
             self._keepalived_apply()
             return
-        from lab.dut.ipvs_vm import Service
 
         address = self.reals()[real]
         for vs in self._services():
@@ -297,8 +293,6 @@ def route(ns: str, dst: str, family: int, hops: Sequence[str]) -> None:
 
 
 def _ip(ns: str, *args: str) -> None:
-    from lab.errors import CommandError
-
     done = subprocess.run(["ip", "-n", ns, *args], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise CommandError(f"ip -n {ns} {' '.join(args)} failed: {done.stderr.strip()}",

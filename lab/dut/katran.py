@@ -35,10 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from balancer import encaps
+from balancer import encaps, maglev
 from balancer.katran_hash import RingKind
+from balancer.libbpf import BpfObject, Map, MapType, num_possible_cpus
 from lab.dut.base import Capability, Dut, HealthCheck, LabLike, LbLink
 from lab.errors import LabError
+from lab.lbconf import lb_link
+from lab.nsexec import entered
 from lab.topology import Topology
 
 ENV = "L4LAB_KATRAN_SRC"
@@ -135,8 +138,6 @@ class Katran:
     PROGRAM = "balancer_ingress"
 
     def __init__(self, obj_path: Path | str, *, lru_size: int = 1000, vips: int = 1) -> None:
-        from balancer.libbpf import BpfObject
-
         self.path = str(obj_path)
         self.lru_size = lru_size
         self._obj = BpfObject(self.path)
@@ -146,8 +147,6 @@ class Katran:
 
     def load(self) -> Katran:
         """Load the object (rings sized for `vips` VIPs), then give every CPU its session table."""
-        from balancer.libbpf import Map, MapType, num_possible_cpus
-
         try:
             self._obj.set_max_entries("ch_rings", self._vips * RING_SIZE)
             self._obj.load()
@@ -290,7 +289,7 @@ class KatranDut(Dut):
         self._announced: list[str] = []
 
     def start(self) -> None:
-        from lab.dut import katran_ring
+        from lab.dut import katran_ring  # it imports BUILD_DIR and Checkout from here: a cycle at the top
 
         self._object(("ipip",))  # a checkout that does not build fails here, before any check runs
         self.ring_code = katran_ring.build(self.checkout, self.workdir / "katran")
@@ -322,8 +321,6 @@ class KatranDut(Dut):
 
     def _new(self) -> Katran:
         """A copy of this check's build loaded, its next hop and GUE sources set, not attached yet."""
-        from lab.lbconf import lb_link
-
         kt = Katran(self._object(self.flags), lru_size=1 << 16, vips=len(self._vips)).load()
         try:
             _, router, router_if = lb_link(self.lab.topology, self.node)
@@ -352,9 +349,6 @@ class KatranDut(Dut):
         self.flags = self._build_for(encap_id)
         kt = self._new()
         try:
-            from lab.lbconf import lb_link
-            from lab.nsexec import entered
-
             with entered(self.lab.netns(self.node)):
                 kt.attach(lb_link(self.lab.topology, self.node)[0], "native")
         except BaseException:
@@ -371,8 +365,7 @@ class KatranDut(Dut):
 
     def _write_rings(self, kt: Katran) -> None:
         """Every VIP's ring as Katran's control plane writes it for the reals and their weights."""
-        from balancer import maglev
-        from lab.dut import katran_ring
+        from lab.dut import katran_ring  # it imports BUILD_DIR and Checkout from here: a cycle at the top
 
         members = [maglev.Backend(self._index[n], self.reals()[n], w) for n, w in self.weights.items()]
         ring = [int(r) for r in katran_ring.ring(self.ring_code, members, RING_SIZE, RING_KIND)]
@@ -416,8 +409,6 @@ class KatranDut(Dut):
         return {n: kt.real_counter(i)[0] for n, i in self._index.items()}
 
     def link(self) -> LbLink:
-        from lab.lbconf import lb_link
-
         lb_if, router, router_if = lb_link(self.lab.topology, self.node)
         return LbLink(router, router_if, self.lab.mac(self.node, lb_if).lower())
 
@@ -433,7 +424,6 @@ class KatranDut(Dut):
     def evidence(self) -> str:
         if self.katran is None:
             return "katran is not loaded"
-        from lab.lbconf import lb_link
 
         lb_if = lb_link(self.lab.topology, self.node)[0]
         nic = self.lab.run(self.node, ["ethtool", "-S", lb_if], check=False).stdout

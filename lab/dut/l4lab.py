@@ -18,11 +18,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from balancer import config as cfg
 from balancer import encaps
-from lab.dut.base import Dut, HealthCheck, LabLike, LbLink
+from lab.dut.base import Capability, Dut, HealthCheck, LabLike, LbLink
 from lab.errors import LabError
+from lab.harness.labs import REPO
 from lab.lbconf import balancer_config, lb_link
 from lab.poll import poll
+from reports.schema import current_commit
 
 DAEMON_DEADLINE_S = 30.0
 
@@ -31,8 +34,6 @@ class LbctlDaemon:
     """`lbctl run --config FILE` for one instance in a lab node; its JSON log lines in a file."""
 
     def __init__(self, lab: LabLike, node: str, instance: str, config: str, log: Path) -> None:
-        from lab.harness.labs import REPO
-
         self.log_path = log
         self.offset = log.stat().st_size if log.exists() else 0
         with log.open("a") as sink:
@@ -86,8 +87,6 @@ class L4labDut(Dut):
 
     @classmethod
     def capabilities_for(cls, options: Mapping[str, str]) -> frozenset[str]:
-        from lab.dut.base import Capability
-
         return super().capabilities_for(options) | frozenset(Capability)  # its internals too
 
     @property
@@ -95,8 +94,6 @@ class L4labDut(Dut):
         return f"{self.lab.name}-{self.node}"
 
     def build_info(self) -> str:
-        from reports.schema import current_commit
-
         return f"l4lab {current_commit()}"
 
     def lbctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -117,8 +114,6 @@ class L4labDut(Dut):
             self.daemon = None
 
     def _write(self) -> str:
-        from balancer import config as cfg
-
         assert self.encap_id is not None
         case = encaps.by_id(self.encap_id)
         fam, mode = case.vip_family, case.config_name
@@ -141,8 +136,6 @@ class L4labDut(Dut):
 
     def _shaped(self, vip: Any) -> Any:
         """A VIP with its reals in `order` and the health check, if any."""
-        from balancer import config as cfg
-
         by_addr = {str(r.address): r for r in vip.reals}
         reals = tuple(by_addr[self.reals()[n]] for n in self.ordered(self.weights) if self.reals()[n] in by_addr)
         check = None

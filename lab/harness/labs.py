@@ -188,7 +188,7 @@ class NetnsLab(_Common):
     def write(self, node: str, path: str, text: str) -> None:
         """The file here; in a VM node, at the same path in the VM."""
         if self.topology.node(node).kind == "vm":
-            from lab.remote.lbvm import in_lab, write_file
+            from lab.remote.lbvm import in_lab, write_file  # numpy and pyroute2 (the LB VM): only a lab with an LB VM
 
             write_file(in_lab(self.name, node), path, text)
             return

@@ -29,7 +29,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from balancer import config as cfg
 from lab.poll import poll
+from lab.remote import vmnodes
 from lab.remote.vm import VmError, VmReal
 from lab.remote.vm_init.lb_image import build_lb_image
 
@@ -71,15 +73,12 @@ class LbVm(VmReal):
 
 def in_lab(lab: str, node: str) -> Run:
     """`run` for VM node `node` of a running lab (lab.remote.vmnodes.run, bound to the node)."""
-    from lab.remote import vmnodes
-
     return functools.partial(vmnodes.run, lab, node)
 
 
 def load_balancer(run: Run, instance: str, config: Config) -> None:
     """`lbctl load` in the VM with `config` (written to /etc/l4lab/INSTANCE.toml there): its interfaces
     are the VM's (the bond)."""
-    from balancer import config as cfg
 
     path = f"/etc/l4lab/{instance}.toml"
     write_file(run, path, cfg.dump(config))

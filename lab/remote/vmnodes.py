@@ -153,7 +153,8 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 def _vm_of(args: argparse.Namespace) -> VmReal:
     """The VM the supervisor's arguments describe: an LB (--bond) or a real."""
-    from lab.remote.lbvm import LbVm  # numpy and the Toeplitz model: only a VM node's supervisor loads them
+    # numpy and the Toeplitz model: only a VM node's supervisor loads them
+    from lab.remote.lbvm import LbVm
     from lab.remote.vm import VmReal
 
     addr, prefix = args.addr.split("/")
