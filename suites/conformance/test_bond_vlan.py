@@ -36,16 +36,16 @@ import pytest
 
 from balancer import _abi
 from balancer import config as cfg
-from lab.observe.capture import ICMP6_LINK_CONTROL, classify_lb_link
 from lab.dut import Capability
 from lab.harness import Lab, poll
+from lab.harness.settle import wait_client_quiet
 from lab.lbconf import balancer_config, lb_link, real_addresses
 from lab.nodes.churn_client import ChurnClient
 from lab.nodes.tcp_services import Services
+from lab.observe.capture import ICMP6_LINK_CONTROL, classify_lb_link
 from lab.packets.decode import Frame, decapsulate, ip_of
 from lab.remote import lbvm
 from lab.remote.vmnodes import missing
-from lab.harness.settle import wait_client_quiet
 from suites.conformance._echo import ECHO_PORT
 from suites.conformance._wire import ETH_P_ARP, PROTO_ICMPV6, first, read_frames
 

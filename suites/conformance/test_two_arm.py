@@ -34,13 +34,13 @@ import pytest
 
 from balancer import _abi
 from balancer.encaps import IP4_IPIP, IP6_IP6IP6, by_id
-from lab.observe.capture import ICMP6_LINK_CONTROL
 from lab.dut import Capability
 from lab.harness import Lab, LabBalancer
+from lab.harness.settle import wait_client_quiet
 from lab.lbconf import egress_link, lb_link, real_addresses
 from lab.nodes.tcp_services import Services
+from lab.observe.capture import ICMP6_LINK_CONTROL
 from lab.packets.decode import PROTO_TCP, PROTO_UDP, Frame, decapsulate, ip_of
-from lab.harness.settle import wait_client_quiet
 from suites.conformance._counters import changed, counters
 from suites.conformance._wire import ETH_P_ARP, PROTO_ICMP, PROTO_ICMPV6, first, read_frames
 from suites.conformance.test_churn import _check_removal, _configure
