@@ -75,6 +75,7 @@ def decapsulate(outer: Any, gue_port: int) -> Any:
 # ICMPv6 types a host sends about its own link, never a client's reply: multicast listener query,
 # report, done (130-132) and MLDv2 report (143), router/neighbour solicitation and advertisement,
 # redirect (133-137).
+IPPROTO_IGMP = 2
 ICMP6_LINK_CONTROL = frozenset({130, 131, 132, 133, 134, 135, 136, 137, 143})
 IP6_EXT_HEADERS = frozenset({0, 43, 60})  # hop-by-hop (MLD's router alert), routing, destination options
 
@@ -86,6 +87,17 @@ def _icmp6_link_control(ip6: Any) -> bool:
     while nh in IP6_EXT_HEADERS and off + 2 <= len(raw):
         nh, off = raw[off], off + (raw[off + 1] + 1) * 8
     return nh == 58 and off < len(raw) and raw[off] in ICMP6_LINK_CONTROL
+
+
+def link_control(ip: Any) -> bool:
+    """Whether an IP packet is a host talking about its own link (never a client's packet, nor one a
+    balancer forwards): IPv6 ND or MLD, IPv4 IGMP or anything to 224.0.0.0/24 (RFC 5771's local
+    network control block). A DUT that is a whole host (IPVS in a VM) sends these on its own."""
+    from scapy.layers.inet6 import IPv6
+
+    if isinstance(ip, IPv6):
+        return _icmp6_link_control(ip)
+    return int(ip.proto) == IPPROTO_IGMP or str(ip.dst).startswith("224.0.0.")
 
 
 def classify_lb_link(pcap: Path, lb_mac: str, vips: set[str], clients: set[str],

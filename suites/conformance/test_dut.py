@@ -25,7 +25,7 @@ from balancer.encaps import EncapCase
 from lab.dut import Capability, Dut
 from lab.lbconf import real_addresses
 from lab.nodes.tcp_services import Services
-from lab.observe.capture import decapsulate
+from lab.observe.capture import decapsulate, link_control
 from lab.packets.decode import decapsulate as decapsulate_frame
 from lab.packets.gue import GUE
 from lab.poll import poll
@@ -53,7 +53,7 @@ def _send_and_capture(lab: Any, dut: Dut, pcap: Path) -> list[dict[str, Any]]:
 
 
 def _frames(pcap: Path, dut_mac: str) -> tuple[list[Any], list[Any]]:
-    """(IP packets to the DUT, IP packets from it) on its link, neighbour discovery left out."""
+    """(IP packets to the DUT, IP packets from it) on its link, the hosts' talk about the link left out."""
     from scapy.layers.inet import IP
     from scapy.layers.inet6 import IPv6
     from scapy.layers.l2 import Ether
@@ -64,8 +64,8 @@ def _frames(pcap: Path, dut_mac: str) -> tuple[list[Any], list[Any]]:
         if Ether not in pkt or (IP not in pkt and IPv6 not in pkt):
             continue
         outer = pkt[IP] if IP in pkt else pkt[IPv6]
-        if isinstance(outer, IPv6) and outer.nh == 58:
-            continue  # neighbour discovery
+        if (isinstance(outer, IPv6) and outer.nh == 58) or link_control(outer):
+            continue  # neighbour discovery, and MLD or IGMP of a DUT that is a whole host
         (into if pkt[Ether].dst.lower() == dut_mac else out).append(outer)
     return into, out
 
