@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time l4lab and Katran side by side: Katran is built from the checkout at PATH "
                              "(default $L4LAB_KATRAN_SRC); see lab/bench/katran.py")
     parser.add_argument("--baseline", metavar="OBJ", type=Path,
-                        help="with --katran: also time this balancer.o (an older build, a variant) in the "
+                        help="with --katran: also time this balancer.o (a variant, or an older build in its own "
+                             "checkout, whose controller programs it if its contract differs) in the "
                              "same rounds and print l4lab against it; with --profile: profile it instead")
     parser.add_argument("--seed", metavar="N", type=int,
                         help="with --katran: the seed of the shuffled order (printed by every run), to replay it")

@@ -33,9 +33,10 @@ Then live frames on the bench veth (lab/bench/katran_live.py): the loop cost and
 floors, l4lab and Katran per encap, and a SYN flood.
 
 `--baseline OBJ` (Options.baseline) loads another balancer object beside l4lab's, an older build or
-a variant of the datapath with the same BTF contract, and times its cases as "base" in the same
-rounds: changes of a few nanoseconds, which separate runs cannot tell from the machine's noise (the
-ratios move about ±0.05 from run to run), show as l4lab against base within one run.
+a variant of the datapath, and times its cases as "base" in the same rounds (one of another BTF
+contract is programmed by the checkout that built it, lab/bench/foreign.py): changes of a few
+nanoseconds, which separate runs cannot tell from the machine's noise (the ratios move about ±0.05
+from run to run), show as l4lab against base within one run.
 
 The result (reports/schema.py) holds the micro table with each ratio's rounds, the seed, the load
 order, the program sizes and the loop costs in `side_by_side`, and the NDRs as 64-byte points of
@@ -57,10 +58,10 @@ from pathlib import Path
 from typing import Any
 
 from balancer import encaps, maglev
-from balancer.datapath import Datapath
 from balancer.libbpf import BpfObject
-from lab.bench import katran_live
-from lab.bench.baseline import baseline_object, check_baseline
+from lab.bench import foreign, katran_live, sidespec
+from lab.bench.baseline import any_baseline, check_baseline
+from lab.bench.foreign import ForeignBaseline
 from lab.bench.katran_live import FLOOD, FLOOD_SOURCES, live_plan, loop_ns
 from lab.bench.model import KATRAN_ENCAPS, LINK_MTU
 from lab.bench.order import Order, Spread, above_floor_ratio, load_order, new_seed
@@ -154,18 +155,21 @@ def options(katran: str | None, quick: bool, results: Path | None, baseline: Pat
 
 
 def baseline_lines(result: Result) -> list[str]:
-    """l4lab against the baseline, both as ratios to Katran's cost above the floor, and the difference."""
-    m = result.medians
+    """l4lab against the baseline: both as ratios to Katran's cost above the floor and their difference,
+    then l4lab's time over the baseline's (the median's, and the range over the rounds' medians)."""
+    m, rm = result.medians, result.round_medians
     floor = m["floor:xdp_tx"]
     lines = [f"{'l4lab against --baseline':<24} {'base':>8} {'l4lab':>8}   x Katran above the floor: base, "
-             "l4lab, l4lab - base"]
+             "l4lab, l4lab - base; l4lab / base in time, rounds"]
     for name in sorted(k[5:] for k in m if k.startswith("base:")):
         base, ours, theirs = m["base:" + name], m["l4lab:" + name], m.get("katran:" + name)
+        per_round = [o / b for o, b in zip(rm["l4lab:" + name], rm["base:" + name], strict=True)]
+        times = f"{ours / base:.3f} {min(per_round):.3f}-{max(per_round):.3f}"
         if theirs is None or theirs <= floor:
-            lines.append(f"{name:<24} {base:>8.0f} {ours:>8.0f}")
+            lines.append(f"{name:<24} {base:>8.0f} {ours:>8.0f}   {'-':>4} {'-':>4} {'-':>5}   {times}")
             continue
         rb, ro = (base - floor) / (theirs - floor), (ours - floor) / (theirs - floor)
-        lines.append(f"{name:<24} {base:>8.0f} {ours:>8.0f}   {rb:.2f} {ro:.2f} {ro - rb:+.2f}")
+        lines.append(f"{name:<24} {base:>8.0f} {ours:>8.0f}   {rb:.2f} {ro:.2f} {ro - rb:+.2f}   {times}")
     return lines
 
 
@@ -207,23 +211,25 @@ class NewFlows:
 # --- the two datapaths ------------------------------------------------------------------------------
 
 
-def l4lab_side(stack: ExitStack, encap_id: str, lru_size: int, obj: Path | None = None, who: str = "l4lab") -> Side:
+L4LAB_PATHS = {"non-vip": "PASS_NOT_VIP", "session-hit": "LRU_HIT", "new-syn": "SYN_REHASH", "new-ack": "LRU_MISS"}
+
+
+def l4lab_spec(encap_id: str, lru_size: int, obj: Path | None = None) -> dict[str, Any]:
     path = str(obj or Path(__file__).resolve().parents[2] / "build" / "bpf" / "balancer.o")
-    dp = Datapath.load(path, max_vips=4, max_reals=16, ring_size=RING, lru_size=lru_size, fallback_size=1024)
+    return sidespec.spec(path, encap_id, lru_size, VIP, VIP_PORT, REALS, list(ring()), CLIENT_MAC, SRC4)
+
+
+def l4lab_side(stack: ExitStack, encap_id: str, lru_size: int, obj: Path | None = None, who: str = "l4lab") -> Side:
+    dp = sidespec.program(l4lab_spec(encap_id, lru_size, obj))
     stack.callback(dp.close)
-    dp.set_settings(nexthop_mac=CLIENT_MAC, src4=f"{SRC4}/32", mtu=1500)
-    dp.put_vip(VIP, VIP_PORT, "tcp", vip_num=0, encap=encaps.by_id(encap_id).mode)
-    dp.put_vip(VIP, 0, 0, vip_num=1)  # the address-only entry the controller writes for each VIP address
-    for i, addr in enumerate(REALS):
-        dp.put_real(i + 1, addr)
-    dp.write_ring(0, list(ring()))
+    return Side(who, encap_id, dp.programs["balancer_xdp"], lambda: sidespec.counters(dp), L4LAB_PATHS,
+                tables=dp.session_tables[:1])  # IPv4 flows: the one the frames use
 
-    def counters() -> dict[str, int]:
-        return {**dp.events(), **dp.reasons()}
 
-    return Side(who, encap_id, dp.programs["balancer_xdp"], counters,
-                {"non-vip": "PASS_NOT_VIP", "session-hit": "LRU_HIT", "new-syn": "SYN_REHASH",
-                 "new-ack": "LRU_MISS"}, tables=dp.session_tables[:1])  # IPv4 flows: the one the frames use
+def foreign_side(stack: ExitStack, encap_id: str, lru_size: int, base: ForeignBaseline) -> Side:
+    """The baseline of another contract, loaded and programmed by its own checkout (lab/bench/foreign.py)."""
+    program, table, child = foreign.load(stack, base, l4lab_spec(encap_id, lru_size, base.obj))
+    return Side("base", encap_id, program, child.counters, L4LAB_PATHS, tables=[table])
 
 
 def katran_side(stack: ExitStack, encap_id: str, obj: Path, lru_size: int) -> Side:
@@ -336,15 +342,18 @@ def check_paths(side: Side, cases: list[Timed], before: dict[str, int], calls: i
 
 
 def load_sides(stack: ExitStack, first: list[str], objs: dict[str, Path], opts: Options,
-               baseline: Path | None) -> list[Side]:
+               baseline: Path | ForeignBaseline | None) -> list[Side]:
     """Every program's instance per encap, created program by program in the order `first` gives."""
     sides = []
     for who in first:
         for encap_id in KATRAN_ENCAPS:
             if who == "katran":
                 sides.append(katran_side(stack, encap_id, objs[KATRAN_ENCAPS[encap_id]], opts.lru_size))
+            elif who == "base" and isinstance(baseline, ForeignBaseline):
+                sides.append(foreign_side(stack, encap_id, opts.lru_size, baseline))
             else:
-                sides.append(l4lab_side(stack, encap_id, opts.lru_size, baseline if who == "base" else None, who))
+                obj = baseline if who == "base" and isinstance(baseline, Path) else None
+                sides.append(l4lab_side(stack, encap_id, opts.lru_size, obj, who))
     return sides
 
 
@@ -360,7 +369,7 @@ def time_micro(opts: Options, objs: dict[str, Path], result: Result, say: Callab
         frame = tcp_frame(CLIENT, 45000, VIP, 0x10)
         floors = [Timed("floor:xdp_drop", floor.program("xdp_drop"), lambda: frame, XDP_DROP),
                   Timed("floor:xdp_tx", floor.program("xdp_tx_swap"), lambda: frame, XDP_TX)]
-        baseline = baseline_object(stack, Path(opts.baseline)) if opts.baseline else None
+        baseline = any_baseline(stack, Path(opts.baseline)) if opts.baseline else None
         programs = ["l4lab", "katran", *(["base"] if baseline else [])]
         with pinned() as cpu:
             say(f"timing on CPU {cpu}: {opts.rounds} rounds × {per_round} calls per case, every iteration in a "
@@ -389,7 +398,7 @@ def time_micro(opts: Options, objs: dict[str, Path], result: Result, say: Callab
 
 def run(opts: Options, say: Callable[[str], None] = print) -> Result:
     if opts.baseline:
-        check_baseline(Path(opts.baseline))  # before minutes of building Katran
+        check_baseline(Path(opts.baseline), foreign=True)  # before minutes of building Katran
     checkout = K.Checkout.find(opts.katran)
     objs = {flavour: K.build(checkout, flavour) for flavour in K.FLAVOURS}
     say(f"built Katran from {checkout.root}: {', '.join(str(p) for p in objs.values())}")

@@ -4,7 +4,8 @@ The adapter's tests build Katran from the checkout that L4LAB_KATRAN_SRC names a
 saying so, elsewhere. What they check: Katran programmed by our code forwards a flow to a real of
 its ring in IPIP and in GUE (outer UDP checksum valid), its counters tell a new flow from a session
 hit, and the side-by-side bench's path checks hold on every call of a short run, a --baseline
-object's too. Refusing a baseline needs no checkout.
+object's too. Refusing a baseline needs no checkout; nor does a baseline of another contract (the
+object before issue 30, built from git history), programmed by its own checkout's controller.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import glob
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,9 @@ from scapy.utils import checksum
 from lab.bench import cli as bench_cli
 from lab.bench import katran as katranbench
 from lab.bench import model
+from lab.bench.baseline import check_baseline
+from lab.bench.foreign import ForeignBaseline
+from lab.bench.order import Order
 from lab.dut import katran
 from lab.errors import LabError
 from lab.packets.decode import decapsulate
@@ -216,7 +222,10 @@ def test_a_baseline_is_timed_in_the_same_rounds(checkout: katran.Checkout, tmp_p
     rows = lines[start + 1:start + 1 + 7]
     assert sorted(r.split()[0] for r in rows) == sorted(
         ["non-vip"] + [f"{e}:{c}" for e in model.KATRAN_ENCAPS for c in ("new-ack", "new-syn", "session-hit")])
-    assert all(len(r.split()) == 6 for r in rows), rows
+    assert all(len(r.split()) == 8 for r in rows), rows  # name, ns twice, 3 ratios, time ratio, its rounds
+    for row in rows:  # the same program twice: a ratio near 1 in every round (100 calls a round)
+        low, high = map(float, row.split()[7].split("-"))
+        assert 0.5 < low <= high < 2 and 0.5 < float(row.split()[6]) < 2, row
     assert glob.glob(os.path.join(tempfile.gettempdir(), "l4lab-baseline-*")) == copies
 
 
@@ -241,3 +250,80 @@ def test_the_live_loop_checks_every_frame_and_catches_one_that_went_elsewhere(ob
         assert loaded["katran:syn-flood"].sessions() > 0, "Katran's SYNs insert (below its flood rate)"  # type: ignore[misc]
         with pytest.raises(LabError, match="the sink counted 0 of 16384 frames"):
             live.loop_round(bed, live.LiveCase("l4lab", "ip4-ipip"), loaded["l4lab:syn-flood"], 1 << 14, cpu)
+
+
+# --- a baseline of another contract, programmed by its own checkout ---------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+# The last commit before issue 30 added maps and fields (lb_server_ids, lb_src_routes, settings.cidr_vips):
+# its object is one this checkout's controller cannot program.
+BEFORE_SERVER_IDS = "8a72040a15c0e6da308f1e1e01a742727be09cfe"
+
+
+@pytest.fixture(scope="module")
+def older_checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Name: older_checkout. Scope: module. Depends: git history with BEFORE_SERVER_IDS, clang.
+
+    That commit's Makefile, bpf/ and balancer/, its balancer.o built by its own Makefile.
+        def test_x(older_checkout: Path) -> None: ...
+    """
+    out = tmp_path_factory.mktemp("older")
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", BEFORE_SERVER_IDS, "Makefile", "bpf", "balancer"],
+                             capture_output=True)
+    if archive.returncode != 0:
+        why = f"commit {BEFORE_SERVER_IDS[:7]} is not in this clone's history: {archive.stderr.decode().strip()}"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)  # git's own archive
+    subprocess.run(["make", "-C", str(out), "build/bpf/balancer.o"], check=True, capture_output=True)
+    return out
+
+
+def leftovers() -> list[str]:
+    return glob.glob("/sys/fs/bpf/l4lab-baseline-*") + [
+        p.name for p in Path("/proc").glob("[0-9]*") if b"sidespec.py" in read_or_empty(p / "cmdline")]
+
+
+def read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process ended meanwhile
+        return b""
+
+
+@NEEDS_ROOT
+def test_a_baseline_of_another_contract_is_programmed_by_its_own_checkout(older_checkout: Path) -> None:
+    """The object before issue 30, with its own checkout: each encap's cases prime, take their paths on
+    every call (counters read through the child, in the old layout), and nothing is left: no pin, no child."""
+    obj = older_checkout / "build" / "bpf" / "balancer.o"
+    base = check_baseline(obj, foreign=True)
+    assert base == ForeignBaseline(obj, older_checkout.resolve())
+    with ExitStack() as stack:
+        sides = [katranbench.foreign_side(stack, encap, 4096, base) for encap in model.KATRAN_ENCAPS]
+        cases = [c for n, side in enumerate(sides) for c in katranbench.side_cases(side, n << 20)]
+        katranbench.time_round(cases, sides, 50, Order(7))  # raises unless every path counter moved by 50
+        assert all(len(c.samples) == 50 and min(c.samples) > 0 for c in cases)
+        assert all(katranbench.table_sizes(s)[:1] == (1,) and katranbench.table_sizes(s)[1] >= 4096 for s in sides)
+    assert leftovers() == []
+
+
+def test_another_contract_needs_the_checkout_that_built_it(older_checkout: Path, tmp_path: Path) -> None:
+    """Moved out of its checkout, or without `foreign` (the profile), the older object is refused."""
+    moved = tmp_path / "balancer.o"
+    shutil.copyfile(older_checkout / "build" / "bpf" / "balancer.o", moved)
+    with pytest.raises(LabError, match="the build/bpf/balancer.o of the checkout that built it"):
+        check_baseline(moved, foreign=True)
+    with pytest.raises(LabError, match="a commit with the same contract$"):
+        check_baseline(older_checkout / "build" / "bpf" / "balancer.o")
+
+
+@NEEDS_ROOT
+def test_a_checkout_that_cannot_program_its_object_is_a_clear_error(older_checkout: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(older_checkout, broken)
+    (broken / "balancer" / "encaps.py").write_text("raise RuntimeError('this checkout is broken')\n")
+    base = ForeignBaseline(broken / "build" / "bpf" / "balancer.o", broken)
+    with ExitStack() as stack, pytest.raises(LabError, match="(?s)--baseline .*this checkout is broken"):
+        katranbench.foreign_side(stack, next(iter(model.KATRAN_ENCAPS)), 4096, base)
+    assert leftovers() == []
