@@ -18,6 +18,7 @@ import mmap
 import os
 import struct
 import sys
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
@@ -162,6 +163,16 @@ def _on_print(level: int, fmt: bytes, args: int) -> int:
     if os.environ.get("L4LAB_LIBBPF_DEBUG"):
         sys.stderr.write(text)
     return 0
+
+
+def in_callback(frame: types.FrameType | None) -> bool:
+    """Whether `frame` or a caller of it runs in libbpf's print callback, where ctypes prints and drops
+    any exception raised (a KeyboardInterrupt from a signal handler among them)."""
+    while frame is not None:
+        if frame.f_code is _on_print.__code__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 _libc = ctypes.CDLL(None)

@@ -19,6 +19,7 @@ from lab.bench.model import ENCAPS, FULL_SIZES, PARTS, QUICK_SIZES, Options
 from lab.bench.run import bench
 from lab.bench.testbed import check_environment
 from lab.errors import LabError, UsageError
+from lab.harness.signals import sigterm_unwinds
 from reports.schema import ResultsError
 
 
@@ -106,7 +107,13 @@ def options(args: argparse.Namespace) -> Options:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The verb's body for lab/cli.py: errors propagate as LabError / UsageError (exit 1 / 2)."""
+    """The verb's body for lab/cli.py: errors propagate as LabError / UsageError (exit 1 / 2); SIGTERM
+    and SIGHUP as KeyboardInterrupt, so every bench removes its testbed as on Ctrl-C."""
+    with sigterm_unwinds():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.katran is not None and args.profile is not None:
         raise UsageError("--katran and --profile are separate runs: give one of them")
     if args.katran is not None:

@@ -33,14 +33,12 @@ import os
 import re
 import select
 import shlex
-import signal
 import subprocess
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 from balancer import config as cfg
@@ -48,6 +46,7 @@ from lab.bench.gen.base import Endpoints, Family, FrameSpec, Generator, TrialRes
 from lab.bench.model import ENCAPS, VIP4, VIP6, VIP_PORT, Measured, Options, Report, lb_config, ndr_point
 from lab.bench.results import finish
 from lab.errors import LabError, UsageError
+from lab.harness.signals import sigterm_unwinds
 from lab.lbconf import lb_link
 from lab.progress import BenchProgress
 from lab.remote.target import Target, TrexPorts
@@ -336,21 +335,6 @@ def _undo(stack: ExitStack, what: str, fn: Callable[[], None]) -> None:
     stack.push(on_exit)
 
 
-@contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """SIGTERM (and SIGHUP) raise KeyboardInterrupt, so the LB is cleaned up as on Ctrl-C."""
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-
-
 def _measure(gen: Generator, name: str, family: Family, opts: Options, rates: dict[FrameSpec, float],
              report: Report, say: Callable[[str], None], progress: BenchProgress) -> None:
     for size in opts.sizes:
@@ -409,7 +393,7 @@ def bench_trex(opts: Options, say: Callable[[str], None] = print, make: Generato
     say(f"hardware bench of {target.name}: TRex {trex.server} port {trex.tx_port} → LB {lb.describe()} → "
         f"TRex port {trex.rx_port} (XDP_TX floor: port {trex.tx_port}; XDP_DROP floor: the LB's count)")
     say(f"NDR/PDR search ({'quick' if opts.quick else 'full'}), {opts.flows} flows:")
-    with _sigterm_unwinds(), warnings.catch_warnings():
+    with sigterm_unwinds(), warnings.catch_warnings():
         # TRex's bundled scapy 2.4.3 imports ciphers that `cryptography` deprecates: noise, on every run.
         warnings.filterwarnings("ignore", message=".* has been deprecated", module=r"scapy\.layers\.ipsec")
         measure(lb, trex, opts, report, make or trex_generator(trex), say)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from lab.bench import run as bench_run
 from lab.bench.gen.base import Family, FrameSpec, Generator, Latency, TrialResult
 from lab.bench.ndr import SearchSettings
 from lab.errors import UsageError
+from lab.harness import poll
 from reports.schema import BenchPayload, parse_result, results_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,8 +38,8 @@ def _needs_root_and_build() -> None:
         pytest.skip(f"BPF objects missing ({', '.join(missing)}): run make bpf")
 
 
-def _leftovers() -> list[str]:
-    tag = f"{testbed.PREFIX}{os.getpid()}"
+def _leftovers(pid: int | None = None) -> list[str]:
+    tag = f"{testbed.PREFIX}{pid or os.getpid()}"
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     left = [line.split()[0] for line in names.splitlines() if line.startswith(tag)]
     left += [str(p) for p in Path("/sys/fs/bpf/lbctl").glob(f"{tag}*")]
@@ -207,6 +210,27 @@ def test_a_failing_measurement_still_removes_the_testbed(monkeypatch: pytest.Mon
     with pytest.raises(RuntimeError, match="measurement failed"):
         bench_run.bench(model.Options(parts=("micro",), quick=True))
     assert built and _leftovers() == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_bench_killed_midway_removes_its_testbed(signum: int, tmp_path: Path) -> None:
+    """`timeout`, systemd or a CI runner ends a bench by SIGTERM (a closed terminal by SIGHUP): it
+    unwinds as on Ctrl-C, exits 130 saying so, and leaves no namespace or pin of its testbed."""
+    _needs_root_and_build()
+    argv = [str(Path(sys.executable).parent / "l4lab"), "bench", "--quick", "--results", str(tmp_path)]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        poll(60.0, lambda: bool(_leftovers(proc.pid)) or proc.poll() is not None, "the bench's testbed built")
+        assert proc.poll() is None and _leftovers(proc.pid), "the bench ended before its testbed was up"
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == "l4lab bench: interrupted (what the bench had set up is removed)", err
+    assert _leftovers(proc.pid) == []
 
 
 def test_redirect_mode_sends_through_the_devmap_to_the_egress_interface() -> None:
