@@ -48,14 +48,18 @@ def baseline_object(stack: ExitStack, path: Path) -> Path:
     """A copy of the baseline named balancer.o in a private folder, removed with the stack: the loader
     finds an object's contract by its file name, so the object itself may be called anything."""
     check_baseline(path)
-    folder = Path(tempfile.mkdtemp(prefix="l4lab-baseline-"))
-    stack.callback(shutil.rmtree, folder, True)
-    copy = folder / "balancer.o"
-    shutil.copyfile(path, copy)
-    return copy
+    return _private_copy(stack, path)
 
 
 def any_baseline(stack: ExitStack, path: Path) -> Path | ForeignBaseline:
     """baseline_object()'s copy, or an object of another contract with the checkout that programs it."""
     other = check_baseline(path, foreign=True)
-    return other if other is not None else baseline_object(stack, path)
+    return other if other is not None else _private_copy(stack, path)
+
+
+def _private_copy(stack: ExitStack, path: Path) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="l4lab-baseline-"))
+    stack.callback(shutil.rmtree, folder, True)
+    copy = folder / "balancer.o"
+    shutil.copyfile(path, copy)
+    return copy

@@ -46,7 +46,6 @@ from lab.bench.gen.base import Endpoints, Family, FrameSpec, Generator, TrialRes
 from lab.bench.model import ENCAPS, VIP4, VIP6, VIP_PORT, Measured, Options, Report, lb_config, ndr_point
 from lab.bench.results import finish
 from lab.errors import LabError, UsageError
-from lab.harness.signals import sigterm_unwinds
 from lab.lbconf import lb_link
 from lab.progress import BenchProgress
 from lab.remote.target import Target, TrexPorts
@@ -393,7 +392,7 @@ def bench_trex(opts: Options, say: Callable[[str], None] = print, make: Generato
     say(f"hardware bench of {target.name}: TRex {trex.server} port {trex.tx_port} → LB {lb.describe()} → "
         f"TRex port {trex.rx_port} (XDP_TX floor: port {trex.tx_port}; XDP_DROP floor: the LB's count)")
     say(f"NDR/PDR search ({'quick' if opts.quick else 'full'}), {opts.flows} flows:")
-    with sigterm_unwinds(), warnings.catch_warnings():
+    with warnings.catch_warnings():  # SIGTERM unwinds as Ctrl-C does: the CLI's sigterm_unwinds()
         # TRex's bundled scapy 2.4.3 imports ciphers that `cryptography` deprecates: noise, on every run.
         warnings.filterwarnings("ignore", message=".* has been deprecated", module=r"scapy\.layers\.ipsec")
         measure(lb, trex, opts, report, make or trex_generator(trex), say)

@@ -75,9 +75,9 @@ def decapsulate(outer: Any, gue_port: int) -> Any:
 # ICMPv6 types a host sends about its own link, never a client's reply: multicast listener query,
 # report, done (130-132) and MLDv2 report (143), router/neighbour solicitation and advertisement,
 # redirect (133-137).
-IPPROTO_IGMP = 2
 ICMP6_LINK_CONTROL = frozenset({130, 131, 132, 133, 134, 135, 136, 137, 143})
 IP6_EXT_HEADERS = frozenset({0, 43, 60})  # hop-by-hop (MLD's router alert), routing, destination options
+IPPROTO_IGMP = 2
 
 
 def _icmp6_link_control(ip6: Any) -> bool:
