@@ -182,7 +182,7 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 	vip_flags = vip->flags;
 	vip_num = vip->vip_num;
 	mode = vip->encap;
-	if (!s || !s->configured)
+	if (unlikely(!s || !s->configured))
 		return LB_DROP_NO_SETTINGS;
 	key = flow_key(&copy, flow, vip_flags);
 
@@ -190,9 +190,9 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 	 * alongside the lookup's (a new flow's bucket is a cold line of a table of megabytes) instead of
 	 * after it, where the branch on the lookup's answer holds them back. */
 	ring_size = cfg_ring_size;
-	if (!ring_size)
+	if (unlikely(!ring_size))
 		return LB_DROP_NO_REAL;
-	if (vip_flags & LB_VIP_HASH_KATRAN) { /* a ring shared with Katran nodes: Katran's hash and slot */
+	if (unlikely(vip_flags & LB_VIP_HASH_KATRAN)) { /* a ring shared with Katran nodes: Katran's hash and slot */
 		hash = hash_flow_katran(key, vip_flags);
 		slot = hash % ring_size;
 	} else {
@@ -217,7 +217,7 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 	}
 	/* Server ids, pinned sources, UDP migration (route.h); an ICMP error follows the flow's session
 	 * or the ring instead: the stack of forward_steered()'s call chain has no room for route_extra(). */
-	if (!steering && (vip_flags & LB_VIP_ROUTE_EXTRA)) {
+	if (unlikely(!steering && (vip_flags & LB_VIP_ROUTE_EXTRA))) {
 		struct route_choice rc = { .vip_num = vip_num, .vip_flags = vip_flags, .real_id = real_id,
 					   .insert = sc.insert, .may_insert = sc.may_insert };
 
@@ -238,13 +238,13 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 	}
 	if (!real)
 		return LB_DROP_REAL_MISSING;
-	if (pkt->flow.family == LB_AF_INET6 && real->family != LB_AF_INET6)
+	if (unlikely(pkt->flow.family == LB_AF_INET6 && real->family != LB_AF_INET6))
 		return LB_DROP_FAMILY_MISMATCH;
 
 	counter_touch(&lb_vip_stats, vip_num);
 	counter_touch(&lb_real_stats, real_id);
 	overhead = encap_overhead(mode, real->family);
-	if (s->mtu && pkt->ip_len + overhead > s->mtu) {
+	if (unlikely(s->mtu && pkt->ip_len + overhead > s->mtu)) {
 		/* Never an ICMP error about an ICMP error; never a fragment from us. */
 		if (steering || (pkt->flow.family == LB_AF_INET && !pkt->df))
 			return LB_DROP_TOO_BIG_NO_DF;
@@ -385,23 +385,23 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struc
 	r = pkt->flow.family == LB_AF_INET ? parse_ipv4(data, data_end, pkt) : parse_ipv6_hdrs(ctx, pkt);
 	if (r != PARSE_OK)
 		return r;
-	if (pkt->fragment || pkt->options) {
+	if (unlikely(pkt->fragment || pkt->options)) {
 		if (!is_vip_addr((const struct vip_addr *)pkt->flow.dst, pkt->flow.family))
 			return LB_PASS_FRAG_NOT_VIP;
 		return pkt->fragment ? LB_DROP_FRAGMENT : LB_DROP_IP_OPTIONS;
 	}
 
-	if (pkt->flow.proto == IPPROTO_TCP) {
+	if (likely(pkt->flow.proto == IPPROTO_TCP)) {
 		struct tcphdr *th = l4_header(data, data_end, pkt, sizeof(*th));
 
-		if (!th)
+		if (unlikely(!th))
 			goto truncated;
 		*(__u64 *)&pkt->flow.sport = l4_word(pkt, *(const __u32 *)th);
 		pkt->tcp_flags = ((__u8 *)th)[13];
-	} else if (pkt->flow.proto == IPPROTO_UDP) {
+	} else if (likely(pkt->flow.proto == IPPROTO_UDP)) {
 		struct udphdr *uh = l4_header(data, data_end, pkt, sizeof(*uh));
 
-		if (!uh)
+		if (unlikely(!uh))
 			goto truncated;
 		*(__u64 *)&pkt->flow.sport = l4_word(pkt, *(const __u32 *)uh);
 		pkt->udp_csum_zero = !uh->check;
@@ -414,7 +414,7 @@ static __always_inline int process(struct xdp_md *ctx, struct packet *pkt, struc
 	}
 
 	vip = lookup_vip(pkt->flow.dst, pkt->flow.dport, pkt->flow.proto, pkt->flow.family, &cidr);
-	if (!vip)
+	if (unlikely(!vip))
 		return pkt->flow.proto == IPPROTO_UDP ? not_vip(ctx, pkt, frags) : LB_PASS_NOT_VIP;
 	return egress_of(ctx, forward(ctx, pkt, &pkt->flow, vip, t, 0), frags);
 

@@ -51,7 +51,6 @@ static __always_inline void count_tallied(struct lb_counts *c, __u32 e)
 		c->events[e]++;
 }
 
-/* Counts the packet's outcome and its events in this CPU's record. */
 /* Counts one event at once, for an event of a rare path (route.h), or of a packet whose program is
  * about to be replaced (a tail call): the tally of the common path holds two. */
 static __always_inline void count_event_now(enum lb_event event)
@@ -62,6 +61,7 @@ static __always_inline void count_event_now(enum lb_event event)
 		count_tallied(c, event + 1);
 }
 
+/* Counts the packet's outcome and its events in this CPU's record. */
 static __always_inline void count_packet(enum lb_reason reason, __u32 bytes, const struct lb_tally *t)
 {
 	__u32 zero = 0, r = reason;
