@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from lab.dut.spec import DutSpec
 
 
+# What a finding's report keeps of one device's evidence (a fleet keeps this much of each member's).
+EVIDENCE_CHARS = 2500
+
 class Capability(StrEnum):
     """What a DUT may or may not do; checks name the ones they need (`needs` marker)."""
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from types import TracebackType
 
-from lab.dut.base import Dut, LabLike
+from lab.dut.base import EVIDENCE_CHARS, Dut, LabLike
 from lab.errors import LabError
 from lab.poll import poll
 
@@ -40,6 +40,13 @@ def paths(lab: LabLike, vip: str) -> set[str]:
         hops = route.get("nexthops") or [route]
         found |= {h["dev"] for h in hops if "dev" in h and not {"dead", "linkdown"} & set(h.get("flags", []))}
     return found
+
+
+def member_evidence(members: Sequence[tuple[str, str]]) -> str:
+    """Each member's evidence under its link's name, cut to EVIDENCE_CHARS apiece: one member's long
+    connection table must not push the next out of the report (the finding may be theirs together)."""
+    return "\n".join(f"--- member {i} ({ifname}) ---\n{said[:EVIDENCE_CHARS]}"
+                     for i, (ifname, said) in enumerate(members))
 
 
 class Fleet(abc.ABC):
@@ -129,7 +136,7 @@ class Fleet(abc.ABC):
         return sum(self.members[index].forwarded().values())
 
     def evidence(self) -> str:
-        return "\n".join(f"--- member {i} ({m.link().ifname}) ---\n{m.evidence()}" for i, m in enumerate(self.members))
+        return member_evidence([(m.link().ifname, m.evidence()) for m in self.members])
 
 
 class BgpFleet(Fleet):

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from lab.dut import DUTS, IpvsDut, capabilities_of, conform, dut_class, make_dut
-from lab.dut.base import GRADED, Capability, encap_capability
+from lab.dut.base import EVIDENCE_CHARS, GRADED, Capability, encap_capability
+from lab.dut.fleet import member_evidence
 from lab.dut.keepalived import RealServer, VirtualServer, render
+from lab.dut.pytest_plugin import evidence_limit
 from lab.dut.spec import DutSpec, DutSpecError
 from lab.dut.verdict import POLL, combine, failure_verdict, skip_verdict
 from lab.errors import UsageError
@@ -239,6 +241,21 @@ def test_l4labs_extras_are_no_row_of_the_matrix() -> None:
 def test_conform_refuses_a_path_without_the_suites(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="cannot find the conformance tests"):
         conform.main(["--tests", "no/such/tests.py", "--results", str(tmp_path)])
+
+
+def test_a_fleets_finding_keeps_every_members_evidence() -> None:
+    """Two IPVS nodes whose connection tables fill their evidence: the second node's dest list (the
+    order its mh table is built in) still reaches the finding's report, each member cut alike."""
+    first, second = "ipvsadm -Ln: rs 10.0.1.1, rs 10.0.1.2\n" + "c" * 4000, "ipvsadm -Ln: rs 10.0.1.2, rs 10.0.1.1\n"
+    text = member_evidence([("veth-lb1", first), ("veth-lb2", second + "d" * 4000)])
+
+    class Pair:
+        members = [object(), object()]
+
+    kept = text[:evidence_limit(Pair())]
+    assert kept.startswith("--- member 0 (veth-lb1) ---\n" + first[:EVIDENCE_CHARS] + "\n--- member 1 (veth-lb2) ---\n")
+    assert kept.endswith(second + "d" * (EVIDENCE_CHARS - len(second)))
+    assert len(text[:evidence_limit(object())]) == EVIDENCE_CHARS + 80  # one device: as much as one member
 
 
 def test_a_broken_adapter_mid_check_is_an_error_never_a_finding(tmp_path: Path) -> None:
