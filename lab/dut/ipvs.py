@@ -62,6 +62,7 @@ class IpvsDut(Dut):
         self.tap = "vm-ipvs" if index == 0 else f"vm-ipvs{index}"
         self.vm: Any = None
         self._build = ""
+        self._table_order: list[str] | None | bool = False  # the `order` keepalived built IPVS's table in
         self._stack = contextlib.ExitStack()
 
     @classmethod
@@ -102,6 +103,7 @@ class IpvsDut(Dut):
             self._stack = contextlib.ExitStack()
             self.vm = None
             self._build = ""
+            self._table_order = False
 
     def build_info(self) -> str:
         if self.vm is None:
@@ -153,11 +155,27 @@ class IpvsDut(Dut):
 
     def _keepalived_apply(self) -> None:
         config = keepalived.render(self._services())
-        if self.vm.keepalived_pids():
+        if self.vm.keepalived_pids() and self._table_order == self.order:
             self.vm.keepalived_reload(config)
         else:
+            # keepalived adds the reals a table lacks and leaves the others where they are, and mh builds
+            # its table in dest-list order: told of the reals in another order, the node builds it anew
+            # (suites/conformance/test_dut_multilb.py compares nodes told different orders).
+            if self.vm.keepalived_pids():
+                self._keepalived_stop("TERM")
+            self.vm.clear()
             self.vm.keepalived_start(config)
+            self._table_order = self.order
         self._wait_table()
+
+    def _keepalived_stop(self, signal: str) -> None:
+        """Signal keepalived (TERM leaves IPVS as it is, with -I) and wait until its processes are gone."""
+        self.vm.keepalived_stop(signal)
+        gone = poll(TABLE_DEADLINE_S, self.vm.keepalived_pids, "keepalived's processes gone",
+                    until=operator.not_, check=False, interval_s=0.1)
+        if gone:
+            raise LabError(f"keepalived processes {gone} outlived SIG{signal} for {TABLE_DEADLINE_S:g} s: "
+                           f"{self.vm.keepalived_log()[-800:]}")
 
     def _wait_table(self) -> None:
         want = self._wanted_table()
@@ -211,12 +229,7 @@ class IpvsDut(Dut):
         if self.control != "keepalived":
             return super().restart_control_plane(how)
         started = time.monotonic()
-        self.vm.keepalived_stop("KILL" if how == "crash" else "TERM")
-        gone = poll(TABLE_DEADLINE_S, self.vm.keepalived_pids, "keepalived's processes gone",
-                    until=operator.not_, check=False, interval_s=0.1)
-        if gone:
-            raise LabError(f"keepalived processes {gone} outlived SIG{'KILL' if how == 'crash' else 'TERM'} "
-                           f"for {TABLE_DEADLINE_S:g} s: {self.vm.keepalived_log()[-800:]}")
+        self._keepalived_stop("KILL" if how == "crash" else "TERM")
         self.vm.keepalived_start(keepalived.render(self._services()))
         self._wait_table()
         return time.monotonic() - started

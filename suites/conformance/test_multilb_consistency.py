@@ -2,8 +2,8 @@
 
 Topology multi-lb: lb1 is given the reals in one order and lb2 in the reverse order: the rings
 read back from both datapaths must be identical, slot by slot, as addresses. The black-box form,
-for every DUT (a flow ECMP moves to the other LB keeps its real and its connection), is
-test_dut_multilb.py.
+for every DUT (each LB sends 4,096 flows to the same reals; a flow ECMP moves to the other LB keeps
+its real and its connection), is test_dut_multilb.py.
 """
 
 from __future__ import annotations
