@@ -19,7 +19,7 @@ from lab.bench.model import ENCAPS, FULL_SIZES, PARTS, QUICK_SIZES, Options
 from lab.bench.run import bench
 from lab.bench.testbed import check_environment
 from lab.errors import LabError, UsageError
-from lab.harness.signals import sigterm_unwinds
+from lab.signals import sigterm_unwinds
 from reports.schema import ResultsError
 
 
