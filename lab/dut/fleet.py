@@ -49,6 +49,12 @@ def member_evidence(members: Sequence[tuple[str, str]]) -> str:
                      for i, (ifname, said) in enumerate(members))
 
 
+def evidence_limit(device: object) -> int:
+    """What a finding's report keeps of a device's evidence: EVIDENCE_CHARS and a heading's room, a
+    fleet's for each member (member_evidence's headings are under 80 characters: an ifname is at most 15)."""
+    return len(getattr(device, "members", [device])) * (EVIDENCE_CHARS + 80)
+
+
 class Fleet(abc.ABC):
     """`members` of one DUT kind behind the router's ECMP; each member's link is its path."""
 

@@ -31,7 +31,7 @@ import pytest
 
 from balancer.encaps import SAME_FAMILY, EncapCase, by_id
 from lab.dut import DUTS, Dut, Fleet, capabilities_of, dut_class, encap_capability, make_dut, make_fleet
-from lab.dut.base import EVIDENCE_CHARS
+from lab.dut.fleet import evidence_limit
 from lab.dut.verdict import NOT_APPLICABLE, Verdict, combine, failure_verdict, skip_verdict
 from reports.schema import ConformanceFigure, ConformancePayload, Kind, case_id, write_result
 
@@ -268,13 +268,6 @@ def _write(item: pytest.Item, name: str, phases: dict[str, tuple[Verdict, str]])
                                  build=build)
     write_result(Kind.CONFORMANCE, case_id(getattr(item, "originalname", item.name), encap_id, *_more(item), name),
                  payload)
-
-
-def evidence_limit(device: Any) -> int:
-    """What a finding's report keeps of a device's evidence: EVIDENCE_CHARS, a fleet's for each member
-    with its heading (lab/dut/fleet.py member_evidence)."""
-    members = len(getattr(device, "members", [device]))
-    return members * (EVIDENCE_CHARS + 80)
 
 
 def _evidence(device: Any) -> str:

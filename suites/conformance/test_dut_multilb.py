@@ -57,8 +57,8 @@ INTERVAL_S = 0.2
 TIMEOUT_S = 6.0  # longer than the failure's detection plus TCP's retransmission
 NEW_EVERY_S = 0.5
 # Flows compared in "places alike": enough to meet a difference confined to a few ring slots (IPVS mh,
-# whose table follows the order of its dest list, differs in about 7 of its 4,093 slots for the lab's
-# reals reversed: about 7 of 4,096 flows, none with probability e^-7).
+# whose table follows the order of its dest list, differs in 8 of its 4,093 slots for the lab's three
+# reals reversed on port 80: about 8 of 4,096 flows, none with probability e^-8; docs/architecture.md).
 PROBES = 4096
 PROBE_SPORT_BASE = 42000
 OBSERVE_S = 2.0

@@ -17,9 +17,8 @@ import pytest
 
 from lab.dut import DUTS, IpvsDut, capabilities_of, conform, dut_class, make_dut
 from lab.dut.base import EVIDENCE_CHARS, GRADED, Capability, encap_capability
-from lab.dut.fleet import member_evidence
+from lab.dut.fleet import evidence_limit, member_evidence
 from lab.dut.keepalived import RealServer, VirtualServer, render
-from lab.dut.pytest_plugin import evidence_limit
 from lab.dut.spec import DutSpec, DutSpecError
 from lab.dut.verdict import POLL, combine, failure_verdict, skip_verdict
 from lab.errors import UsageError
