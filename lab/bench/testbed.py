@@ -56,8 +56,9 @@ class Testbed:
         self.gen_ns, self.lb_ns = f"{tag}-gen", f"{tag}-lb"
         self.instance_name = tag
         for ns in (self.gen_ns, self.lb_ns):
-            _run(["ip", "netns", "add", ns], f"create netns {ns}")
+            # Registered first: a SIGTERM right after `ip netns add` returns would otherwise leak it.
             stack.callback(_delete_netns, ns)
+            _run(["ip", "netns", "add", ns], f"create netns {ns}")
         queues = ["numtxqueues", str(cpus), "numrxqueues", str(cpus)]
         _run(["ip", "link", "add", "name", GEN_IF, "netns", self.gen_ns, "address", GEN_MAC,
               "mtu", str(LINK_MTU), *queues, "type", "veth", "peer", "name", LB_IF, "netns", self.lb_ns,
@@ -88,9 +89,13 @@ class Testbed:
     def load_balancer(self, obj: Path | None = None) -> None:
         """The balancer instance (build/bpf/balancer.o, or obj), loaded once."""
         if self.instance is None:
+            self.stack.callback(self._unload)  # first, as for the namespaces: no window that leaks pins
             self.instance = Instance.load(self.instance_name, [], config=lb_config(IP4_IPIP),
                                           obj=str(obj) if obj else object_path("balancer.o"))
-            self.stack.callback(self.instance.unload)
+
+    def _unload(self) -> None:
+        if self.instance is not None:
+            self.instance.unload()
 
     def on_lb(self, what: str) -> None:
         """Put `what` on the LB veth: "balancer", "xdp_tx_swap" or "xdp_drop"."""
