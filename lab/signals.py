@@ -16,7 +16,16 @@ from types import FrameType
 
 from balancer import libbpf
 
-RETRY_S = 0.05  # a signal that came during libbpf's print callback is sent again after this
+RETRY_S = 0.05  # a signal that came in libbpf's print callback or a finalizer is sent again after this
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """Whether `frame` or a caller of it is a `__del__`, where Python ignores any exception raised."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 @contextmanager
@@ -24,7 +33,9 @@ def sigterm_unwinds() -> Iterator[None]:
     """Within the block, SIGTERM and SIGHUP raise KeyboardInterrupt (named after the signal)."""
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        if libbpf.in_callback(frame):  # raised there, ctypes would drop it: deliver it again once C returns
+        # Raised in libbpf's print callback (ctypes) or in a finalizer (Popen.__del__ polling a child),
+        # the exception is printed and dropped and the verb runs on: deliver the signal again shortly.
+        if libbpf.in_callback(frame) or _in_finalizer(frame):
             threading.Timer(RETRY_S, os.kill, (os.getpid(), signum)).start()
             return
         raise KeyboardInterrupt(signal.Signals(signum).name)

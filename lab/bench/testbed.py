@@ -30,13 +30,25 @@ OBJECT_DIR = Path(__file__).resolve().parents[2] / "build" / "bpf"
 PREFIX = "bnt-"
 # Idle veth ends in the generator namespace where the generator parks its programs (IMIX uses 3).
 PARK_IFS = ("bnt-p0", "bnt-p1", "bnt-p2", "bnt-p3")
+COMMAND_GRACE_S = 10.0  # an interrupted `ip` or `sysctl` finishes in milliseconds; past this it is killed
 
 
 def _run(argv: Sequence[str], what: str) -> None:
-    done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise LabError(f"cannot {what}: '{' '.join(argv)}' failed: {done.stderr.strip()}",
-                       step=what, command=" ".join(argv), stderr=done.stderr)
+    with subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            _, err = proc.communicate()
+        except BaseException:
+            # An interrupt lets the command finish before the teardown undoes it: subprocess.run would
+            # kill `ip netns add` mid-way and not reap it, so the netns could appear after its delete ran.
+            try:
+                proc.wait(timeout=COMMAND_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+    if proc.returncode != 0:
+        raise LabError(f"cannot {what}: '{' '.join(argv)}' failed: {err.strip()}",
+                       step=what, command=" ".join(argv), stderr=err)
 
 
 def object_path(name: str) -> str:

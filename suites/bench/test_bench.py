@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from lab.bench.gen.base import Family, FrameSpec, Generator, Latency, TrialResul
 from lab.bench.ndr import SearchSettings
 from lab.errors import UsageError
 from lab.harness import poll
+from lab.signals import sigterm_unwinds
 from reports.schema import BenchPayload, parse_result, results_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,6 +212,39 @@ def test_a_failing_measurement_still_removes_the_testbed(monkeypatch: pytest.Mon
     with pytest.raises(RuntimeError, match="measurement failed"):
         bench_run.bench(model.Options(parts=("micro",), quick=True))
     assert built and _leftovers() == []
+
+
+def test_an_interrupted_testbed_command_finishes_before_the_teardown(tmp_path: Path) -> None:
+    """The last CI's leak: a signal while `ip netns add` ran. The command must end (here: do its
+    last step) before the interrupt reaches the ExitStack that undoes it, never be killed mid-way."""
+    done = tmp_path / "done"
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt("SIGALRM")
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            testbed._run(["sh", "-c", f"sleep 1; touch {done}"], "run a slow command")  # noqa: SLF001
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert done.exists(), "the command was killed before its last step"
+
+
+def test_a_signal_that_lands_in_a_finalizer_still_unwinds() -> None:
+    """Python drops an exception raised in `__del__` (a Popen's finalizer polling its child): a SIGHUP
+    that landed there let a killed bench run to the end under load. It is delivered again outside."""
+
+    class SignalsWhileFinalized:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # the handler runs here, inside the finalizer
+
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"), sigterm_unwinds():
+        SignalsWhileFinalized()  # dropped at once: its __del__ runs on this line
+        time.sleep(5)  # the signal delivered again lands here
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])

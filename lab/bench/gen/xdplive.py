@@ -305,13 +305,21 @@ class XdpLiveGenerator(Generator):
                 start.abort()
 
         threads = [threading.Thread(target=worker, args=(i,), name=f"xdplive-{i}") for i in range(nthreads)]
-        for t in threads:
-            t.start()
-        with contextlib.suppress(threading.BrokenBarrierError):
-            start.wait()
-        t0 = time.monotonic()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.start()
+            with contextlib.suppress(threading.BrokenBarrierError):
+                start.wait()
+            t0 = time.monotonic()
+            for t in threads:
+                t.join()
+        except BaseException:
+            # An interrupt here would leave workers at the barrier for ever, and exit waits for them.
+            start.abort()
+            for t in threads:
+                if t.is_alive():
+                    t.join()
+            raise
         elapsed = time.monotonic() - t0
         if errors:
             raise errors[0]
