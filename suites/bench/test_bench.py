@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -239,12 +238,11 @@ def test_a_signal_that_lands_in_a_finalizer_still_unwinds() -> None:
 
     class SignalsWhileFinalized:
         def __del__(self) -> None:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.01)  # the handler runs here, inside the finalizer
+            signal.raise_signal(signal.SIGTERM)  # runs the handler before it returns: inside the finalizer
 
     with pytest.raises(KeyboardInterrupt, match="SIGTERM"), sigterm_unwinds():
         SignalsWhileFinalized()  # dropped at once: its __del__ runs on this line
-        time.sleep(5)  # the signal delivered again lands here
+        poll(5.0, lambda: False, "the signal delivered again, as a KeyboardInterrupt here")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
