@@ -28,6 +28,7 @@ from lab.nsexec import nsenter_argv
 from lab.observe.trace import Tracer
 from lab.progress import StepProgress
 from lab.remote import target, vagrantbox
+from lab.signals import sigterm_unwinds
 from lab.state import DEFAULT_LAB, LabState, check_name, netns_name
 
 
@@ -343,6 +344,24 @@ def _require_root(verb: str) -> None:
                        f"programs): run it with sudo")
 
 
+def _dispatch(args_list: list[str], head: list[str], tail: list[str]) -> int:
+    """Parse and run one verb (main() turns its errors and interrupts into messages and exit codes)."""
+    if args_list and args_list[0] in PASSTHROUGH:
+        # Verbs with options of their own: everything after the verb is theirs.
+        verb = VERBS[args_list[0]]
+        if {"-h", "--help"} & set(args_list[1:]):  # the verb's own help, then l4lab's examples of it
+            with contextlib.suppress(SystemExit):
+                verb.run(argparse.Namespace(args=args_list[1:]))
+            print("\n" + _examples(verb))
+            return 0
+        _require_root(args_list[0])
+        return verb.run(argparse.Namespace(args=args_list[1:]))
+    args = parser().parse_args(head)
+    args.command = tail
+    _require_root(args.verb)
+    return VERBS[args.verb].run(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `l4lab ARGV`; return the exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
@@ -353,20 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else (args_list, [])
     )
     try:
-        if args_list and args_list[0] in PASSTHROUGH:
-            # Verbs with options of their own: everything after the verb is theirs.
-            verb = VERBS[args_list[0]]
-            if {"-h", "--help"} & set(args_list[1:]):  # the verb's own help, then l4lab's examples of it
-                with contextlib.suppress(SystemExit):
-                    verb.run(argparse.Namespace(args=args_list[1:]))
-                print("\n" + _examples(verb))
-                return 0
-            _require_root(args_list[0])
-            return verb.run(argparse.Namespace(args=args_list[1:]))
-        args = parser().parse_args(head)
-        args.command = tail
-        _require_root(args.verb)
-        return VERBS[args.verb].run(args)
+        with sigterm_unwinds():  # `timeout`, systemd or a closed terminal: a half-built lab unwinds as on Ctrl-C
+            return _dispatch(args_list, head, tail)
     except LabError as exc:
         print(f"l4lab: {exc}", file=sys.stderr)
         return exc.exit_code

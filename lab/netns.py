@@ -6,8 +6,9 @@ on LB nodes, the health hook that announces the VIPs (lab.frr); the build waits 
 session to be Established.
 
 Every step that creates something registers its undo in an ExitStack and in the lab's persisted
-journal (lab.state) the moment it succeeds; a failure or KeyboardInterrupt at any step unwinds
-everything already made, and `teardown()` replays the journal of a lab built by another process.
+journal (lab.state) the moment it succeeds, with signals held in between (lab.signals.deferred); a
+failure or KeyboardInterrupt at any step unwinds everything already made, and `teardown()` replays the
+journal of a lab built by another process.
 Undo tolerates only "already gone" (ENOENT, ENODEV, ESRCH) and re-raises the rest.
 """
 
@@ -38,6 +39,7 @@ from lab.nsconf import set_tx_checksum, write_sysctl
 from lab.nsexec import entered, netns_path
 from lab.poll import poll
 from lab.remote import vmnodes
+from lab.signals import deferred
 from lab.state import (
     BPF_DIR,
     RUN_DIR,
@@ -217,7 +219,7 @@ class Builder:
 
     def _make_state_dir(self, stack: ExitStack) -> None:
         path = state_dir(self.lab)
-        with self._step(f"create the state directory {path}"):
+        with deferred(), self._step(f"create the state directory {path}"):
             RUN_DIR.mkdir(parents=True, exist_ok=True)
             taken = [
                 netns_name(self.lab, n.name)
@@ -237,13 +239,15 @@ class Builder:
                     f"network namespace {taken[0]} already exists but belongs to no running lab; "
                     f"remove it with `ip netns del {taken[0]}`"
                 )
-        self._register(stack, Undo("state-dir", str(path)))
+            self._register(stack, Undo("state-dir", str(path)))
 
     def _make_node(self, stack: ExitStack, node: Node) -> None:
         ns = netns_name(self.lab, node.name)
-        with self._step(f"create network namespace {ns}"):
+        # Made and journaled as one: pyroute2 makes the namespace in a forked child, which would finish
+        # it after an interrupted build had unwound.
+        with deferred(), self._step(f"create network namespace {ns}"):
             netns.create(ns)
-        self._register(stack, Undo("netns", ns))
+            self._register(stack, Undo("netns", ns))
         with self._step(f"open a netlink socket in {ns}"), entered(ns):
             self.ipr[node.name] = IPRoute()
         for key, value in node.sysctls:
@@ -259,7 +263,7 @@ class Builder:
         (linkwatch's non-urgent path). Distinct indexes make `up` 0.8 s faster.
         """
         ns_a, ns_b = netns_name(self.lab, a.node), netns_name(self.lab, b.node)
-        with self._step(f"create veth {a.ifname} in {ns_a} with peer {b.ifname} in {ns_b}"):
+        with deferred(), self._step(f"create veth {a.ifname} in {ns_a} with peer {b.ifname} in {ns_b}"):
             fd = os.open(netns_path(ns_b), os.O_RDONLY | os.O_CLOEXEC)
             try:
                 self.ipr[a.node].link(
@@ -272,7 +276,7 @@ class Builder:
                 )
             finally:
                 os.close(fd)
-        self._register(stack, Undo("veth", a.ifname, netns=ns_a))
+            self._register(stack, Undo("veth", a.ifname, netns=ns_a))
         with self._step(f"set MTU {mtu} on {b.ifname} in {ns_b}"):
             ipr = self.ipr[b.node]
             ipr.link("set", index=_index(ipr, b.ifname, ns_b), mtu=mtu)
@@ -373,11 +377,11 @@ class Builder:
 
     def _attach_programs(self, stack: ExitStack) -> None:
         root = pin_dir(self.lab)
-        with self._step(f"create the pin directory {root}"):
+        with deferred(), self._step(f"create the pin directory {root}"):
             programs.require_bpffs()
             BPF_DIR.mkdir(exist_ok=True)
             root.mkdir()
-        self._register(stack, Undo("pin-dir", str(root)))
+            self._register(stack, Undo("pin-dir", str(root)))
 
         def journal(kind: str, path: str) -> None:
             self._register(stack, Undo(kind, path))
@@ -388,18 +392,18 @@ class Builder:
             if not xdp_eps and node.decap is None:
                 continue
             node_dir = root / node.name
-            with self._step(f"create the pin directory {node_dir}"):
+            with deferred(), self._step(f"create the pin directory {node_dir}"):
                 node_dir.mkdir()
-            self._register(stack, Undo("pin-dir", str(node_dir)))
+                self._register(stack, Undo("pin-dir", str(node_dir)))
             for ep in xdp_eps:
                 assert ep.xdp is not None
-                with self._step(f"attach XDP {ep.xdp.program} ({ep.xdp.object}) to {ep.ifname} in {ns}"):
+                with deferred(), self._step(f"attach XDP {ep.xdp.program} ({ep.xdp.object}) to {ep.ifname} in {ns}"):
                     self.state.programs.append(
                         programs.attach_xdp(ns, ep.ifname, ep.xdp, node_dir, node.name, journal)
                     )
             if node.decap is not None:
                 addrs = [a.ip for ep in self.topo.endpoints_of(node.name) for a in ep.all_addresses]
-                with self._step(f"attach decap ({node.decap.attach}) to {node.decap.ifname} in {ns}"):
+                with deferred(), self._step(f"attach decap ({node.decap.attach}) to {node.decap.ifname} in {ns}"):
                     self.state.programs.append(
                         programs.attach_decap(ns, node.decap, addrs, node_dir, node.name, journal)
                     )
@@ -417,10 +421,10 @@ class Builder:
             if not binds:
                 continue
             ns = netns_name(self.lab, node.name)
-            with self._step(f"start the services of {node.name} in {ns}"):
+            with deferred(), self._step(f"start the services of {node.name} in {ns}"):
                 proc = services.start(self.lab, ns, node.name, binds, run_dir)
-            self.state.processes.append(proc)
-            self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
+                self.state.processes.append(proc)
+                self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
             started.append(proc)
         with self._step("wait for the services to listen"):
             services.wait_ready(started, run_dir)
@@ -431,10 +435,10 @@ class Builder:
         for node in self.topo.vm_nodes():
             vm_ep, tap_ep = self.topo.vm_link(node.name)
             ns = netns_name(self.lab, tap_ep.node)
-            with self._step(f"start {_vm_word(node)} {node.name} (tap {tap_ep.ifname} in {ns})"):
+            with deferred(), self._step(f"start {_vm_word(node)} {node.name} (tap {tap_ep.ifname} in {ns})"):
                 proc = vmnodes.start(self.lab, ns, self.topo, node, state_dir(self.lab))
-            self.state.processes.append(proc)
-            self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
+                self.state.processes.append(proc)
+                self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
             started.append(proc)
         for proc in started:
             with self._step(f"wait for {_vm_word(self.topo.node(proc.node))} {proc.node} to boot"):
@@ -457,18 +461,18 @@ class Builder:
             with self._step(f"write the FRR configs of {node.name}"):
                 frr.write_configs(self.lab, self.topo, node)
             for daemon in frr.DAEMONS:
-                with self._step(f"start {daemon} in {ns}"):
+                with deferred(), self._step(f"start {daemon} in {ns}"):
                     proc = frr.start_daemon(self.lab, ns, node.name, daemon)
-                self.state.processes.append(proc)
-                self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
+                    self.state.processes.append(proc)
+                    self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
                 with self._step(f"wait for {daemon} of {node.name}"):
                     frr.wait_daemon(self.lab, proc, daemon)
             if node.role == "lb":
                 interface = self._endpoints(node.name)[0].ifname
-                with self._step(f"start the health hook of {node.name} in {ns}"):
+                with deferred(), self._step(f"start the health hook of {node.name} in {ns}"):
                     proc = frr.start_hook(self.lab, ns, self.topo, node.name, interface)
-                self.state.processes.append(proc)
-                self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
+                    self.state.processes.append(proc)
+                    self._register(stack, Undo("process", str(proc.pid), starttime=proc.starttime))
                 with self._step(f"wait for the health hook of {node.name}"):
                     frr.wait_hook(self.lab, proc)
         with self._step(f"wait for every BGP session to be Established (logs under {frr_root})"):

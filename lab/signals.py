@@ -2,21 +2,28 @@
 
 Python's default for SIGTERM ends the process at once: a bench killed by `timeout`, systemd or a CI
 runner left its namespaces and BPF objects behind. Raised as KeyboardInterrupt, the signal runs every
-`finally` and ExitStack callback on the way out, as an interrupt from the keyboard does.
+`finally` and ExitStack callback on the way out, as an interrupt from the keyboard does. `deferred`
+holds signals while a resource is made and journaled.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from balancer import libbpf
-
 RETRY_S = 0.05  # a signal that came in libbpf's print callback or a finalizer is sent again after this
+
+
+def _in_libbpf_callback(frame: FrameType | None) -> bool:
+    # Looked up, not imported: libbpf (80 ms of imports) loads only for verbs that use it, and a process
+    # that never imported it is not in its callback.
+    libbpf = sys.modules.get("balancer.libbpf")
+    return libbpf is not None and bool(libbpf.in_callback(frame))
 
 
 def _in_finalizer(frame: FrameType | None) -> bool:
@@ -35,7 +42,7 @@ def sigterm_unwinds() -> Iterator[None]:
     def stop(signum: int, frame: FrameType | None) -> None:
         # Raised in libbpf's print callback (ctypes) or in a finalizer (Popen.__del__ polling a child),
         # the exception is printed and dropped and the verb runs on: deliver the signal again shortly.
-        if libbpf.in_callback(frame) or _in_finalizer(frame):
+        if _in_libbpf_callback(frame) or _in_finalizer(frame):
             threading.Timer(RETRY_S, os.kill, (os.getpid(), signum)).start()
             return
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -46,3 +53,31 @@ def sigterm_unwinds() -> Iterator[None]:
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Within the block, SIGINT, SIGTERM and SIGHUP wait; the first that came is handled as usual when
+    it ends. For a step that must not be cut in two: a resource made and its removal journaled, or a
+    namespace that pyroute2 makes in a forked child, which would finish it after an interrupted
+    parent had unwound."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python runs signal handlers in the main thread only: nothing interrupts this one
+        return
+    caught: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        caught.append(signum)
+
+    old = {s: signal.signal(s, hold) for s in HELD}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if caught:
+            signal.raise_signal(caught[0])  # runs the handler restored above before it returns
+

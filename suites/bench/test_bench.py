@@ -23,6 +23,7 @@ from lab.bench.gen.base import Family, FrameSpec, Generator, Latency, TrialResul
 from lab.bench.ndr import SearchSettings
 from lab.errors import UsageError
 from lab.harness import poll
+from lab.harness.signalled import signal_when
 from lab.signals import sigterm_unwinds
 from reports.schema import BenchPayload, parse_result, results_dir
 
@@ -251,19 +252,10 @@ def test_a_bench_killed_midway_removes_its_testbed(signum: int, tmp_path: Path) 
     unwinds as on Ctrl-C, exits 130 saying so, and leaves no namespace or pin of its testbed."""
     _needs_root_and_build()
     argv = [str(Path(sys.executable).parent / "l4lab"), "bench", "--quick", "--results", str(tmp_path)]
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        poll(60.0, lambda: bool(_leftovers(proc.pid)) or proc.poll() is not None, "the bench's testbed built")
-        assert proc.poll() is None and _leftovers(proc.pid), "the bench ended before its testbed was up"
-        proc.send_signal(signum)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 130, err[-2000:]
-    assert err.strip().splitlines()[-1] == "l4lab bench: interrupted (what the bench had set up is removed)", err
-    assert _leftovers(proc.pid) == []
+    ended = signal_when(argv, lambda pid: _leftovers(pid), signum, what="the bench's testbed built", cwd=REPO)
+    assert ended.returncode == 130, ended.stderr[-2000:]
+    assert ended.last_line() == "l4lab bench: interrupted (what the bench had set up is removed)", ended.stderr
+    assert _leftovers(ended.pid) == []
 
 
 def test_redirect_mode_sends_through_the_devmap_to_the_egress_interface() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,8 +14,9 @@ import pytest
 from lab import netns, topology
 from lab.errors import LabError, LabExistsError
 from lab.harness import unique_name
+from lab.harness.signalled import signal_when
 from lab.netns import InjectedFailure
-from lab.nsexec import netns_path
+from lab.nsexec import NETNS_DIR, netns_path
 from lab.state import LabState, pin_dir, state_dir
 from suites.lab import probes
 from suites.lab.probes import bpf_available
@@ -86,6 +88,27 @@ def test_keyboard_interrupt_midway_leaves_nothing(step: int, lab_name: str) -> N
     k = step if step > 0 else counter.steps + 1 + step
     with pytest.raises(KeyboardInterrupt):
         netns.build(topo, lab_name, programs=WITH_BPF, interrupt_at=k)
+    assert probes.leftovers(lab_name) == []
+
+
+MOMENTS = {
+    # The first namespace's file: pyroute2's forked child is making it (the file comes before its mount).
+    "netns": lambda lab: any(NETNS_DIR.glob(f"{lab}-*")),
+    # A real's services: namespaces, links, programs and pins are made by then.
+    "services": lambda lab: bool(probes.lab_processes(lab)),
+}
+
+
+@pytest.mark.parametrize(("signum", "moment"), [(signal.SIGTERM, "netns"), (signal.SIGHUP, "netns"),
+                                                (signal.SIGINT, "netns"), (signal.SIGTERM, "services")])
+def test_a_signalled_up_unwinds_and_leaves_nothing(signum: int, moment: str, lab_name: str) -> None:
+    """`timeout`, systemd or a closed terminal ends `l4lab up` by a signal: it unwinds as on Ctrl-C, exits
+    130 and leaves nothing, also when the signal lands while a namespace or a process is being made."""
+    argv = [sys.executable, "-m", "lab.cli", "up", "default", "--name", lab_name, *([] if WITH_BPF else ["--no-bpf"])]
+    ended = signal_when(argv, lambda _pid: MOMENTS[moment](lab_name), signum, what=f"the lab's {moment}", cwd=REPO,
+                        interval_s=0.001)
+    assert ended.returncode == 130, ended.stderr[-2000:]
+    assert ended.last_line() == "l4lab: interrupted", ended.stderr[-2000:]
     assert probes.leftovers(lab_name) == []
 
 
