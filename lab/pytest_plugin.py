@@ -180,8 +180,8 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
     name = names.unique_name(names.CONFORMANCE)
     netns.build(topo, name)
     handle = NetnsLab(name, topo)
-    handle.tracer = _start_tracer(name)
     try:
+        handle.tracer = _start_tracer(name)  # seconds of BCC compiling: an interrupt there removes the lab too
         yield handle
     finally:
         if handle.tracer is not None:
@@ -212,7 +212,7 @@ def _start_tracer(lab_name: str) -> Tracer | None:
 
 
 def _unload_all(lab_name: str) -> None:
-    from balancer.controller import STATE_ROOT, Instance  # numpy, libbpf: only when a lab's instances are unloaded
+    from balancer.controller import PIN_ROOT, STATE_ROOT, Instance  # numpy, libbpf: only when a lab's instances go
 
     for state in Path(STATE_ROOT).glob(f"{lab_name}-*.json"):
         try:
@@ -221,6 +221,14 @@ def _unload_all(lab_name: str) -> None:
             if Path(Instance.pin_dir(state.stem)).exists():
                 subprocess.run(["rm", "-rf", Instance.pin_dir(state.stem)], check=False)
             state.unlink(missing_ok=True)
+    # An lbctl interrupted while it loaded leaves its lock, maybe pins, and no state file: removed the way
+    # `l4lab down` removes a lab's instance.
+    from lab.netns import undo_one  # pyroute2 (the lab builder): loaded already by the lab fixture
+    from lab.state import Undo
+
+    rest = {p.name.split(".")[0] for p in Path(STATE_ROOT).glob(f"{lab_name}-*")}
+    for name in rest | {p.name for p in Path(PIN_ROOT).glob(f"{lab_name}-*")}:
+        undo_one(Undo("balancer", name))
 
 
 @pytest.fixture
@@ -233,8 +241,8 @@ def balancer(request: pytest.FixtureRequest, lab: Lab, encap: str, tmp_path: Pat
             before = balancer.stats()["reasons"]["TX_ENCAP"]["packets"]
     """
     b = LabBalancer(lab, "lb", encap, tmp_path / "lb.toml")
-    b.load("native")
     try:
+        b.load("native")  # an interrupted load is unloaded too
         yield b
     finally:
         keep = _keep(request, failed(request.node))
@@ -346,8 +354,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.stash[_ROOTS_BEFORE] = {r for r in _BPFFS_ROOTS if os.path.isdir(r)}
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Remove the empty bpffs directories the tests made; fail the run for any pin they left."""
+    """Remove the empty bpffs directories the tests made; fail the run for any pin they left.
+
+    Last, after pytest's own sessionfinish has torn down the fixtures still set up: an interrupted run
+    removes its module's lab there."""
     before = session.stash.get(_BPFFS_BEFORE, None)
     if before is None:
         return

@@ -3,18 +3,21 @@
 Python's default for SIGTERM ends the process at once: a bench killed by `timeout`, systemd or a CI
 runner left its namespaces and BPF objects behind. Raised as KeyboardInterrupt, the signal runs every
 `finally` and ExitStack callback on the way out, as an interrupt from the keyboard does. `deferred`
-holds signals while a resource is made and journaled.
+holds signals while a resource is made and journaled; `run_forwarding` lets a child that builds things
+(a pytest run) unwind them before the interrupt goes on.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 RETRY_S = 0.05  # a signal that came in libbpf's print callback or a finalizer is sent again after this
 
@@ -81,3 +84,22 @@ def deferred() -> Iterator[None]:
         if caught:
             signal.raise_signal(caught[0])  # runs the handler restored above before it returns
 
+
+def run_forwarding(argv: list[str], *, grace_s: float, **popen: Any) -> int:
+    """Run `argv` to its end and return its exit status. It runs in a session of its own, so a Ctrl-C at the
+    terminal reaches this process only; an interrupt here (Ctrl-C, or SIGTERM and SIGHUP under
+    sigterm_unwinds) is passed on as one SIGINT, and the child gets `grace_s` to unwind what it built
+    before it is killed and the interrupt goes on. (subprocess.run would kill it 0.25 s after the
+    interrupt, in the middle of its own clean-up.)"""
+    child = subprocess.Popen(argv, start_new_session=True, **popen)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        with deferred():
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        raise

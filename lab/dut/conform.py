@@ -25,7 +25,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -33,12 +32,14 @@ from pathlib import Path
 
 from lab.dut import DUTS, dut_class
 from lab.errors import UsageError
+from lab.signals import run_forwarding
 from reports.conformance import Matrix, changes
 from reports.schema import ResultsError, load_results, results_dir
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_TESTS = "suites/conformance"
 RUN_ENV = "L4LAB_CONFORM_RUN"
+TEARDOWN_GRACE_S = 300.0  # an interrupted run removes its labs and VMs (a VM's shutdown under TCG) within this
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,7 +68,7 @@ def _pytest(args: argparse.Namespace, dut: str, run_dir: Path, run: str) -> int:
         cmd += ["-k", args.keyword]
     print(f"conform: {dut}: running {args.tests}", flush=True)
     env = os.environ | {"L4LAB_RESULTS": str(run_dir), RUN_ENV: run}
-    return subprocess.run(cmd, cwd=REPO, env=env, check=False).returncode
+    return run_forwarding(cmd, grace_s=TEARDOWN_GRACE_S, cwd=REPO, env=env)
 
 
 def _load(run_dir: Path, run: str | None = None) -> Matrix:

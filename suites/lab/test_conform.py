@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,12 @@ from lab.dut.keepalived import RealServer, VirtualServer, render
 from lab.dut.spec import DutSpec, DutSpecError
 from lab.dut.verdict import POLL, combine, failure_verdict, skip_verdict
 from lab.errors import UsageError
+from lab.harness.signalled import signal_when
+from lab.nsexec import NETNS_DIR
+from lab.state import LabState, state_dir
 from reports.conformance import Matrix, changes
 from reports.schema import ConformancePayload, Kind, case_id, load_results, write_result
+from suites.lab import probes
 
 REPO = conform.REPO
 CHECKS = REPO / "suites" / "conformance"
@@ -276,3 +281,46 @@ def test_a_broken_adapter_mid_check_is_an_error_never_a_finding(tmp_path: Path) 
         done.stdout[-3000:]
     (result,) = load_results(next((tmp_path / "conform").iterdir()))
     assert result.payload.outcome == "error" and "ipvsadm failed" in result.payload.detail, result.payload.detail
+
+
+def _new_labs(before: set[str]) -> set[str]:
+    """Conformance labs (`cf-<hex>`) whose namespaces appeared since `before` was taken."""
+    return {"-".join(p.name.split("-")[:2]) for p in NETNS_DIR.glob("cf-*")} - before
+
+
+def _built(labs: set[str]) -> bool:
+    """The lab is up: the fixture goes on to start its tracer (seconds of BCC compiling)."""
+    return any(LabState.load(lab).complete for lab in labs if (state_dir(lab) / "state.json").exists())
+
+
+def _checking(labs: set[str]) -> bool:
+    """The check's balancer is loaded (its lbctl instance `<lab>-lb` pinned): the check is running."""
+    from balancer.controller import PIN_ROOT  # numpy, libbpf: only this test needs the controller's paths
+
+    return any(any(Path(PIN_ROOT).glob(f"{lab}-*")) for lab in labs)
+
+
+MOMENTS = {"building": lambda labs: True, "built": _built, "checking": _checking}
+
+
+@pytest.mark.parametrize(("signum", "moment"), [(signal.SIGTERM, "building"), (signal.SIGINT, "built"),
+                                                (signal.SIGTERM, "checking")])
+def test_an_interrupted_conform_run_removes_its_labs(signum: int, moment: str, tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) or SIGTERM to `l4lab conform` reaches its pytest run once, which removes the lab it
+    was building, starting its tracer on or checking with before `l4lab conform` exits 130."""
+    if os.geteuid() != 0:
+        pytest.skip("the conformance lab needs root")
+    before = _new_labs(set())
+    argv = [sys.executable, "-m", "lab.cli", "conform", "--dut", "l4lab", "--no-report", "--results",
+            str(tmp_path), "-k", "test_removing_a_real_moves_only_its_flows_and_breaks_no_other and ip4-ipip"]
+    labs: set[str] = set()
+
+    def at_moment(_pid: int) -> bool:
+        labs.update(_new_labs(before))
+        return bool(labs) and bool(MOMENTS[moment](labs))
+
+    ended = signal_when(argv, at_moment, signum, what=f"a conformance lab {moment}", cwd=REPO, deadline_s=120.0,
+                        exit_s=conform.TEARDOWN_GRACE_S + 60)
+    assert ended.returncode == 130, ended.stderr[-2000:]
+    assert ended.last_line() == "l4lab: interrupted", ended.stderr[-2000:]
+    assert [left for lab in labs for left in probes.leftovers(lab)] == []
