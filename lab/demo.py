@@ -54,7 +54,7 @@ from lab.nsexec import nsenter_argv
 from lab.observe.capture import Capture, classify_lb_link
 from lab.poll import poll
 from lab.rss.toeplitz import Toeplitz, indirection_table, queues_of, spread
-from lab.state import netns_name, state_dir
+from lab.state import Undo, netns_name, state_dir
 
 REPO = Path(__file__).resolve().parent.parent
 GUE_PORT = int(_abi.Limits.DEFAULT_GUE_PORT)
@@ -429,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
         first = by_id(runs[0].encap_id)  # the load's config: its egress (two-arm) is fixed at load
         (work / "lb-load.toml").write_text(cfg.dump(balancer_config(
             topo, args.name, encaps={first.vip_family: first.config_name})))
+        # Journaled first: an lbctl interrupted while it loads leaves its lock or pins, which the lab's
+        # teardown (or `l4lab down`) removes as it removes an instance that `l4lab up` loaded.
+        netns.journal(args.name, Undo("balancer", f"{args.name}-lb"))
         lbctl(args.name, ["load", "--interface", lb_link(topo)[0], "--mode", "native",
                           "--config", str(work / "lb-load.toml")])
         stack.callback(lbctl, args.name, ["unload"], False)

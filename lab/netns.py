@@ -500,6 +500,14 @@ def build(
                    interrupt_at=interrupt_at, on_step=on_step).build()
 
 
+def journal(lab: str, undo: Undo) -> None:
+    """Add to lab `lab`'s journal a resource about to be made in it after its build (a balancer that lbctl
+    loads), so that teardown() and `l4lab down` remove it with the rest, also when its making was cut short."""
+    state = LabState.load(lab)
+    state.undo.append(undo)
+    state.save()
+
+
 def teardown(lab: str) -> list[tuple[str, str]]:
     """Remove lab `lab` as its journal records it (in reverse order); return what was removed,
     as (journal kind, description) pairs.

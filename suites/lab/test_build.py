@@ -112,6 +112,21 @@ def test_a_signalled_up_unwinds_and_leaves_nothing(signum: int, moment: str, lab
     assert probes.leftovers(lab_name) == []
 
 
+@pytest.mark.parametrize(("signum", "moment"), [(signal.SIGTERM, "loading"), (signal.SIGINT, "loaded")])
+def test_a_signalled_demo_removes_its_lab_and_balancer(signum: int, moment: str, lab_name: str) -> None:
+    """`l4lab demo` signalled while lbctl loads the balancer (its lock made, its state not yet written) or
+    once it is loaded removes the balancer instance with the lab: an lbctl cut short leaves a lock."""
+    from balancer.controller import STATE_ROOT  # numpy, libbpf: only this test reads the controller's paths
+
+    lock, state = Path(STATE_ROOT) / f"{lab_name}-lb.lock", Path(STATE_ROOT) / f"{lab_name}-lb.json"
+    argv = [sys.executable, "-m", "lab.cli", "demo", "--name", lab_name, "--no-bench", "--encap", "ip4-ipip"]
+    at = {"loading": lock.exists, "loaded": state.exists}[moment]
+    ended = signal_when(argv, lambda _pid: at(), signum, what=f"the demo's balancer {moment}", cwd=REPO,
+                        interval_s=0.001)
+    assert ended.returncode == 130, ended.stderr[-2000:]
+    assert probes.leftovers(lab_name) == []
+
+
 def test_kernel_refusal_midway_names_the_step_and_leaves_nothing(lab_name: str, tmp_path: Path) -> None:
     text = topology.resolve("default").read_text()
     duplicated = '{ dst = "198.51.100.100/32", via = "198.51.100.2" },'
