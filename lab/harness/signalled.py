@@ -28,7 +28,7 @@ def signal_when(argv: Sequence[str], moment: Callable[[int], object], signum: in
     proc = subprocess.Popen(list(argv), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         poll(deadline_s, lambda: proc.poll() is not None or moment(proc.pid), what, interval_s=interval_s)
-        assert proc.poll() is None, f"{argv[0]} ... ended before {what}: {proc.communicate()[1][-2000:]}"
+        assert proc.poll() is None, f"`{' '.join(argv)}` ended before {what}: {proc.communicate()[1][-2000:]}"
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=exit_s)
         return Ended(proc.pid, proc.returncode, err)
