@@ -75,7 +75,8 @@ def deferred() -> Iterator[None]:
     def hold(signum: int, frame: FrameType | None) -> None:
         caught.append(signum)
 
-    old = {s: signal.signal(s, hold) for s in HELD}
+    # An ignored signal (SIGINT in a background job) stays ignored, also for the children made in the block.
+    old = {s: signal.signal(s, hold) for s in HELD if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         yield
     finally:
@@ -85,13 +86,18 @@ def deferred() -> Iterator[None]:
             signal.raise_signal(caught[0])  # runs the handler restored above before it returns
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_forwarding(argv: list[str], *, grace_s: float, **popen: Any) -> int:
     """Run `argv` to its end and return its exit status. It runs in a session of its own, so a Ctrl-C at the
     terminal reaches this process only; an interrupt here (Ctrl-C, or SIGTERM and SIGHUP under
     sigterm_unwinds) is passed on as one SIGINT, and the child gets `grace_s` to unwind what it built
     before it is killed and the interrupt goes on. (subprocess.run would kill it 0.25 s after the
     interrupt, in the middle of its own clean-up.)"""
-    child = subprocess.Popen(argv, start_new_session=True, **popen)
+    # The child takes the SIGINT it is sent even when this process ignores SIGINT (a background job).
+    child = subprocess.Popen(argv, start_new_session=True, preexec_fn=_default_sigint, **popen)
     try:
         return child.wait()
     except KeyboardInterrupt:

@@ -3,6 +3,7 @@ systemd, a CI runner or a closed terminal would; the suites then check what it l
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,10 @@ def signal_when(argv: Sequence[str], moment: Callable[[int], object], signum: in
                 deadline_s: float = 60.0, interval_s: float = 0.005, exit_s: float = 120.0) -> Ended:
     """Start `argv`, send it `signum` as soon as moment(its pid) holds, and return how it ended. Fails when it
     ends before the moment, and kills it when it outlives `exit_s` after the signal (or the test fails)."""
-    proc = subprocess.Popen(list(argv), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # SIGINT as from a terminal, also when the suite runs as a background job, which ignores it (and
+    # passes that on to its children).
+    proc = subprocess.Popen(list(argv), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         poll(deadline_s, lambda: proc.poll() is not None or moment(proc.pid), what, interval_s=interval_s)
         assert proc.poll() is None, f"`{' '.join(argv)}` ended before {what}: {proc.communicate()[1][-2000:]}"

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
 
 import pytest
 
 from lab.signals import HELD, deferred, sigterm_unwinds
+
+
+@pytest.fixture(autouse=True)
+def sigint_as_from_a_terminal() -> Iterator[None]:
+    """SIGINT raising KeyboardInterrupt, also when the suite runs as a background job (which ignores it)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 @pytest.mark.parametrize("signum", HELD)
@@ -28,6 +39,14 @@ def test_a_block_without_a_signal_leaves_the_handlers_as_they_were() -> None:
     with deferred():
         assert all(signal.getsignal(s) != before[s] for s in HELD)
     assert {s: signal.getsignal(s) for s in HELD} == before
+
+
+def test_an_ignored_signal_stays_ignored() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with deferred():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_outside_the_main_thread_the_block_changes_nothing() -> None:
