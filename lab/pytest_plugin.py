@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,14 +214,10 @@ def _unload_all(lab_name: str) -> None:
     from balancer.controller import PIN_ROOT, STATE_ROOT, Instance  # numpy, libbpf: only when a lab's instances go
 
     for state in Path(STATE_ROOT).glob(f"{lab_name}-*.json"):
-        try:
+        with contextlib.suppress(Exception):  # best effort: what it left goes below
             Instance.open(state.stem).unload()
-        except Exception:  # noqa: BLE001 - best effort: the netns teardown follows
-            if Path(Instance.pin_dir(state.stem)).exists():
-                subprocess.run(["rm", "-rf", Instance.pin_dir(state.stem)], check=False)
-            state.unlink(missing_ok=True)
-    # An lbctl interrupted while it loaded leaves its lock, maybe pins, and no state file: removed the way
-    # `l4lab down` removes a lab's instance.
+    # What a failed unload left, and an lbctl interrupted while it loaded (its lock, maybe pins, no state
+    # file): removed the way `l4lab down` removes a lab's instance.
     from lab.netns import undo_one  # pyroute2 (the lab builder): loaded already by the lab fixture
     from lab.state import Undo
 

@@ -86,7 +86,8 @@ def deferred() -> Iterator[None]:
             signal.raise_signal(caught[0])  # runs the handler restored above before it returns
 
 
-def _default_sigint() -> None:
+def default_sigint() -> None:
+    """A child's preexec_fn: SIGINT at its default, also when this process ignores it (a background job)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -97,7 +98,7 @@ def run_forwarding(argv: list[str], *, grace_s: float, **popen: Any) -> int:
     before it is killed and the interrupt goes on. (subprocess.run would kill it 0.25 s after the
     interrupt, in the middle of its own clean-up.)"""
     # The child takes the SIGINT it is sent even when this process ignores SIGINT (a background job).
-    child = subprocess.Popen(argv, start_new_session=True, preexec_fn=_default_sigint, **popen)
+    child = subprocess.Popen(argv, start_new_session=True, preexec_fn=default_sigint, **popen)
     try:
         return child.wait()
     except KeyboardInterrupt:

@@ -3,13 +3,13 @@ systemd, a CI runner or a closed terminal would; the suites then check what it l
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from lab.poll import poll
+from lab.signals import default_sigint
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ def signal_when(argv: Sequence[str], moment: Callable[[int], object], signum: in
     # SIGINT as from a terminal, also when the suite runs as a background job, which ignores it (and
     # passes that on to its children).
     proc = subprocess.Popen(list(argv), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=default_sigint)
     try:
         poll(deadline_s, lambda: proc.poll() is not None or moment(proc.pid), what, interval_s=interval_s)
         assert proc.poll() is None, f"`{' '.join(argv)}` ended before {what}: {proc.communicate()[1][-2000:]}"
