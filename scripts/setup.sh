@@ -21,7 +21,7 @@ declare -A extra_pkgs=(
   [trace]="python3-bpfcc linux-headers-amd64"
   [browser]="chromium"
   [tools]="tshark iperf3"
-  [vagrant]="vagrant vagrant-libvirt libvirt-daemon-system dnsmasq-base qemu-utils qemu-system-x86 debootstrap e2fsprogs shellcheck python3-pip-whl"
+  [vagrant]="vagrant vagrant-libvirt libvirt-daemon-system dnsmasq-base qemu-utils qemu-system-x86 mmdebstrap e2fsprogs shellcheck python3-pip-whl"
   [ssh]="openssh-client openssh-server"
   [perf]="linux-perf"
 )

@@ -1,6 +1,6 @@
 """unitvm.py: a qemu VM booting systemd, where the lbctl unit runs as a user installs it (suites/vm/test_unit.py).
 
-The root file system is the local Vagrant box's debootstrap of Debian 12 (lab/remote/vagrantbox.py,
+The root file system is the local Vagrant box's mmdebstrap of Debian 12 (lab/remote/vagrantbox.py,
 stage 1: systemd, python3, libbpf1, iproute2, curl and Debian's cloud kernel), copied once into an
 ext4 image cached under build/unit-vm/KEY/ with one addition, l4lab-control.service: a shell loop on
 the second serial port that runs a test's commands (lab/remote/vm.py guest_run) and says L4LAB-READY
@@ -75,16 +75,16 @@ class RootImage:
     boot: BootImage
 
 
-def _key(debootstrap: Path) -> str:
+def _key(base: Path) -> str:
     h = hashlib.sha256()
-    for part in (str(debootstrap), CONTROL, UNIT, FSTAB, str(ROOT_GIB), "no getty"):
+    for part in (str(base), CONTROL, UNIT, FSTAB, str(ROOT_GIB), "no getty"):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
 
 
 def root_image(mirror: str = vagrantbox.MIRROR) -> RootImage:
-    """The root image, built (debootstrap included, when not cached) under build/unit-vm/KEY/."""
-    base = vagrantbox._debootstrap(mirror)  # noqa: SLF001 - the box's stage 1, cached by vagrantbox
+    """The root image, built (the bootstrap included, when not cached) under build/unit-vm/KEY/."""
+    base = vagrantbox._bootstrap(mirror)  # noqa: SLF001 - the box's stage 1, cached by vagrantbox
     work = CACHE / _key(base)
     disk = work / "root.img"
     if not disk.exists():
@@ -101,7 +101,7 @@ def _build_root(base: Path, work: Path) -> None:
         shutil.rmtree(work)
     work.mkdir(parents=True)
     root = work / "root"
-    _run(["cp", "-a", "--reflink=auto", str(base), str(root)], "copy the debootstrapped root")
+    _run(["cp", "-a", "--reflink=auto", str(base), str(root)], "copy the bootstrapped root")
     (root / "usr/local/sbin/l4lab-control").write_text(CONTROL)
     (root / "usr/local/sbin/l4lab-control").chmod(0o755)
     (root / "etc/systemd/system/l4lab-control.service").write_text(UNIT)

@@ -393,14 +393,14 @@ def test_libvirt_driver_is_forced_or_probed(monkeypatch: pytest.MonkeyPatch, tmp
 
 SMOKE_MACHINES = ("router", "lb", "real1")  # the router is the client: one LB, one real, one DSR request
 LIBVIRT_PACKAGES = {"vagrant": "vagrant", "libvirtd": "libvirt-daemon-system", "virsh": "libvirt-clients",
-                    "qemu-img": "qemu-utils", "debootstrap": "debootstrap", "dnsmasq": "dnsmasq-base",
+                    "qemu-img": "qemu-utils", "mmdebstrap": "mmdebstrap", "dnsmasq": "dnsmasq-base",
                     "qemu-system-x86_64": "qemu-system-x86"}
 
 
 def _vagrant_libvirt_missing() -> str | None:
     """Why the Vagrant lab cannot boot here (None when it can)."""
     if os.geteuid() != 0:
-        return "the Vagrant lab needs root (libvirt's system daemon, debootstrap)"
+        return "the Vagrant lab needs root (libvirt's system daemon, mmdebstrap)"
     missing = sorted({pkg for tool, pkg in LIBVIRT_PACKAGES.items() if shutil.which(tool) is None})
     if not list(Path("/usr/share").glob("rubygems-integration/all/gems/vagrant-libvirt-*")) and \
             not list((Path.home() / ".vagrant.d" / "gems").glob("*/gems/vagrant-libvirt-*")):
@@ -412,7 +412,7 @@ def _vagrant_libvirt_missing() -> str | None:
 
 @pytest.fixture
 def smoke_lab() -> Iterator[Any]:
-    """Name: smoke_lab. Scope: function. Depends: root, vagrant-libvirt, libvirt, debootstrap (skips otherwise).
+    """Name: smoke_lab. Scope: function. Depends: root, vagrant-libvirt, libvirt, mmdebstrap (skips otherwise).
 
     router, lb and real1 of the default topology booted from the local box as lab `smoke-<hex>`
     (libvirt domains l4lab-vg-smoke-<hex>-*), as a lab.remote.target.Target; destroyed after, and the

@@ -40,7 +40,7 @@ CURL = ["curl", "-s", "-m", "5", f"http://{VIP}/"]
 
 
 def skip_reason() -> str | None:
-    missing = [t for t in ("debootstrap", "mkfs.ext4") if shutil.which(t) is None]
+    missing = [t for t in ("mmdebstrap", "mkfs.ext4") if shutil.which(t) is None]
     if missing:
         return f"the unit VM needs {', '.join(missing)}: run `bash scripts/setup.sh --extra vagrant`"
     return vm_skip_reason()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# box.sh: turns a debootstrapped Debian 12 root into the local Vagrant box; runs inside that root (chroot) at build time.
+# box.sh: turns a bootstrapped (mmdebstrap) Debian 12 root into the local Vagrant box; runs inside that root (chroot) at build time.
 #
 #   box.sh --pubkey FILE
 #
