@@ -160,7 +160,7 @@ def _bootstrap(mirror: str) -> Path:
         shutil.rmtree(root)
     work.mkdir(parents=True, exist_ok=True)
     _say(f"mmdebstrap {SUITE} from {mirror} into {root} (a minute or two; log {work / 'build.log'})")
-    # mmdebstrap, not debootstrap: apt's parallel fetch and one dpkg run, 66 s against 100 s here
+    # mmdebstrap, not debootstrap: apt's parallel fetch and one dpkg run, a third less time
     # (docs/architecture.md, "the box's root"). Its apt reads none of the host's apt.conf.d: a mirror
     # serving a dated snapshot, as the host's apt is told, would fail the Release file's Valid-Until.
     _run(["mmdebstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", "--dpkgopt=force-unsafe-io",
