@@ -171,7 +171,9 @@ class IpvsDut(Dut):
     def _keepalived_stop(self, signal: str) -> None:
         """Signal keepalived (TERM leaves IPVS as it is, with -I) and wait until its processes are gone."""
         self.vm.keepalived_stop(signal)
-        gone = poll(TABLE_DEADLINE_S, self.vm.keepalived_pids, "keepalived's processes gone",
+        # A crash kills what is left too: a checker forked while its parent died has no one to stop it.
+        left = (lambda: self.vm.keepalived_signal("KILL")) if signal == "KILL" else self.vm.keepalived_pids
+        gone = poll(TABLE_DEADLINE_S, left, "keepalived's processes gone",
                     until=operator.not_, check=False, interval_s=0.1)
         if gone:
             raise LabError(f"keepalived processes {gone} outlived SIG{signal} for {TABLE_DEADLINE_S:g} s: "

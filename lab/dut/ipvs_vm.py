@@ -309,10 +309,19 @@ class IpvsLb(VmReal):
         self._checked(f"kill -HUP $(cat {KEEPALIVED_PIDS[0]})", "keepalived reload")
 
     def keepalived_stop(self, signal: str = "TERM") -> None:
-        """Signal every keepalived process (TERM: it stops, leaving IPVS as it is with -I; KILL: a crash)."""
+        """Signal keepalived's parent, then every keepalived process left (TERM: it stops, leaving IPVS
+        as it is with -I; KILL: a crash)."""
+        # The parent first: a checker killed before it is forked anew, and that one outlives the parent
+        # (busybox pidof lists the newest first). A process may be gone between the listing and the kill.
+        self.sh(f"kill -{signal} $(cat {KEEPALIVED_PIDS[0]}) 2>/dev/null")
+        self.keepalived_signal(signal)
+
+    def keepalived_signal(self, signal: str) -> list[int]:
+        """Send a signal to every keepalived process running now; returns their pids."""
         pids = self.keepalived_pids()
         if pids:
-            self._checked(f"kill -{signal} {' '.join(map(str, pids))}", "keepalived stop")
+            self.sh(f"kill -{signal} {' '.join(map(str, pids))} 2>/dev/null")
+        return pids
 
     def keepalived_log(self) -> str:
         return self.sh(f"tail -n 40 {KEEPALIVED_LOG}")[1]
