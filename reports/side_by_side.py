@@ -114,6 +114,7 @@ class SideBySide:
     first_loaded: list[str] = field(default_factory=list)  # per round: whose session tables were created first
     session_tables: list[SessionTables] = field(default_factory=list)
     syn_flood: list[SynFlood] = field(default_factory=list)
+    prefill: float = field(default=0.0, metadata=rule(at_least(0)))  # tables this full of other flows when timed
 
     def problems(self) -> Iterator[tuple[str, str]]:
         seen: set[tuple[str | None, str]] = set()
@@ -207,7 +208,8 @@ def _test_run_table(sbs: SideBySide, name: str, run: str) -> Table:
                      Cell("–", "num"), Cell("–", "num"), Cell("–"), Cell("", "num")])
     return Table(
         f"Test run, median ns per call ({sbs.frame_bytes}-byte frames, {sbs.rounds} rounds, session tables of "
-        f"{sbs.session_table_entries} entries per CPU) — {run}",
+        f"{sbs.session_table_entries} entries per CPU"
+        f"{f', {sbs.prefill:.0%} full of other flows' if sbs.prefill else ''}) — {run}",
         ["encap", "case", f"{name} (ns)", "l4lab (ns)", f"l4lab ÷ {name}, cost above the floor", "over the rounds",
          f"path counter checked (l4lab / {name})", "calls checked"], rows)
 

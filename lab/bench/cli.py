@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "same rounds and print l4lab against it; with --profile: profile it instead")
     parser.add_argument("--seed", metavar="N", type=int,
                         help="with --katran: the seed of the shuffled order (printed by every run), to replay it")
+    parser.add_argument("--prefill", metavar="FRACTION", type=float, default=0.0,
+                        help="with --katran: fill every session table this much (0 to 0.9 of its entries) with "
+                             "other flows before each round, so new flows are timed into a used table")
     parser.add_argument("--profile", metavar="ID", choices=list(ENCAPS),
                         help="sample the live loop with perf while the balancer serves this encap and print "
                              "where its time per frame goes, by source line (lab/bench/profile.py); "
@@ -122,10 +125,15 @@ def _run(args: argparse.Namespace) -> int:
         check_environment()
         if args.seed is not None and not 0 <= args.seed < 1 << 32:
             raise UsageError(f"--seed must be 0..{(1 << 32) - 1} but got {args.seed}")
-        katranbench.run(katranbench.options(args.katran or None, args.quick, args.results, args.baseline, args.seed))
+        if not 0 <= args.prefill <= 0.9:
+            raise UsageError(f"--prefill must be 0 to 0.9 (of each table's entries) but got {args.prefill}")
+        katranbench.run(katranbench.options(args.katran or None, args.quick, args.results, args.baseline, args.seed,
+                                            args.prefill))
         return 0
     if args.seed is not None:
         raise UsageError("--seed replays the order of a side-by-side run: it needs --katran")
+    if args.prefill:
+        raise UsageError("--prefill fills the side-by-side run's session tables: it needs --katran")
     if args.profile is not None:
         from lab.bench import profile  # perf's sampling: only --profile loads it
 

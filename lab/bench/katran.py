@@ -32,6 +32,10 @@ Ratios are of the cost above the MAC-swap floor, l4lab / Katran, measured in thi
 Then live frames on the bench veth (lab/bench/katran_live.py): the loop cost and the NDR of the
 floors, l4lab and Katran per encap, and a SYN flood.
 
+`--prefill F` (Options.prefill) fills every session table to F of its entries with other flows before
+each round's timing, through each program's own insert (a new flow's ACK), so new flows are timed into
+a used table, as on a loaded balancer, and not into an empty one.
+
 `--baseline OBJ` (Options.baseline) loads another balancer object beside l4lab's, an older build or
 a variant of the datapath, and times its cases as "base" in the same rounds (one of another BTF
 contract is programmed by the checkout that built it, lab/bench/foreign.py): changes of a few
@@ -110,6 +114,7 @@ class Options:
     results: Path | None = None
     baseline: Path | None = None  # another balancer.o (e.g. an older build) timed in the same run as "base"
     seed: int | None = None   # the order's seed (lab/bench/order.py); None: a new one, printed
+    prefill: float = 0.0      # each session table this full (of its entries) before a round's timing
 
 
 @dataclass
@@ -143,16 +148,17 @@ class Result:
     calls: int = 0
     rounds: int = 0
     lru_size: int = 0
+    prefill: float = 0.0
     results_file: Path | None = None
 
 
 def options(katran: str | None, quick: bool, results: Path | None, baseline: Path | None = None,
-            seed: int | None = None) -> Options:
+            seed: int | None = None, prefill: float = 0.0) -> Options:
     """200,000 calls per case in 6 rounds with 1,000,000-entry tables per CPU, or a quick run."""
     if quick:
         return Options(katran=katran, runs=20_000, rounds=4, lru_size=1 << 17, quick=True, results=results,
-                       baseline=baseline, seed=seed)
-    return Options(katran=katran, results=results, baseline=baseline, seed=seed)
+                       baseline=baseline, seed=seed, prefill=prefill)
+    return Options(katran=katran, results=results, baseline=baseline, seed=seed, prefill=prefill)
 
 
 def baseline_lines(result: Result) -> list[str]:
@@ -310,6 +316,31 @@ def side_cases(side: Side, flow_base: int) -> list[Timed]:
     return cases
 
 
+PREFILL_BASE = 1 << 22  # the prefill's flows: past every case's (side_cases), before the new ACKs' (1 << 23)
+
+
+def prefill(side: Side, fraction: float) -> int:
+    """Fills the side's session table to `fraction` of its entries the way traffic does: new flows' ACKs
+    through its program, each a miss that inserts (its new-ack counter must move by every one). l4lab's one
+    table serves every CPU and Katran's pinned CPU has its own, so each ends the same fraction full.
+    Returns the flows sent."""
+    _, entries, _ = table_sizes(side)
+    count = int(entries * fraction)
+    if not count:
+        return 0
+    flows, counter = NewFlows(0x10, PREFILL_BASE), side.path_counter["new-ack"]
+    before = side.counters().get(counter, 0)
+    for _ in range(count):
+        res = side.program.test_run(flows.next())
+        if res.retval != XDP_TX:
+            raise LabError(f"{side.who} {side.encap}: a prefill ACK returned {ACTIONS.get(res.retval)}")
+    moved = side.counters().get(counter, 0) - before
+    if moved != count:
+        raise LabError(f"{side.who} {side.encap}: {count} prefill flows moved {counter} by {moved}: "
+                       "not every one was a new flow's miss")
+    return count
+
+
 def time_round(cases: list[Timed], sides: list[Side], per_round: int, order: Order) -> None:
     """Single test runs, every iteration in a new order; then every case's own counter moved by per_round."""
     before = {id(s): s.counters() for s in sides}
@@ -381,6 +412,10 @@ def time_micro(opts: Options, objs: dict[str, Path], result: Result, say: Callab
                 first = load_order(programs, r)
                 with ExitStack() as round_stack:
                     sides = load_sides(round_stack, first, objs, opts, baseline)
+                    filled = {f"{s.who}:{s.encap}": prefill(s, opts.prefill) for s in sides}
+                    if opts.prefill and r == 0:
+                        say(f"  tables {opts.prefill:.0%} full before timing (flows sent: "
+                            f"{', '.join(f'{k} {v:,}' for k, v in filled.items())})")
                     cases = floors + [c for n, side in enumerate(sides) for c in side_cases(side, n << 20)]
                     time_round(cases, sides, per_round, order)
                     for side in sides:
@@ -394,6 +429,7 @@ def time_micro(opts: Options, objs: dict[str, Path], result: Result, say: Callab
                 say(f"  round {r + 1}/{opts.rounds} ({first[0]} loaded first): {per_round} calls per case, "
                     "actions and path counters checked")
     result.calls, result.rounds, result.lru_size = per_round * opts.rounds, opts.rounds, opts.lru_size
+    result.prefill = opts.prefill
     result.medians = {name: float(statistics.median(x for got in rounds for x in got))
                       for name, rounds in samples.items()}
     result.round_medians = {name: [float(statistics.median(got)) for got in rounds] for name, rounds in samples.items()}
@@ -484,6 +520,8 @@ def table_lines(result: Result) -> list[str]:
         shape = f"one table of {entries:,} entries for all CPUs" if who != "katran" else \
             f"{count} tables (one per CPU) of {entries:,} entries"
         lines.append(f"  session tables, {who}: {shape}, {size / 2**20:.0f} MiB ({result.lru_size:,} per CPU)")
+    if result.prefill:
+        lines.append(f"  every table {result.prefill:.0%} full of other flows before each round's timing")
     return lines
 
 
@@ -513,7 +551,7 @@ def side_by_side(result: Result) -> Any:
                       session_table_entries=result.lru_size, floor_xdp_drop_ns=result.medians["floor:xdp_drop"],
                       floor_xdp_tx_ns=result.medians["floor:xdp_tx"], cases=rows, sizes=sizes,
                       loop=loop_costs(result), seed=result.seed, first_loaded=list(result.first_loaded),
-                      session_tables=tables, syn_flood=syn_flood(result))
+                      session_tables=tables, syn_flood=syn_flood(result), prefill=result.prefill)
 
 
 def loop_costs(result: Result) -> list[Any]:

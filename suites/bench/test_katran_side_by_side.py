@@ -101,6 +101,15 @@ def test_baseline_without_katran_is_a_usage_error(capsys: pytest.CaptureFixture[
     assert "it needs --katran" in capsys.readouterr().err
 
 
+def test_prefill_needs_katran_and_a_fraction_a_table_can_take(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_cli.main(["--prefill", "0.5"]) == 2
+    assert "it needs --katran" in capsys.readouterr().err
+    if os.geteuid() == 0 and os.path.ismount("/sys/fs/bpf"):
+        for bad in ("0.95", "-0.1"):
+            assert bench_cli.main(["--katran", "/nonexistent", "--prefill", bad]) == 2
+            assert "--prefill must be 0 to 0.9" in capsys.readouterr().err
+
+
 def test_a_baseline_the_controller_cannot_program_is_refused_before_katran_is_built(tmp_path: Path) -> None:
     """Another object's contract, a file that is no BPF object, a missing file: each a clear error,
     raised before the bench looks for Katran (no checkout is given here)."""
@@ -180,6 +189,26 @@ def test_side_by_side_checks_every_path(checkout: katran.Checkout, tmp_path: Pat
     tables = {t.program: t for t in sbs.session_tables}
     assert tables["katran"].entries == 4096 and tables["katran"].tables == tables["l4lab"].entries // 4096
     assert tables["l4lab"].tables == 1 and tables["l4lab"].bytes > 0
+
+
+@NEEDS_ROOT
+def test_prefill_fills_each_table_the_same_fraction(checkout: katran.Checkout, objects: dict[str, Path],
+                                                    pinned: None) -> None:
+    """Half of l4lab's one table and half of Katran's table on this CPU hold other flows' sessions
+    before timing, each inserted by the program itself."""
+    with ExitStack() as stack:
+        ours = katranbench.l4lab_side(stack, "ip4-ipip", 4096)
+        theirs = katranbench.katran_side(stack, "ip4-ipip", objects["ipip"], 4096)
+        _, ours_entries, _ = katranbench.table_sizes(ours)
+        sent = {"l4lab": katranbench.prefill(ours, 0.5), "katran": katranbench.prefill(theirs, 0.5)}
+        assert sent == {"l4lab": ours_entries // 2, "katran": 2048}
+        held = len(list(ours.tables[0].keys()))
+        cpu = max(os.sched_getaffinity(0))
+        katran_held = len(list(theirs.tables[cpu].keys()))
+    print(f"prefill: l4lab sent {sent['l4lab']}, holds {held}; katran sent 2048, its CPU {cpu} table holds "
+          f"{katran_held}")
+    assert held == sent["l4lab"], "every prefill flow's session is in l4lab's IPv4 table"
+    assert katran_held == 2048, "every prefill flow's session is in Katran's table of this CPU"
 
 
 @NEEDS_ROOT
