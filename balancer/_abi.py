@@ -136,6 +136,15 @@ class Reason(IntEnum):
     REASON_COUNT = 27
 
 
+class Sess4(IntEnum):
+    """enum lb_sess4"""
+
+    WAYS = 4
+    PROTO = 255
+    CHECK = 2147483392
+    OVERFLOW = -2147483648
+
+
 class VipFlag(IntFlag):
     """enum lb_vip_flag"""
 
@@ -210,14 +219,6 @@ class Flow(ctypes.Structure):
                 ("pad", ctypes.c_uint16)]
 
 
-class Flow4(ctypes.Structure):
-    """struct lb_flow4 (16 bytes)"""
-
-    _pack_ = 1
-    _fields_ = [("src", ctypes.c_uint32), ("dst", ctypes.c_uint32), ("sport", ctypes.c_uint16),
-                ("dport", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("pad", ctypes.c_uint8 * 3)]
-
-
 class Real(ctypes.Structure):
     """struct lb_real (20 bytes)"""
 
@@ -233,11 +234,26 @@ class HcTarget(ctypes.Structure):
     _fields_ = [("real", Real), ("encap", ctypes.c_uint8), ("pad", ctypes.c_uint8), ("gue_port", ctypes.c_uint16)]
 
 
+class Sess4Key(ctypes.Structure):
+    """struct lb_sess4_key (16 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [("src", ctypes.c_uint32), ("dst", ctypes.c_uint32), ("ports", ctypes.c_uint32),
+                ("tag", ctypes.c_uint32)]
+
+
 class Session(ctypes.Structure):
     """struct lb_session (16 bytes)"""
 
     _pack_ = 1
     _fields_ = [("real_id", ctypes.c_uint32), ("hash", ctypes.c_uint32), ("atime_ns", ctypes.c_uint64)]
+
+
+class Sess4Set(ctypes.Structure):
+    """struct lb_sess4_set (128 bytes)"""
+
+    _pack_ = 1
+    _fields_ = [("keys", Sess4Key * 4), ("sess", Session * 4)]
 
 
 class Settings(ctypes.Structure):
@@ -308,9 +324,10 @@ SIZES = {
     "Counts": 528,
     "DownKey": 8,
     "Flow": 40,
-    "Flow4": 16,
     "HcTarget": 24,
     "Real": 20,
+    "Sess4Key": 16,
+    "Sess4Set": 128,
     "Session": 16,
     "Settings": 64,
     "SrcKey": 24,
@@ -325,17 +342,19 @@ SIZES = {
 # Offsets and sizes of each object's load-time constants in its .rodata image.
 RODATA = {
     "balancer": {
-        "cfg_ring_size": (48, 4),
-        "cfg_egress_ifindex": (52, 4),
-        "cfg_udp_timeout_ns": (56, 8),
-        "cfg_jiffy_ns": (64, 4),
-        "cfg_jiffies_at_boot": (72, 8),
-        "cfg_katran_max_vips": (80, 4),
-        "cfg_egress_mac": (88, 8),
-        "cfg_syn_lookups": (96, 8),
+        "cfg_ring_size": (52, 4),
+        "cfg_egress_ifindex": (56, 4),
+        "cfg_udp_timeout_ns": (64, 8),
+        "cfg_jiffy_ns": (72, 4),
+        "cfg_jiffies_at_boot": (80, 8),
+        "cfg_katran_max_vips": (88, 4),
+        "cfg_egress_mac": (96, 8),
+        "cfg_sess4_mask": (104, 4),
+        "cfg_sess4_shift": (108, 4),
+        "cfg_syn_lookups": (112, 8),
     },
     "decap": {
-        "cfg_gue_port": (56, 2),
+        "cfg_gue_port": (60, 2),
     },
     "floor": {
     },
@@ -372,8 +391,8 @@ MAPS = {
         "lb_ring",
         "lb_scratch",
         "lb_server_ids",
+        "lb_sess4_sets",
         "lb_sessions",
-        "lb_sessions4",
         "lb_settings",
         "lb_src_routes",
         "lb_syn_window",
@@ -408,12 +427,12 @@ MAPS = {
 
 # The loader refuses an object whose contract digest is not this one.
 DIGESTS = {
-    "balancer": "55cf4acf3385d5f34aa547697d7cf90a",
-    "decap": "a47b9eb4ed31a3f5def495d6fb551120",
+    "balancer": "6f447fa59a65f29adec024a69024ed59",
+    "decap": "6a1fce6ce4a26fb7de139206c5b7c03a",
     "floor": "626723075fb6dd5a2eeb2decf7deb831",
-    "healthcheck": "d8c3c56af0d786df81bf0088805b8418",
+    "healthcheck": "41995d7c11ea404137edc42eaf850fff",
     "pass": "8f39d9f24e7339db28876547ef6a9879",
-    "tcp_sid_client": "8ca24be03c8e00d3a325c8f46e69d494",
+    "tcp_sid_client": "bb993fa50d7e4dafcdf7d14961e98901",
     "trafficgen": "e5191253edb60fffbc753f2293e2f2d7",
     "xdp_exception": "8e9667e171d7fb4e69a7c6556df3f91a",
 }

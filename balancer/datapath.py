@@ -17,6 +17,7 @@ import ipaddress
 import re
 import shutil
 import socket
+import struct
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,11 +43,23 @@ from balancer.libbpf import (
 )
 from balancer.maplayout import (
     META_WORDS,
+    SESS4_CHECK,
+    SESS4_KEY_WORDS,
+    SESS4_OVERFLOW,
+    SESS4_PROTO,
+    SESS4_SESSION_WORDS,
+    SESS4_SESSIONS_AT,
+    SESS4_SET_WORDS,
+    SESS4_TAG_WORD,
+    SESS4_WAYS,
+    SESSION_SETS,
     SESSION_TABLES,
     SLOT_SHARED,
     proto_number,
     real_entry,
+    sess4_valid,
     session_flow,
+    session_sets,
     settings_bytes,
     slot_family,
     vip_entry,
@@ -106,6 +119,12 @@ def program_for(frags: bool) -> str:
     return PROGRAMS[1] if frags else PROGRAMS[0]
 
 
+def sets_rodata(sets: int) -> dict[str, int]:
+    """The .rodata of the IPv4 session sets (bpf/include/session4.h): their mask, and the shift that takes
+    the second set from the top bits of a 32-bit product."""
+    return {"cfg_sess4_mask": sets - 1, "cfg_sess4_shift": 32 - (sets - 1).bit_length()}
+
+
 def _more_rodata(udp_timeout_s: float, katran_max_vips: int, egress: Egress | None) -> dict[str, int]:
     """The .rodata values besides the ring size: UDP idle timeout, the kernel's tick, Katran's MAX_VIPS,
     two-arm's egress."""
@@ -129,6 +148,40 @@ def sum_counters(m: Map, index: int) -> tuple[int, int]:
     packets = sum(_abi.Counter.from_buffer_copy(v).packets for v in vals)
     nbytes = sum(_abi.Counter.from_buffer_copy(v).bytes for v in vals)
     return packets, nbytes
+
+
+def _sess4_ways(table: Map, words: memoryview, quads: memoryview
+                ) -> Iterator[tuple[int, tuple[int, int, int], int, _abi.Session]]:
+    """The ways of the IPv4 sets (bpf/include/session4.h) that hold a session (maplayout.sess4_valid):
+    (the tag's word index, the key's src, dst and ports, the tag, the session). Each way is read as the
+    datapath reads one, through the map's memory in aligned 4- and 8-byte loads: the tag, the key and
+    the session, the tag again; a way whose tag moved meanwhile (a writer there) is left out."""
+    tags = table.mmap_words()[:, SESS4_TAG_WORD:SESS4_WAYS * SESS4_KEY_WORDS:SESS4_KEY_WORDS] & SESS4_CHECK
+    sets, ways = np.nonzero((tags != 0) & (tags != SESS4_CHECK))  # the candidates, from a copy of the checks
+    del tags
+    for s, w in zip(sets.tolist(), ways.tolist(), strict=True):
+        key_at = s * SESS4_SET_WORDS + w * SESS4_KEY_WORDS
+        sess_at = s * SESS4_SET_WORDS + SESS4_SESSIONS_AT + w * SESS4_SESSION_WORDS
+        tag_at = key_at + SESS4_TAG_WORD
+        tag = words[tag_at]
+        src, dst, ports = words[key_at], words[key_at + 1], words[key_at + 2]
+        real_id, hash32, atime_ns = words[sess_at], words[sess_at + 1], quads[(sess_at + 2) // 2]
+        if (words[tag_at] ^ tag) & ~SESS4_OVERFLOW or not sess4_valid(src, dst, ports, tag, real_id, hash32):
+            continue
+        yield tag_at, (src, dst, ports), tag, _abi.Session(real_id=real_id, hash=hash32, atime_ns=atime_ns)
+
+
+def _sess4_empty(words: memoryview, tag_at: int, tag: int) -> int:
+    """Empties the IPv4 sets' way whose tag is words[tag_at], if it still holds `tag` (its overflow bit
+    aside): one aligned 4-byte store of the tag alone, its check and protocol 0 (no lookup matches an
+    empty way), way 0's overflow bit as it is now. Returns 1 if emptied, 0 if a writer took the way since.
+    (A writer setting the overflow bit between the read and the store loses it: a plain store is what
+    Python has.)"""
+    now = words[tag_at]
+    if (now ^ tag) & ~SESS4_OVERFLOW:
+        return 0
+    words[tag_at] = now & SESS4_OVERFLOW
+    return 1
 
 
 class Datapath:
@@ -164,8 +217,11 @@ class Datapath:
         verify_abi(obj_path, "balancer")
         obj = BpfObject(obj_path)
         try:
-            patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size,
+            entries = lru_size * min(num_possible_cpus(), _abi.Limits.MAX_CPUS)
+            sets = session_sets(entries)
+            patch_rodata(obj, "balancer", {"cfg_ring_size": ring_size, **sets_rodata(sets),
                                             **_more_rodata(udp_timeout_s, katran_max_vips, egress)})
+            obj.set_max_entries(SESSION_SETS, sets)
             obj.set_max_entries("lb_vips", max_vips * VIP_ENTRIES_PER_VIP)
             obj.set_max_entries("lb_vip_stats", max_vips)
             obj.set_max_entries("lb_reals", max_reals)
@@ -174,7 +230,7 @@ class Datapath:
             obj.set_max_entries("lb_vip_cidrs", max_vips * VIP_ENTRIES_PER_VIP)
             obj.set_max_entries("lb_server_ids", max_reals)
             for table in SESSION_TABLES:
-                obj.set_max_entries(table, lru_size * min(num_possible_cpus(), _abi.Limits.MAX_CPUS))
+                obj.set_max_entries(table, entries)
             _autoload(obj, programs)
             obj.load()
             maps = {n: obj.map(n) for n in BALANCER_MAPS}
@@ -205,6 +261,7 @@ class Datapath:
         obj = BpfObject(obj_path)
         try:
             patch_rodata(obj, "balancer", {"cfg_ring_size": running.ring_size,
+                                            **sets_rodata(running.maps[SESSION_SETS].max_entries),
                                             **_more_rodata(udp_timeout_s, katran_max_vips, egress)})
             for name, m in running.maps.items():
                 obj.reuse_map(name, m.fd)
@@ -220,18 +277,30 @@ class Datapath:
 
     @property
     def session_tables(self) -> list[Map]:
-        """The session tables (IPv4 flows, then IPv6 flows; each one LRU hash shared by every CPU)."""
-        return [self.maps[n] for n in SESSION_TABLES]
+        """The session tables (IPv4 flows' sets, then the IPv6 flows' LRU hash; each shared by every CPU)."""
+        return [self.maps[SESSION_SETS], *(self.maps[n] for n in SESSION_TABLES)]
 
     def sessions(self) -> Iterator[tuple[str, bytes, _abi.Flow, _abi.Session]]:
-        """Every session: (its table, its key there, the flow, the session)."""
+        """Every session: (its table, its key there as session_key gives it, the flow, the session); the
+        IPv4 sets' first, then the IPv6 LRU's."""
+        for table, key, flow, sess, _ in self._sessions():
+            yield table, key, flow, sess
+
+    def _sessions(self) -> Iterator[tuple[str, bytes, _abi.Flow, _abi.Session, tuple[int, int] | None]]:
+        """sessions(), each with where an IPv4 one's way is: (its tag's index among the sets' 32-bit
+        words, the tag as read), None for an LRU's."""
+        with self.maps[SESSION_SETS].mmap_view("I") as words, self.maps[SESSION_SETS].mmap_view("Q") as quads:
+            for tag_at, words3, tag, sess in _sess4_ways(self.maps[SESSION_SETS], words, quads):
+                key = struct.pack("<4I", *words3, tag & SESS4_PROTO)
+                yield SESSION_SETS, key, session_flow(SESSION_SETS, key), sess, (tag_at, tag)
         for table in SESSION_TABLES:
             for key, value in self.maps[table].items():
-                yield table, key, session_flow(table, key), _abi.Session.from_buffer_copy(value)
+                yield table, key, session_flow(table, key), _abi.Session.from_buffer_copy(value), None
 
     def flush_sessions(self, address: str, port: int, proto: str | int, real_id: int) -> int:
         """Delete the sessions of a VIP (port 0: every port; `address` may be a prefix VIP's prefix) that
-        point at real_id, in every table.
+        point at real_id, in every table: an IPv4 one's way emptied in place (its tag's check and
+        protocol zeroed, way 0's overflow bit kept), an IPv6 one deleted from the LRU.
 
         Used when a real leaves a VIP, so that its flows re-hash at once (and fail fast at the
         real they now reach) whether or not the real still serves other VIPs. Returns the count.
@@ -239,12 +308,17 @@ class Datapath:
         net = ipaddress.ip_network(address, strict=False)
         fam = _abi.Family.INET if net.version == 4 else _abi.Family.INET6
         pnum, nport = proto_number(proto), socket.htons(port)
+        doomed = [(table, key, way) for table, key, flow, sess, way in self._sessions()
+                  if sess.real_id == real_id and flow.family == fam and flow.proto == pnum and
+                  (port == 0 or flow.dport == nport) and
+                  ipaddress.ip_address(bytes(flow.dst)[:4 if net.version == 4 else 16]) in net]
         removed = 0
-        for table, key, flow, sess in list(self.sessions()):
-            if sess.real_id == real_id and flow.family == fam and flow.proto == pnum and \
-                    (port == 0 or flow.dport == nport) and \
-                    ipaddress.ip_address(bytes(flow.dst)[:4 if net.version == 4 else 16]) in net:
-                removed += self.maps[table].delete(key)
+        with self.maps[SESSION_SETS].mmap_view("I") as words:
+            for table, key, way in doomed:
+                if way is None:
+                    removed += self.maps[table].delete(key)
+                else:
+                    removed += _sess4_empty(words, *way)
         return removed
 
     @classmethod

@@ -22,6 +22,7 @@ import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -360,6 +361,22 @@ class Map:
             raise DatapathError(f"map '{self.name}' into memory as words: it is no array of 8-byte multiples",
                                 _errno.EINVAL)
         return np.ndarray((self.max_entries, self.value_size // 4), dtype="<u4", buffer=self._mmap(self.value_size))
+
+    def mmap_view(self, fmt: Literal["I", "Q"] = "I") -> memoryview:
+        """The memory of a BPF_F_MMAPABLE array as mmap_words maps it, as a writable memoryview of 32-bit
+        ("I") or 64-bit ("Q") items: each item read or written is one aligned access of its size, where
+        numpy may copy a slice in wider or narrower pieces. Release it (`with`) before closing the map."""
+        size = {"I": 4, "Q": 8}.get(fmt)
+        if self.type != MapType.ARRAY or self.value_size % 8 or size is None:
+            raise DatapathError(f"map '{self.name}' into memory as '{fmt}' items: it is no array of 8-byte "
+                                "multiples, or the format is neither 'I' nor 'Q'", _errno.EINVAL)
+        view = memoryview(self._mmap(self.value_size)).cast(fmt)
+        got = view.itemsize
+        if got != size:  # the native C types' sizes: 4 and 8 on every Linux the lab runs on
+            view.release()
+            raise DatapathError(f"map '{self.name}' into memory as '{fmt}' items", _errno.EINVAL,
+                                f"this Python's '{fmt}' is {got} bytes, not {size}")
+        return view
 
     def _mmap(self, elem: int) -> mmap.mmap:
         length = -(-self.max_entries * elem // mmap.PAGESIZE) * mmap.PAGESIZE

@@ -29,25 +29,77 @@ def addr_words(address: str) -> tuple[bytes, int]:
     return ip.packed.ljust(16, b"\0"), int(fam)
 
 
-# The session tables: IPv4 flows keyed by struct lb_flow4 (16 bytes), IPv6 flows by struct lb_flow.
-SESSION_TABLES = ("lb_sessions4", "lb_sessions")
+# The LRU session tables: IPv6 flows, keyed by struct lb_flow. IPv4 flows live in SESSION_SETS
+# (bpf/include/session4.h), an array of sets of ways that Datapath.sessions() walks through its memory.
+SESSION_TABLES = ("lb_sessions",)
+SESSION_SETS = "lb_sess4_sets"
+
+# struct lb_sess4_set as 32-bit words: WAYS keys {src, dst, ports, tag}, then WAYS sessions {real_id, hash,
+# atime_ns (two words)}; a way's key is named in sessions() by its words with the tag cut to the protocol.
+SESS4_WAYS = int(_abi.Sess4.WAYS)
+SESS4_SET_WORDS = ctypes.sizeof(_abi.Sess4Set) // 4
+SESS4_KEY_WORDS = ctypes.sizeof(_abi.Sess4Key) // 4
+SESS4_TAG_WORD = _abi.Sess4Key.tag.offset // 4
+SESS4_SESSIONS_AT = _abi.Sess4Set.sess.offset // 4
+SESS4_SESSION_WORDS = ctypes.sizeof(_abi.Session) // 4
+SESS4_PROTO = int(_abi.Sess4.PROTO)
+SESS4_CHECK = int(_abi.Sess4.CHECK)  # 0: the way is empty; all ones: it is being written
+SESS4_OVERFLOW = int(_abi.Sess4.OVERFLOW) & 0xFFFFFFFF  # BTF hands the enum member back signed
+
+
+def session_sets(entries: int) -> int:
+    """The sets of SESSION_SETS for `entries` sessions: one way each, 4 ways a set, a power of two (up)."""
+    sets = max(2, -(-entries // SESS4_WAYS))
+    return 1 << (sets - 1).bit_length()
+
+
+def sess4_check(src: int, dst: int, ports: int, proto: int, real_id: int, hash32: int) -> int:
+    """The check bits of a SESSION_SETS way's tag (sess4_check_words in bpf/include/session4.h): a checksum
+    of its key words (src, dst, ports as the map holds them, read little-endian), protocol, real and flow
+    hash; never 0 (empty) nor all ones (being written). suites/datapath/test_sessions4.py holds it to the
+    datapath's ways."""
+    m = 0xFFFFFFFF
+    x = (src * 0x9E3779B1 ^ dst * 0x85EBCA77 ^ ports * 0xC2B2AE3D ^ (real_id ^ (proto << 24)) * 0x27D4EB2F
+         ^ hash32 * 0x165667B1) & m
+    x ^= x >> 15
+    check = (x >> 1) & SESS4_CHECK
+    if check == 0:
+        return 0x100
+    if check == SESS4_CHECK:
+        return SESS4_CHECK ^ 0x100
+    return check
+
+
+def sess4_valid(src: int, dst: int, ports: int, tag: int, real_id: int, hash32: int) -> bool:
+    """Whether a way read from SESSION_SETS holds a session: its check neither empty nor "being written",
+    and the checksum of its content (sess4_check). The one rule every reader of the sets applies."""
+    check = tag & SESS4_CHECK
+    return check not in (0, SESS4_CHECK) and \
+        check == sess4_check(src, dst, ports, tag & SESS4_PROTO, real_id, hash32)
+
+
+def sess4_key(flow: _abi.Flow) -> bytes:
+    """An IPv4 flow's key words in SESSION_SETS (struct lb_sess4_key), its tag cut to the protocol."""
+    return bytes(_abi.Sess4Key(src=flow.src[0], dst=flow.dst[0], ports=flow.sport | flow.dport << 16,
+                               tag=flow.proto))
 
 
 def session_key(flow: _abi.Flow) -> tuple[str, bytes]:
-    """The session table of a flow (struct lb_flow) and the flow's key in it."""
+    """The session table of a flow (struct lb_flow) and the flow's key in it: an IPv4 flow's key words in
+    SESSION_SETS (where in the sets the flow's hash and the datapath's choices decide), an IPv6 flow's
+    struct lb_flow in lb_sessions."""
     if flow.family == _abi.Family.INET:
-        return "lb_sessions4", bytes(_abi.Flow4(src=flow.src[0], dst=flow.dst[0], sport=flow.sport,
-                                                dport=flow.dport, proto=flow.proto))
+        return SESSION_SETS, sess4_key(flow)
     return "lb_sessions", bytes(flow)
 
 
 def session_flow(table: str, key: bytes) -> _abi.Flow:
-    """A session table's key as the flow (struct lb_flow) it stands for."""
+    """A session table's key (as session_key gives it) as the flow (struct lb_flow) it stands for."""
     if table == "lb_sessions":
         return _abi.Flow.from_buffer_copy(key)
-    k = _abi.Flow4.from_buffer_copy(key)
-    return _abi.Flow(src=(ctypes.c_uint32 * 4)(k.src), dst=(ctypes.c_uint32 * 4)(k.dst), sport=k.sport,
-                     dport=k.dport, proto=k.proto, family=int(_abi.Family.INET))
+    k = _abi.Sess4Key.from_buffer_copy(key)
+    return _abi.Flow(src=(ctypes.c_uint32 * 4)(k.src), dst=(ctypes.c_uint32 * 4)(k.dst), sport=k.ports & 0xFFFF,
+                     dport=k.ports >> 16, proto=k.tag & SESS4_PROTO, family=int(_abi.Family.INET))
 
 
 def words_addr(raw: bytes, family: int) -> str:

@@ -168,7 +168,7 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 {
 	__u32 vip_flags, vip_num;
 	struct lb_settings *s = bpf_map_lookup_elem(&lb_settings, &lb_zero_key);
-	struct session_ctx sc = {};
+	struct session_ctx sc = { .slot.way = SESS4_NO_WAY };
 	struct lb_real *real = NULL;
 	struct lb_flow copy;
 	const struct lb_flow *key;
@@ -204,7 +204,7 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 	ring_real = ring_entry ? *ring_entry : 0;
 
 	if (!(vip_flags & LB_VIP_NO_LRU)) {
-		real_id = session_lookup(&sc, key, pkt, steering, t);
+		real_id = session_lookup(&sc, key, hash, pkt, steering, t);
 		if (real_id) {
 			real = bpf_map_lookup_elem(&lb_reals, &real_id);
 			if (!real || !real->family) { /* the real left since: choose again */
@@ -250,8 +250,8 @@ static __always_inline int forward(struct xdp_md *ctx, const struct packet *pkt,
 			return LB_DROP_TOO_BIG_NO_DF;
 		return icmp_send_too_big(ctx, pkt, s->mtu - overhead);
 	}
-	if (sc.insert)
-		session_insert(key, real_id, hash);
+	if (!steering && sc.insert) /* never for an ICMP error: said so, the compiler drops the insert's code */
+		session_insert(&sc, key, real_id, hash);
 
 	reason = encap_packet(ctx, pkt, real, mode, hash, s, vip_flags);
 	if (reason == LB_TX_ENCAP) {

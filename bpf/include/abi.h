@@ -178,21 +178,33 @@ struct lb_flow {
 	__u16 pad;
 };
 
-/* The key of an IPv4 flow's session (lb_sessions4): the 5-tuple in 16 bytes, where struct lb_flow
- * takes 40 (24 of them zero for IPv4) that the table hashes and compares on every lookup. */
-struct lb_flow4 {
-	__u32 src;
-	__u32 dst;
-	__u16 sport;
-	__u16 dport;
-	__u8 proto;
-	__u8 pad[3];
-};
-
 struct lb_session {
 	__u32 real_id;
 	__u32 hash;     /* the flow hash the session was made with, for the encap on a hit (0: not known) */
 	__u64 atime_ns; /* the coarse monotonic clock at the last packet, for UDP expiry (session.h) */
+};
+
+/* The IPv4 session table's shape (lb_sess4_sets, session4.h): sets of 4 ways, two candidate sets per flow. */
+enum lb_sess4 {
+	LB_SESS4_WAYS = 4,                /* ways per set: a line of 4 keys, then a line of their 4 sessions */
+	LB_SESS4_PROTO = 0xff,            /* a key's tag: the protocol in bits 0-7 ... */
+	LB_SESS4_CHECK = 0x7fffff00,      /* ... the check in bits 8-30 (0: way empty; all ones: being written) */
+	LB_SESS4_OVERFLOW = 0x80000000, /* way 0's tag, bit 31: some flow of this first set lives in its second */
+};
+
+/* One way's key in lb_sess4_sets: the IPv4 5-tuple and the tag the writer stores last. */
+struct lb_sess4_key {
+	__u32 src;
+	__u32 dst;
+	__u32 ports; /* sport, dport as in struct lb_flow (one word) */
+	__u32 tag;   /* enum lb_sess4: proto | check << 8 (| the set's overflow bit in way 0) */
+};
+
+/* One 128-byte set of lb_sess4_sets: the keys line, then the sessions line (atime_ns: a TCP way's insert
+ * time, a UDP way's last packet). */
+struct lb_sess4_set {
+	struct lb_sess4_key keys[LB_SESS4_WAYS];
+	struct lb_session sess[LB_SESS4_WAYS];
 };
 
 struct lb_counter {
@@ -297,5 +309,6 @@ const volatile enum lb_vip_match lb_abi_vip_match __attribute__((used)) = LB_MAT
 const volatile enum lb_vip_slot_state lb_abi_vip_slot_state __attribute__((used)) = LB_VIP_SLOT_EMPTY;
 const volatile enum lb_vip_route_mask lb_abi_vip_route_mask __attribute__((used)) = LB_VIP_ROUTE_EXTRA;
 const volatile enum lb_decap_action lb_abi_decap_action __attribute__((used)) = LB_DECAP_ACTION_NONE;
+const volatile enum lb_sess4 lb_abi_sess4 __attribute__((used)) = LB_SESS4_WAYS;
 
 #endif

@@ -86,9 +86,18 @@ LB_MAP(BPF_MAP_TYPE_DEVMAP, 1, __u32, __u32) lb_egress_frags SEC(".maps");
  * where the per-CPU LRU rotates its lists on every insert. Both measured: architecture.md, decisions. */
 LB_MAP(BPF_MAP_TYPE_LRU_HASH, LB_DEFAULT_LRU_SIZE, struct lb_flow, struct lb_session) lb_sessions SEC(".maps");
 
-/* The IPv4 flows' session table, alike but keyed by struct lb_flow4 (16 bytes): a shorter key to hash,
- * compare and copy, and a smaller element to bring into the cache for every new flow. */
-LB_MAP(BPF_MAP_TYPE_LRU_HASH, LB_DEFAULT_LRU_SIZE, struct lb_flow4, struct lb_session) lb_sessions4 SEC(".maps");
+/* The IPv4 flows' session table (session4.h): 128-byte sets of 4 ways, the controller's session count
+ * of ways (a power of two of sets). Memory-mappable: the controller walks and flushes it in place. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, LB_DEFAULT_LRU_SIZE / LB_SESS4_WAYS);
+	__type(key, __u32);
+	__type(value, struct lb_sess4_set);
+} lb_sess4_sets SEC(".maps");
+/* Its sets - 1, and 32 - log2(sets) (the second set is the top bits of a product); the controller's. */
+const volatile __u32 cfg_sess4_mask = LB_DEFAULT_LRU_SIZE / LB_SESS4_WAYS - 1;
+const volatile __u32 cfg_sess4_shift = 18;
 
 LB_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, LB_DEFAULT_MAX_VIPS, __u32, struct lb_counter) lb_vip_stats SEC(".maps");
 

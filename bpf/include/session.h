@@ -1,10 +1,11 @@
-/* session.h: the session tables (lb_sessions4 for IPv4 flows, lb_sessions for IPv6; LRU hashes) and their rules. */
+/* session.h: the session tables (lb_sess4_sets for IPv4 flows, session4.h; the LRU lb_sessions for IPv6) and their rules. */
 #ifndef L4LAB_SESSION_H
 #define L4LAB_SESSION_H
 
 #include "parse.h"
 #include "maps.h"
 #include "counters.h"
+#include "session4.h"
 
 enum tcp_flag_byte {
 	TCPF_BYTE_FIN = 0x01,
@@ -12,27 +13,6 @@ enum tcp_flag_byte {
 	TCPF_BYTE_RST = 0x04,
 	TCPF_BYTE_ACK = 0x10,
 };
-
-/* The lb_sessions4 key of an IPv4 flow, stored in whole words (the table hashes the key in 32-bit words:
- * words assembled from narrower stores would stall each load). */
-static __always_inline void flow4_key(struct lb_flow4 *k4, const struct lb_flow *key)
-{
-	k4->src = key->src[0];
-	k4->dst = key->dst[0];
-	*(__u32 *)&k4->sport = *(const __u32 *)&key->sport;
-	*(__u32 *)&k4->proto = key->proto;
-}
-
-/* The flow's session in its family's table, or NULL. */
-static __always_inline struct lb_session *session_find(const struct lb_flow *key)
-{
-	struct lb_flow4 k4;
-
-	if (key->family != LB_AF_INET)
-		return bpf_map_lookup_elem(&lb_sessions, key);
-	flow4_key(&k4, key);
-	return bpf_map_lookup_elem(&lb_sessions4, &k4);
-}
 
 /* Now on the coarse monotonic clock, in nanoseconds to a tick: (jiffies since boot) x (ns per jiffy).
  * The verifier inlines bpf_jiffies64() as one load of jiffies; bpf_ktime_get_coarse_ns() is a helper
@@ -70,23 +50,44 @@ static __always_inline int syn_flood(void)
 
 /* What the packet may do with its flow's session. */
 struct session_ctx {
+	struct sess4_slot slot; /* an IPv4 flow's way: found, or chosen for the insert */
 	__u32 hash;      /* the flow hash the session holds (0: not known) */
 	__u8 insert;     /* the ring's choice must be remembered */
 	__u8 may_insert; /* not an RST, not an ICMP error about the flow */
 	__u8 pad[2];
 };
 
+/* The flow's session: its real, hash and time copied to *found (an IPv4 one's checked against its tag),
+ * and a pointer to it for a UDP touch; or NULL. `hash`: the flow hash (an IPv4 flow's two sets);
+ * `choose`: an IPv4 miss picks the way the insert will take; `record` (a constant: not for ICMP errors,
+ * which insert nothing): the lookup keeps the way for the insert. */
+static __always_inline struct lb_session *session_find(struct session_ctx *sc, const struct lb_flow *key,
+						       __u32 hash, int choose, const int record, struct lb_session *found)
+{
+	struct lb_session *sess;
+
+	if (key->family == LB_AF_INET)
+		return sess4_find(&sc->slot, key, hash, choose, record, found);
+	sess = bpf_map_lookup_elem(&lb_sessions, key);
+	if (sess) {
+		found->real_id = sess->real_id;
+		found->hash = sess->hash;
+		found->atime_ns = sess->atime_ns;
+	}
+	return sess;
+}
+
 /* Looks the flow up and applies the rules: a SYN (without ACK) goes to the ring and creates no session,
  * a UDP session idle longer than cfg_udp_timeout_ns is replaced, an RST never creates a session.
  * Returns the real id or 0. UDP idle time is read from the coarse monotonic clock (one tick resolution,
  * against timeouts of a second or more: session_now_ns), and written back only when the tick has moved:
  * the session's line is not dirtied by every packet. */
-static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct lb_flow *key,
+static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct lb_flow *key, __u32 hash,
 					    const struct packet *pkt, int steering, struct lb_tally *t)
 {
 	int tcp = pkt->flow.proto == IPPROTO_TCP;
 	int rst = tcp && (pkt->tcp_flags & TCPF_BYTE_RST);
-	struct lb_session *sess;
+	struct lb_session *sess, found = {};
 
 	sc->may_insert = !rst && !steering;
 	sc->insert = sc->may_insert;
@@ -100,11 +101,11 @@ static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct
 		sc->insert = sc->may_insert = 0;
 		if (syn_flood())
 			return 0;
-		if (session_find(key))
+		if (session_find(sc, key, hash, 0, 1, &found))
 			sc->insert = sc->may_insert = 1;
 		return 0;
 	}
-	sess = session_find(key);
+	sess = session_find(sc, key, hash, sc->insert, !steering, &found);
 	if (!sess) {
 		tally_event(t, LB_EV_LRU_MISS);
 		if (rst)
@@ -114,35 +115,36 @@ static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct
 	if (key->proto == IPPROTO_UDP) {
 		__u64 now = session_now_ns();
 
-		if (now - sess->atime_ns > cfg_udp_timeout_ns) {
+		if (now - found.atime_ns > cfg_udp_timeout_ns) {
 			tally_event(t, LB_EV_UDP_EXPIRED);
 			return 0;
 		}
-		if (!steering && sess->atime_ns != now)
+		if (!steering && found.atime_ns != now)
 			sess->atime_ns = now;
 	}
 	sc->insert = 0;
-	sc->hash = sess->hash;
+	sc->hash = found.hash;
 	tally_event(t, LB_EV_LRU_HIT);
-	return sess->real_id;
+	return found.real_id;
 }
 
-/* Only UDP sessions expire by idle time: a TCP session's atime_ns stays 0 (one clock read less). */
-static __always_inline void session_insert(const struct lb_flow *key, __u32 real_id, __u32 hash)
+/* Writes the flow's session: an IPv4 flow's into the way its lookup chose (a TCP way keeps its insert
+ * time, by which it ages), an IPv6 flow's into the LRU (only UDP sessions expire by idle time: a TCP
+ * session's atime_ns stays 0 there, one clock read less). */
+static __always_inline void session_insert(const struct session_ctx *sc, const struct lb_flow *key, __u32 real_id,
+					   __u32 hash)
 {
 	struct lb_session sess = {
 		.real_id = real_id,
 		.hash = hash,
-		.atime_ns = key->proto == IPPROTO_UDP ? session_now_ns() : 0,
 	};
-	struct lb_flow4 k4;
 
-	if (key->family != LB_AF_INET) {
-		bpf_map_update_elem(&lb_sessions, key, &sess, BPF_ANY);
+	if (key->family == LB_AF_INET) {
+		sess4_write(&sc->slot, key, real_id, hash, session_now_ns());
 		return;
 	}
-	flow4_key(&k4, key);
-	bpf_map_update_elem(&lb_sessions4, &k4, &sess, BPF_ANY);
+	sess.atime_ns = key->proto == IPPROTO_UDP ? session_now_ns() : 0;
+	bpf_map_update_elem(&lb_sessions, key, &sess, BPF_ANY);
 }
 
 #endif

@@ -61,8 +61,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from balancer import encaps, maglev
+from balancer import _abi, encaps, maglev
 from balancer.libbpf import BpfObject
+from balancer.maplayout import SESSION_SETS
 from lab.bench import foreign, katran_live, sidespec
 from lab.bench.baseline import any_baseline, check_baseline
 from lab.bench.foreign import ForeignBaseline
@@ -269,9 +270,17 @@ def map_bytes(m: Any) -> int:
     raise LabError(f"map '{m.name}': its fdinfo has no memlock line (kernel too old?)")
 
 
+def table_entries(m: Any) -> int:
+    """A session table's entries: an LRU's elements, or the ways of l4lab's IPv4 sets
+    (bpf/include/session4.h: sets of WAYS ways each)."""
+    if m.name == SESSION_SETS:
+        return int(m.max_entries) * int(_abi.Sess4.WAYS)
+    return int(m.max_entries)
+
+
 def table_sizes(side: Side) -> tuple[int, int, int]:
     """(tables, entries of each, bytes of all) of a side's session tables."""
-    entries = {m.max_entries for m in side.tables}
+    entries = {table_entries(m) for m in side.tables}
     return len(side.tables), max(entries, default=0), sum(map_bytes(m) for m in side.tables)
 
 

@@ -5,7 +5,7 @@
 
 Runs on the LB node. It loads a second copy of the instance's balancer object that *shares* the
 running instance's VIP, real, ring and settings maps (so it reads exactly what the attached program
-reads) but has its own, empty session table and counters: the SYN it test-runs for
+reads) but has its own, empty session tables (IPv4 sets, IPv6 LRU) and counters: the SYN it test-runs for
 each flow is hashed onto the live ring and leaves no trace in the running datapath. The answer, one
 JSON object {sport: real address}, is the ring owner of every flow — where the flow goes when no
 session holds it (a new flow, a flow of a VIP without the LRU, a flow whose session was evicted).
@@ -24,9 +24,9 @@ import sys
 from typing import Any
 
 from balancer.controller import Instance
-from balancer.datapath import BALANCER_MAPS, XDP_ACTIONS, Datapath, patch_rodata, verify_abi
+from balancer.datapath import BALANCER_MAPS, XDP_ACTIONS, Datapath, patch_rodata, sets_rodata, verify_abi
 from balancer.libbpf import BpfObject
-from balancer.maplayout import SESSION_TABLES
+from balancer.maplayout import SESSION_SETS, SESSION_TABLES, session_sets
 from lab.emitted import ETH, XDP_TX, _frame, _template
 from lab.lbconf import real_addresses
 
@@ -54,9 +54,11 @@ def owners(instance: str, vip: str, port: int, client: str, sports: list[int], p
         verify_abi(obj_path)
         obj = BpfObject(obj_path)
         try:
-            patch_rodata(obj, "balancer", {"cfg_ring_size": inst.dp.ring_size,
+            patch_rodata(obj, "balancer", {"cfg_ring_size": inst.dp.ring_size, **sets_rodata(session_sets(64)),
                                             "cfg_katran_max_vips": inst.config.datapath.katran_max_vips})
-            for table in SESSION_TABLES:  # its own tables: the running sessions are not consulted
+            # its own tables (the IPv4 sets, the IPv6 LRU): the running sessions are not consulted
+            obj.set_max_entries(SESSION_SETS, session_sets(64))
+            for table in SESSION_TABLES:
                 obj.set_max_entries(table, 64)
             obj.set_autoload("balancer_xdp_frags", False)  # only balancer_xdp runs: half the verifier's work
             for name in SHARED:

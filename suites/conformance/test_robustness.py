@@ -57,7 +57,7 @@ from balancer import _abi
 from balancer import config as cfg
 from balancer.controller import Instance
 from balancer.encaps import IP4_IPIP, IP6_IP6IP6
-from balancer.maplayout import addr_words
+from balancer.maplayout import SESS4_WAYS, SESSION_SETS, addr_words
 from lab.bench.gen.base import Endpoints
 from lab.bench.gen.xdplive import OBJECT as TRAFFICGEN
 from lab.bench.gen.xdplive import XdpLiveGenerator
@@ -295,7 +295,10 @@ def _session_fill(balancer: LabBalancer) -> tuple[int, int]:
     """(entries, capacity) of the session table of the lab's family."""
     inst = Instance.open(balancer.instance)
     try:
-        table = inst.dp.maps["lb_sessions4" if balancer.family == 4 else "lb_sessions"]
+        if balancer.family == 4:  # the IPv4 sets: a session a way
+            sets = inst.dp.maps[SESSION_SETS]
+            return sum(1 for t, _, _, _ in inst.dp.sessions() if t == SESSION_SETS), sets.max_entries * SESS4_WAYS
+        table = inst.dp.maps["lb_sessions"]
         return sum(1 for _ in table.items()), table.max_entries
     finally:
         inst.close()

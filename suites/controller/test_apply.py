@@ -19,8 +19,9 @@ from balancer.controller import Instance
 from balancer.datapath import Datapath
 from balancer.errors import DatapathError, LbError
 from balancer.libbpf import Map
-from balancer.maplayout import addr_words, session_key, vip_index_from, vip_key, vip_slot
+from balancer.maplayout import SESSION_SETS, addr_words, session_key, vip_index_from, vip_key, vip_slot
 from lab.harness import unique_name
+from suites.sess4 import write_way
 
 REPO = Path(__file__).resolve().parents[2]
 OBJ = str(REPO / "build" / "bpf" / "balancer.o")
@@ -239,35 +240,32 @@ def test_address_only_entry_follows_the_vips(instance: Instance) -> None:
     assert instance.dp.vips() == {}
 
 
-def _session(dst: str, dport: int, proto: int, sport: int, real_id: int) -> tuple[str, bytes, bytes]:
-    """(table, key, value) of a session of 192.0.2.2:sport -> dst:dport."""
+def _session(dst: str, dport: int, proto: int, sport: int, real_id: int) -> tuple[_abi.Flow, _abi.Session]:
+    """(flow, session) of a session of 192.0.2.2:sport -> dst:dport."""
     raw, fam = addr_words(dst)
     src, _ = addr_words("192.0.2.2")
     flow = _abi.Flow(src=(ctypes.c_uint32 * 4).from_buffer_copy(src), dst=(ctypes.c_uint32 * 4).from_buffer_copy(raw),
                      sport=socket.htons(sport), dport=socket.htons(dport), proto=proto, family=fam)
-    table, key = session_key(flow)
-    return table, key, bytes(_abi.Session(real_id=real_id))
+    return flow, _abi.Session(real_id=real_id)
 
 
 def test_removing_a_real_from_one_vip_flushes_only_that_vips_sessions(instance: Instance) -> None:
     """The real still serves the UDP VIP: its TCP sessions go (they fail fast), the UDP ones stay."""
     ids = instance.state.real_ids
     moved, other = ids["203.0.113.34"], ids["203.0.113.18"]
-    maps = instance.dp.maps
     entries = [_session("198.51.100.100", 80, 6, 40000, moved), _session("198.51.100.100", 80, 6, 40001, other),
                _session("198.51.100.100", 9000, 17, 40002, moved)]
-    assert {t for t, _, _ in entries} == {"lb_sessions4"}, "IPv4 flows live in the IPv4 table"
-    for t, k, v in entries:
-        maps[t].update(k, v)
-    assert sorted((t, k) for t, k, _, _ in instance.dp.sessions()) == sorted((t, k) for t, k, _ in entries)
+    keys = [session_key(flow) for flow, _ in entries]
+    assert {t for t, _ in keys} == {SESSION_SETS}, "IPv4 flows live in the IPv4 table"
+    for way, (flow, sess) in zip((3, 2, 1), entries, strict=True):  # one set, filled as the datapath fills it
+        write_way(instance.dp, 0, way, flow, sess)
+    assert sorted((t, k) for t, k, _, _ in instance.dp.sessions()) == sorted(keys)
     new = _config([REALS[0], REALS[2]])  # .34 leaves the TCP VIP; the UDP VIP keeps REALS[:2]
     new = dataclasses.replace(new, vips=(new.vips[0], _config(REALS).vips[1]))
     report = instance.apply(new)
     assert report.sessions_flushed == 1
-    (t0, k0, _), (t1, k1, v1), (t2, k2, v2) = entries
-    assert maps[t0].lookup(k0) is None
-    assert maps[t1].lookup(k1) == v1
-    assert maps[t2].lookup(k2) == v2
+    left = {(t, k): bytes(sess) for t, k, _, sess in instance.dp.sessions()}
+    assert left == {keys[1]: bytes(entries[1][1]), keys[2]: bytes(entries[2][1])}, "only the TCP session of .34 went"
 
 
 def test_mapped_ring_is_the_kernel_map(instance: Instance) -> None:

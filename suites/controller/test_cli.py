@@ -248,7 +248,7 @@ def test_upgrade_replaces_the_program_and_keeps_the_maps(ctl: Ctl) -> None:
     pins = Path(controller.Instance.pin_dir(ctl.instance))
     old_prog = _bpftool("link", "show", "pinned", str(pins / "link_lbc0"))["prog_id"]
     map_ids = {name: _bpftool("map", "show", "pinned", str(pins / name))["id"]
-               for name in ("lb_vips", "lb_ring", "lb_sessions4", "lb_sessions", "lb_counts")}
+               for name in ("lb_vips", "lb_ring", "lb_sess4_sets", "lb_sessions", "lb_counts")}
     done = ctl("upgrade")
     assert done.returncode == 0, done.stderr
     new_prog = _bpftool("link", "show", "pinned", str(pins / "link_lbc0"))["prog_id"]

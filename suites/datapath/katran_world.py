@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from balancer import _abi, katran_hash, maglev, routes
+from balancer.maplayout import SESSION_SETS
 
 from .rig import RunBalancer
 
@@ -79,6 +80,9 @@ class KatranWorld:
         p = self.config["profiles"][profile]
         if profile.endswith("(fresh)"):  # Katran ran these on a fresh instance: no session carries over
             for table in self.b.dp.session_tables:
+                if table.name == SESSION_SETS:  # the IPv4 sets: an array, emptied in place
+                    table.mmap_words()[:] = 0
+                    continue
                 for key in list(table.keys()):
                     table.delete(key)
         reals = {r["real_index"]: r["address"] for r in p.get("reals", [])}

@@ -10,8 +10,9 @@ import time
 import pytest
 
 from balancer import _abi
-from balancer.maplayout import session_key, words_addr
+from balancer.maplayout import SESSION_SETS, session_key, words_addr
 from lab.harness import poll
+from suites.sess4 import find_way, write_way
 
 from . import packets as P
 from .frames import decode_encap
@@ -189,9 +190,10 @@ def test_a_flow_hits_its_session_on_every_cpu(balancer_factory: BalancerFactory)
 
 
 def test_each_family_has_its_own_table_under_the_key_python_computes(balancer_factory: BalancerFactory) -> None:
-    """IPv4 sessions live in lb_sessions4 (a 16-byte key), IPv6 ones in lb_sessions; the program writes
-    the key that session_key computes, session_flow reads it back as the flow, and each table alone
-    decides its family's hits."""
+    """IPv4 sessions live in lb_sess4_sets (a way's 16-byte key), IPv6 ones in lb_sessions; the program
+    writes the key that session_key computes, session_flow reads it back as the flow, and each table alone
+    decides its family's hits: the IPv4 session's way emptied by the controller's flush, the next IPv4
+    packet misses while the IPv6 one still hits."""
     b = balancer_factory(world=False)
     vip6 = "2001:db8:f::60"
     b.vip(VIP, 80, "tcp", 0, [P.REALS4[0]])
@@ -199,16 +201,17 @@ def test_each_family_has_its_own_table_under_the_key_python_computes(balancer_fa
     for dst in (VIP, vip6):
         assert b.run(P.tcp_to(dst, sport=40123, flags="A")).reason == "TX_ENCAP"
     found = {table: (key, flow, sess) for table, key, flow, sess in b.dp.sessions()}
-    assert sorted(found) == ["lb_sessions", "lb_sessions4"], found
-    for table, dst, src, real in (("lb_sessions4", VIP, P.CLIENT4, P.REALS4[0]),
+    assert sorted(found) == [SESSION_SETS, "lb_sessions"], found
+    for table, dst, src, real in ((SESSION_SETS, VIP, P.CLIENT4, P.REALS4[0]),
                                   ("lb_sessions", vip6, P.CLIENT6, P.REALS6[0])):
         key, flow, sess = found[table]
         assert session_key(flow) == (table, key)
         assert words_addr(bytes(flow.src), flow.family) == src and words_addr(bytes(flow.dst), flow.family) == dst
         assert (socket.ntohs(flow.sport), socket.ntohs(flow.dport), flow.proto) == (40123, 80, socket.IPPROTO_TCP)
         assert sess.real_id == b.real_id(real)
-    assert b.dp.maps["lb_sessions4"].delete(found["lb_sessions4"][0])
-    assert b.run(P.tcp_to(VIP, sport=40123)).events == {"LRU_MISS": 1}, "the IPv4 session was in lb_sessions4"
+    assert b.dp.flush_sessions(VIP, 80, "tcp", b.real_id(P.REALS4[0])) == 1
+    assert [t for t, _, _, _ in b.dp.sessions()] == ["lb_sessions"], "the flush emptied the IPv4 way"
+    assert b.run(P.tcp_to(VIP, sport=40123)).events == {"LRU_MISS": 1}, "the IPv4 session was in lb_sess4_sets"
     assert b.run(P.tcp_to(vip6, sport=40123)).events == {"LRU_HIT": 1}, "the IPv6 one in lb_sessions"
 
 
@@ -224,14 +227,16 @@ def test_a_hit_encapsulates_with_the_hash_its_session_was_made_with(balancer_fac
 
     syn = sport(b.run(P.tcp_to(VIP, flags="S")).out)
     assert sport(b.run(P.tcp_to(VIP)).out) == syn, "the handshake's ACK inserts the session"
-    [(table, key, _, sess)] = list(b.dp.sessions())
+    [(_, _, flow, sess)] = list(b.dp.sessions())
     assert sess.hash and syn == 0xC000 | (sess.hash & 0x3FFF), "the session holds the hash the SYN used"
     assert sport(b.run(P.tcp_to(VIP)).out) == syn
     other = sess.hash ^ 0x1555
-    b.dp.maps[table].update(key, bytes(_abi.Session(real_id=sess.real_id, hash=other)))
+    way = find_way(b.dp, flow)
+    write_way(b.dp, *way, flow, _abi.Session(real_id=sess.real_id, hash=other, atime_ns=sess.atime_ns))
     hit = b.run(P.tcp_to(VIP))
     assert hit.events == {"LRU_HIT": 1} and sport(hit.out) == 0xC000 | (other & 0x3FFF)
-    b.dp.maps[table].update(key, bytes(_abi.Session(real_id=sess.real_id)))
+    write_way(b.dp, *way, flow, _abi.Session(real_id=sess.real_id, atime_ns=sess.atime_ns))
+    assert [s.hash for _, _, _, s in b.dp.sessions()] == [0], "the controller reads the rewritten way"
     assert sport(b.run(P.tcp_to(VIP)).out) == syn, "hash 0: the flow is hashed again, to the same port"
 
 
