@@ -138,6 +138,15 @@ static __always_inline __u32 sess4_check(const struct lb_flow *key, __u32 real_i
 				 real_id ^ (__u32)key->proto << 24, hash);
 }
 
+/* A way index bounded by a mask where it is used. The barrier keeps the compiler from dropping the mask
+ * after an earlier check: the 6.1 verifier (Debian 12's kernel) loses such a check's bounds when the
+ * index is spilled and read back, and rejects the program. */
+static __always_inline __u32 sess4_way(__u32 way)
+{
+	asm volatile("" : "+r"(way));
+	return way & (LB_SESS4_WAYS - 1);
+}
+
 /* The hit's real, hash and time copied out; 0 when they and the flow's key do not give the tag's check
  * (a way torn by a writer). */
 static __always_inline int sess4_copy(struct lb_sess4_set *set, __u32 way, __u32 tag, const struct lb_flow *key,
@@ -145,6 +154,7 @@ static __always_inline int sess4_copy(struct lb_sess4_set *set, __u32 way, __u32
 {
 	if (way >= LB_SESS4_WAYS)
 		return 0;
+	way = sess4_way(way);
 	sess4_barrier();
 	out->real_id = set->sess[way].real_id;
 	out->hash = set->sess[way].hash;
@@ -319,6 +329,7 @@ static __always_inline void sess4_write(const struct sess4_slot *slot, const str
 		__sync_fetch_and_or((__u64 *)&first->keys[0].ports, (__u64)LB_SESS4_OVERFLOW << 32);
 	check = sess4_check(key, real_id, hash);
 	tag = key->proto | check;
+	way = sess4_way(way);
 	k = &set->keys[way];
 	s = &set->sess[way];
 	if (way == 0)

@@ -163,7 +163,10 @@ def _bootstrap(mirror: str) -> Path:
     # mmdebstrap, not debootstrap: apt's parallel fetch and one dpkg run, a third less time
     # (docs/architecture.md, "the box's root"). Its apt reads none of the host's apt.conf.d: a mirror
     # serving a dated snapshot, as the host's apt is told, would fail the Release file's Valid-Until.
-    _run(["mmdebstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", "--dpkgopt=force-unsafe-io",
+    # In a private mount namespace, as stage 2: killed mid-run, its /proc, /sys and /dev mounts inside
+    # the root go with it instead of staying under build/ (where a later rmtree would walk into them).
+    _run(["unshare", "--mount", "--propagation", "private", "--fork",
+          "mmdebstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", "--dpkgopt=force-unsafe-io",
           "--aptopt=Acquire::Check-Valid-Until \"false\"", SUITE, str(root), mirror],
          "mmdebstrap the box's root", log=work / "build.log")
     done.touch()
