@@ -36,7 +36,7 @@ from balancer import cli_args, cli_routes, completion, controller, preflight
 from balancer import config as cfg
 from balancer.controller import Instance, ring_kind
 from balancer.datapath import Datapath, xdp_link_ifindex
-from balancer.errors import ConfigError, InstanceOwnedError, LbError, crash_report
+from balancer.errors import AbiMismatchError, ConfigError, InstanceOwnedError, LbError, crash_report
 from balancer.handover import hand_over
 from balancer.version import version
 
@@ -153,7 +153,15 @@ def cmd_unload(args: argparse.Namespace) -> int:
         Datapath.unpin(pins)
         print(f"unloaded instance '{args.instance}' (it had pins under {pins} but no state file)")
         return 0
-    inst = _instance(args)
+    try:
+        inst = _instance(args)
+    except AbiMismatchError as exc:
+        # Pinned by another version of the datapath: this lbctl cannot open it, and unload is the
+        # operator's way out (the error's own hint), so its pins and state go as they are.
+        Datapath.unpin(pins)
+        Instance.state_path(args.instance).unlink(missing_ok=True)
+        print(f"unloaded instance '{args.instance}' (loaded by another version of the datapath: {exc.what})")
+        return 0
     inst.unload()
     print(f"unloaded instance '{args.instance}'")
     return 0

@@ -328,6 +328,16 @@ class Datapath:
         if not (d / "lb_vips").exists():
             raise DatapathError(f"find a loaded balancer under {pin_dir}", _errno.ENOENT,
                                 "run `lbctl load --interface IF` first")
+        missing = [n for n in BALANCER_MAPS if not (d / n).exists()]
+        if missing:
+            unknown = sorted(p.name for p in d.iterdir() if p.name not in BALANCER_MAPS
+                             and not p.name.startswith("link_"))
+            raise AbiMismatchError(
+                f"open the balancer pinned under {pin_dir}: it has no {', '.join(missing)}"
+                + (f" and has {', '.join(unknown)}, which this lbctl does not know" if unknown else ""),
+                _errno.EPROTO, "another version of the datapath loaded it (IPv4 sessions moved from "
+                "lb_sessions4 to lb_sess4_sets, architecture.md); manage it with the lbctl that loaded it, "
+                "or `lbctl unload` and `lbctl load` it again (its sessions are lost)")
         maps = {n: map_from_pin(str(d / n)) for n in BALANCER_MAPS}
         ring_size = maps["lb_ring"].max_entries // max(1, maps["lb_vip_stats"].max_entries)
         dp = cls(maps, {}, ring_size)

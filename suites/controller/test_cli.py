@@ -466,3 +466,32 @@ def test_server_ids_pins_prefix_vips_and_decap_through_the_cli(ctl: Ctl) -> None
         assert ctl(*step).returncode == 0
     status = json.loads(ctl("status", "--json").stdout)
     assert status["decap"] == [] and not any(v["src_routes"] for v in status["vips"])
+
+
+def test_an_instance_pinned_by_another_datapath_version_is_refused_and_unloads(ctl: Ctl) -> None:
+    """An instance loaded by the LRU build (IPv4 sessions in lb_sessions4, no lb_sess4_sets) cannot be
+    opened by this lbctl: status and upgrade say so and how to get out, changing nothing; unload removes its
+    pins and state, which detaches its program."""
+    assert ctl("load", "--config", str(ctl.tmp / "lb.toml")).returncode == 0
+    pins = Path(controller.Instance.pin_dir(ctl.instance))
+    (pins / "lb_sess4_sets").unlink()
+    subprocess.run(["bpftool", "map", "create", str(pins / "lb_sessions4"), "type", "lru_hash", "key", "40",
+                    "value", "16", "entries", "64", "name", "lb_sessions4"], check=True)
+    for verb in ("status", "upgrade"):
+        done = ctl(verb)
+        assert done.returncode == 1, (verb, done.stdout, done.stderr)
+        assert "it has no lb_sess4_sets and has lb_sessions4, which this lbctl does not know" in done.stderr, \
+            done.stderr
+        assert "`lbctl unload` and `lbctl load` it again" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert (pins / "link_lbc0").exists() and (pins / "lb_sessions4").exists(), "refused verbs changed nothing"
+    xdp = subprocess.run(["ip", "-n", ctl.ns, "-j", "link", "show", "lbc0"], capture_output=True, text=True,
+                         check=True).stdout
+    assert '"xdp"' in xdp, "the old program still runs"
+    done = ctl("unload")
+    assert done.returncode == 0, done.stderr
+    assert "loaded by another version of the datapath" in done.stdout, done.stdout
+    assert not pins.exists() and not Path(controller.STATE_ROOT, f"{ctl.instance}.json").exists()
+    xdp = subprocess.run(["ip", "-n", ctl.ns, "-j", "link", "show", "lbc0"], capture_output=True, text=True,
+                         check=True).stdout
+    assert '"xdp"' not in xdp, f"unload detached the program: {xdp}"
