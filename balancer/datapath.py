@@ -43,7 +43,6 @@ from balancer.libbpf import (
 )
 from balancer.maplayout import (
     META_WORDS,
-    SESS4_CHECK,
     SESS4_KEY_WORDS,
     SESS4_OVERFLOW,
     SESS4_PROTO,
@@ -51,12 +50,12 @@ from balancer.maplayout import (
     SESS4_SESSIONS_AT,
     SESS4_SET_WORDS,
     SESS4_TAG_WORD,
-    SESS4_WAYS,
     SESSION_SETS,
     SESSION_TABLES,
     SLOT_SHARED,
     proto_number,
     real_entry,
+    sess4_held,
     sess4_valid,
     session_flow,
     session_sets,
@@ -156,10 +155,8 @@ def _sess4_ways(table: Map, words: memoryview, quads: memoryview
     (the tag's word index, the key's src, dst and ports, the tag, the session). Each way is read as the
     datapath reads one, through the map's memory in aligned 4- and 8-byte loads: the tag, the key and
     the session, the tag again; a way whose tag moved meanwhile (a writer there) is left out."""
-    tags = table.mmap_words()[:, SESS4_TAG_WORD:SESS4_WAYS * SESS4_KEY_WORDS:SESS4_KEY_WORDS] & SESS4_CHECK
-    sets, ways = np.nonzero((tags != 0) & (tags != SESS4_CHECK))  # the candidates, from a copy of the checks
-    del tags
-    for s, w in zip(sets.tolist(), ways.tolist(), strict=True):
+    sets, ways = np.nonzero(sess4_held(table.mmap_words()))  # the candidates, from one read of the checks
+    for s, w in zip(map(int, sets), map(int, ways), strict=True):
         key_at = s * SESS4_SET_WORDS + w * SESS4_KEY_WORDS
         sess_at = s * SESS4_SET_WORDS + SESS4_SESSIONS_AT + w * SESS4_SESSION_WORDS
         tag_at = key_at + SESS4_TAG_WORD

@@ -45,6 +45,7 @@ SESS4_SESSION_WORDS = ctypes.sizeof(_abi.Session) // 4
 SESS4_PROTO = int(_abi.Sess4.PROTO)
 SESS4_CHECK = int(_abi.Sess4.CHECK)  # 0: the way is empty; all ones: it is being written
 SESS4_OVERFLOW = int(_abi.Sess4.OVERFLOW) & 0xFFFFFFFF  # BTF hands the enum member back signed
+SESS4_CHECK_LOW = SESS4_CHECK & -SESS4_CHECK  # the check's lowest bit (SESS4_CHECK_SHIFT in session4.h)
 
 
 def session_sets(entries: int) -> int:
@@ -64,9 +65,9 @@ def sess4_check(src: int, dst: int, ports: int, proto: int, real_id: int, hash32
     x ^= x >> 15
     check = (x >> 1) & SESS4_CHECK
     if check == 0:
-        return 0x100
+        return SESS4_CHECK_LOW
     if check == SESS4_CHECK:
-        return SESS4_CHECK ^ 0x100
+        return SESS4_CHECK ^ SESS4_CHECK_LOW
     return check
 
 
@@ -76,6 +77,15 @@ def sess4_valid(src: int, dst: int, ports: int, tag: int, real_id: int, hash32: 
     check = tag & SESS4_CHECK
     return check not in (0, SESS4_CHECK) and \
         check == sess4_check(src, dst, ports, tag & SESS4_PROTO, real_id, hash32)
+
+
+def sess4_held(words: npt.NDArray[np.uint32]) -> npt.NDArray[np.bool_]:
+    """Which ways of SESSION_SETS (its memory as words, a row a set) look held: a check neither empty nor
+    "being written", read once, as a (sets, ways) mask. The candidates only: a reader still takes a way by
+    its checksum (sess4_valid)."""
+    checks = words[:, SESS4_TAG_WORD:SESS4_WAYS * SESS4_KEY_WORDS:SESS4_KEY_WORDS] & SESS4_CHECK
+    held: npt.NDArray[np.bool_] = (checks != 0) & (checks != SESS4_CHECK)
+    return held
 
 
 def sess4_key(flow: _abi.Flow) -> bytes:

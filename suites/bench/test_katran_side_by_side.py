@@ -27,8 +27,7 @@ from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 from scapy.utils import checksum
 
-from balancer import _abi
-from balancer.maplayout import SESSION_SETS
+from balancer.maplayout import SESSION_SETS, sess4_held
 from lab.bench import cli as bench_cli
 from lab.bench import katran as katranbench
 from lab.bench import model
@@ -197,11 +196,7 @@ def ways_held(table: Any) -> int:
     """The sessions in l4lab's IPv4 sets (bpf/include/session4.h): ways whose check is neither empty nor
     "being written"."""
     assert table.name == SESSION_SETS, table.name
-    words = table.mmap_words()
-    checks = words[:, 3:16:4] & int(_abi.Sess4.CHECK)  # each way's tag, the last word of its key
-    count = int(((checks != 0) & (checks != int(_abi.Sess4.CHECK))).sum())
-    del words, checks
-    return count
+    return int(sess4_held(table.mmap_words()).sum())
 
 
 @NEEDS_ROOT

@@ -15,10 +15,13 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 
 from balancer import _abi
-from balancer.maplayout import SESSION_SETS, sess4_check
+from balancer.maplayout import SESSION_SETS, sess4_check, sess4_held
+from suites.sess4 import find_way
 
 from . import packets as P
 from .rig import ROOT, XDP_VERDICTS, BalancerFactory, RunBalancer
@@ -40,6 +43,11 @@ def sets_of(b: RunBalancer) -> list[_abi.Sess4Set]:
     return [_abi.Sess4Set.from_buffer_copy(words[i].tobytes()) for i in range(words.shape[0])]
 
 
+def held(b: RunBalancer) -> npt.NDArray[np.bool_]:
+    """The (sets, ways) mask of SESSION_SETS' ways that hold a session (maplayout.sess4_held)."""
+    return sess4_held(b.dp.maps[SESSION_SETS].mmap_words())
+
+
 def way_check(key: _abi.Sess4Key, sess: _abi.Session) -> int:
     """The check a way's content gives (balancer.maplayout.sess4_check), to compare with its tag's."""
     return sess4_check(key.src, key.dst, key.ports, key.tag & PROTO, sess.real_id, sess.hash)
@@ -54,9 +62,8 @@ def test_half_a_table_of_flows_keeps_every_session(balancer_factory: BalancerFac
     flows = [(f"10.1.{n >> 8}.{n & 255}", 1024 + n) for n in range(ways * 2 // 5)]
     for src, sport in flows:
         assert b.run(P.tcp_to(VIP, sport=sport, flags="A", src=src)).events == {"LRU_MISS": 1}
+    assert held(b).sum() == len(flows), "every ACK took a way of its own"
     sets = sets_of(b)
-    used = sum(1 for s in sets for k in s.keys if k.tag & CHECK)
-    assert used == len(flows), "every ACK took a way of its own"
     assert any(s.keys[0].tag & OVERFLOW for s in sets), "some flow went to its second set"
     for src, sport in flows:
         assert b.run(P.tcp_to(VIP, sport=sport, flags="A", src=src)).events == {"LRU_HIT": 1}, (src, sport)
@@ -70,15 +77,15 @@ def test_a_first_set_with_three_empty_ways_takes_a_new_flow(balancer_factory: Ba
     b.vip(VIP, 80, "tcp", 0, [P.REALS4[0]])
     assert b.dp.maps[SESSION_SETS].max_entries == 2
 
-    def held() -> list[int]:
-        return [sum(1 for k in s.keys if k.tag & CHECK) for s in sets_of(b)]
+    def held_per_set() -> list[int]:
+        return held(b).sum(axis=1).tolist()
 
     def first_set(n: int) -> int:
         words = b.dp.maps[SESSION_SETS].mmap_words()
         words[:] = 0
         del words
         assert b.run(P.tcp_to(VIP, sport=1024 + n, flags="A", src=f"10.3.0.{n}")).events == {"LRU_MISS": 1}
-        return held().index(1)
+        return held_per_set().index(1)
 
     firsts = {n: first_set(n) for n in range(1, 40)}
     same = [n for n, s in firsts.items() if s == 0][:3]
@@ -89,7 +96,7 @@ def test_a_first_set_with_three_empty_ways_takes_a_new_flow(balancer_factory: Ba
     counts = []
     for n in same:
         assert b.run(P.tcp_to(VIP, sport=1024 + n, flags="A", src=f"10.3.0.{n}")).events == {"LRU_MISS": 1}
-        counts.append(held())
+        counts.append(held_per_set())
     assert counts == [[1, 0], [2, 0], [2, 1]], \
         f"ways held in (set 0, set 1) after each flow: {counts}; the first set keeps flows while 3 ways are empty"
     for n in same:
@@ -169,7 +176,8 @@ def test_a_way_rewritten_meanwhile_never_sends_a_flow_to_another_flows_real(
     b.run(P.tcp_to(VIP, sport=50000, flags="A"))
     real_x, real_y, _ = (b.real_id(r) for r in P.REALS4)  # Y in lb_reals: a hit on it would go there
     b.ring(0, [P.REALS4[2]])  # a miss now goes to Z
-    [(s, w)] = [(i, w) for i, st in enumerate(sets_of(b)) for w in range(WAYS) if st.keys[w].tag & CHECK]
+    [(_, _, flow_a, _)] = list(b.dp.sessions())
+    s, w = find_way(b.dp, flow_a)
     assert w != 0, "the first flow of a set takes way 3 (the writer's plain tag stores would clear way 0's bit)"
     a = WayImage(sets_of(b)[s].keys[w], sets_of(b)[s].sess[w])  # as the datapath wrote it
     assert a.sess.real_id == real_x, f"A's way holds real {a.sess.real_id}, not X ({real_x})"
@@ -234,8 +242,8 @@ def test_the_controller_reads_a_way_only_while_its_check_is_its_content(balancer
     assert b.run(P.tcp_to(VIP, sport=50001, flags="A")).events == {"LRU_MISS": 1}
     [(table, key, flow, sess)] = list(b.dp.sessions())
     assert table == SESSION_SETS and sess.real_id == b.real_id(P.REALS4[0]) and sess.hash
+    s, w = find_way(b.dp, flow)
     words = b.dp.maps[SESSION_SETS].mmap_words()
-    [(s, w)] = [(s, w) for s in range(words.shape[0]) for w in range(4) if words[s, 4 * w + 3] & CHECK]
     src, dst, ports, tag = (int(x) for x in words[s, 4 * w:4 * w + 4])
     assert (tag & CHECK) == sess4_check(src, dst, ports, tag & 0xFF, sess.real_id, sess.hash), \
         "the datapath's check is sess4_check of the way's content"
