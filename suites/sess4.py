@@ -27,20 +27,20 @@ from balancer.maplayout import (
     SESS4_WAYS,
     SESSION_SETS,
     sess4_check,
+    sess4_held,
     sess4_key,
 )
 
 
 def find_way(dp: Datapath, flow: _abi.Flow) -> tuple[int, int]:
-    """(set, way) of the one way of the sets that holds the IPv4 flow's key (its check not 0)."""
+    """(set, way) of the one way of the sets that holds the IPv4 flow's key (maplayout.sess4_held)."""
     key = _abi.Sess4Key.from_buffer_copy(sess4_key(flow))
     words = dp.maps[SESSION_SETS].mmap_words()
     keys = words[:, :SESS4_WAYS * SESS4_KEY_WORDS].reshape(-1, SESS4_WAYS, SESS4_KEY_WORDS)
-    tags = keys[..., SESS4_TAG_WORD]
     hit = (keys[..., 0] == key.src) & (keys[..., 1] == key.dst) & (keys[..., 2] == key.ports) & \
-        (tags & SESS4_PROTO == key.tag) & (tags & SESS4_CHECK != 0)
+        (keys[..., SESS4_TAG_WORD] & SESS4_PROTO == key.tag) & sess4_held(words)
     found = [(int(s), int(w)) for s, w in zip(*np.nonzero(hit), strict=True)]
-    del words, keys, tags
+    del words, keys
     assert len(found) == 1, f"the flow's key is in {len(found)} ways of {SESSION_SETS}: {found}"
     return found[0]
 
