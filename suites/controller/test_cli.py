@@ -243,6 +243,13 @@ def _bpftool(*args: str) -> Any:
     return json.loads(subprocess.run(["bpftool", "-j", *args], capture_output=True, text=True, check=True).stdout)
 
 
+def _xdp_on(ns: str, dev: str) -> bool:
+    """Whether an XDP program is attached to `dev` in netns `ns`, as `ip -j link` reports it."""
+    link = json.loads(subprocess.run(["ip", "-n", ns, "-j", "link", "show", dev], capture_output=True, text=True,
+                                     check=True).stdout)
+    return "xdp" in link[0]
+
+
 def test_upgrade_replaces_the_program_and_keeps_the_maps(ctl: Ctl) -> None:
     assert ctl("load", "--config", str(ctl.tmp / "lb.toml")).returncode == 0
     pins = Path(controller.Instance.pin_dir(ctl.instance))
@@ -485,13 +492,9 @@ def test_an_instance_pinned_by_another_datapath_version_is_refused_and_unloads(c
         assert "`lbctl unload` and `lbctl load` it again" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
     assert (pins / "link_lbc0").exists() and (pins / "lb_sessions4").exists(), "refused verbs changed nothing"
-    xdp = subprocess.run(["ip", "-n", ctl.ns, "-j", "link", "show", "lbc0"], capture_output=True, text=True,
-                         check=True).stdout
-    assert '"xdp"' in xdp, "the old program still runs"
+    assert _xdp_on(ctl.ns, "lbc0"), "the old program still runs"
     done = ctl("unload")
     assert done.returncode == 0, done.stderr
     assert "loaded by another version of the datapath" in done.stdout, done.stdout
     assert not pins.exists() and not Path(controller.STATE_ROOT, f"{ctl.instance}.json").exists()
-    xdp = subprocess.run(["ip", "-n", ctl.ns, "-j", "link", "show", "lbc0"], capture_output=True, text=True,
-                         check=True).stdout
-    assert '"xdp"' not in xdp, f"unload detached the program: {xdp}"
+    assert not _xdp_on(ctl.ns, "lbc0"), "unload left the program attached"
