@@ -332,9 +332,12 @@ class Datapath:
             raise AbiMismatchError(
                 f"open the balancer pinned under {pin_dir}: it has no {', '.join(missing)}"
                 + (f" and has {', '.join(unknown)}, which this lbctl does not know" if unknown else ""),
-                _errno.EPROTO, "another version of the datapath loaded it (IPv4 sessions moved from "
-                "lb_sessions4 to lb_sess4_sets, architecture.md); manage it with the lbctl that loaded it, "
-                "or `lbctl unload` and `lbctl load` it again (its sessions are lost)")
+                _errno.EPROTO, "another version of the datapath loaded it"
+                # The one map change so far; its name tells an operator which upgrade this is.
+                + (" (IPv4 sessions moved from lb_sessions4 to lb_sess4_sets, architecture.md)"
+                   if "lb_sessions4" in unknown else "")
+                + "; manage it with the lbctl that loaded it, or `lbctl unload` and `lbctl load` it again "
+                "(its sessions are lost)")
         maps = {n: map_from_pin(str(d / n)) for n in BALANCER_MAPS}
         ring_size = maps["lb_ring"].max_entries // max(1, maps["lb_vip_stats"].max_entries)
         dp = cls(maps, {}, ring_size)

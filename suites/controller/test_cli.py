@@ -490,6 +490,7 @@ def test_an_instance_pinned_by_another_datapath_version_is_refused_and_unloads(c
         assert "it has no lb_sess4_sets and has lb_sessions4, which this lbctl does not know" in done.stderr, \
             done.stderr
         assert "`lbctl unload` and `lbctl load` it again" in done.stderr, done.stderr
+        assert "IPv4 sessions moved from lb_sessions4 to lb_sess4_sets" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
     assert (pins / "link_lbc0").exists() and (pins / "lb_sessions4").exists(), "refused verbs changed nothing"
     assert _xdp_on(ctl.ns, "lbc0"), "the old program still runs"
@@ -498,3 +499,18 @@ def test_an_instance_pinned_by_another_datapath_version_is_refused_and_unloads(c
     assert "loaded by another version of the datapath" in done.stdout, done.stdout
     assert not pins.exists() and not Path(controller.STATE_ROOT, f"{ctl.instance}.json").exists()
     assert not _xdp_on(ctl.ns, "lbc0"), "unload left the program attached"
+
+
+def test_an_instance_missing_another_map_is_refused_without_the_sessions_history(ctl: Ctl) -> None:
+    """Any map of the set missing refuses the instance; the hint names the IPv4 sessions' move only when
+    the instance has lb_sessions4, so a future map change is not blamed on that one."""
+    assert ctl("load", "--config", str(ctl.tmp / "lb.toml")).returncode == 0
+    pins = Path(controller.Instance.pin_dir(ctl.instance))
+    (pins / "lb_ring").unlink()
+    done = ctl("status")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "it has no lb_ring: " in done.stderr, done.stderr
+    assert "another version of the datapath loaded it; manage it with the lbctl" in done.stderr, done.stderr
+    assert "lb_sessions4" not in done.stderr, done.stderr
+    assert ctl("unload").returncode == 0 and not pins.exists()
+    assert not _xdp_on(ctl.ns, "lbc0")
