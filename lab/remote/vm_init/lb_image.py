@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -166,16 +167,29 @@ def build_lb_image(cache_dir: Path = vmimage.DEFAULT_CACHE_DIR) -> vmimage.BootI
     kernel = vmimage.find_kernel()
     base_key, tree_key = _base_key(kernel), _tree_key()
     initrd = cache_dir / f"lb-{kernel.version}-{base_key}-{tree_key}.cpio"
-    if not initrd.is_file():
-        base = _archive(cache_dir, f"lb-base-{kernel.version}-{base_key}.cpio", lambda r: _assemble_base(r, kernel))
-        tree = _archive(cache_dir, f"lb-tree-{tree_key}.cpio", _assemble_tree)
-        with tempfile.NamedTemporaryFile(dir=cache_dir, prefix=".lb-", delete=False) as out:
-            for part in (base, tree):
-                with part.open("rb") as f:
-                    shutil.copyfileobj(f, out)
-        os.replace(out.name, initrd)
-        tree.unlink()
-        for old in cache_dir.glob("lb-*.cpio"):  # older images and bases (a running qemu has read its initrd)
-            if old not in (initrd, base):
-                old.unlink(missing_ok=True)
+    if initrd.is_file():
+        return vmimage.BootImage(kernel=kernel.vmlinuz, initrd=initrd, kernel_version=kernel.version)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # One builder at a time (make test's two streams both boot LB VMs): the steps below delete the
+    # tree archive and older images, which a second builder might be reading. The other waits, then
+    # finds the image.
+    with open(cache_dir / ".lb-image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not initrd.is_file():
+            _build_lb_image(cache_dir, kernel, initrd, base_key, tree_key)
     return vmimage.BootImage(kernel=kernel.vmlinuz, initrd=initrd, kernel_version=kernel.version)
+
+
+def _build_lb_image(cache_dir: Path, kernel: vmimage.KernelInfo, initrd: Path, base_key: str, tree_key: str) -> None:
+    """Base and tree archives, concatenated into `initrd`; older images removed (the caller holds the lock)."""
+    base = _archive(cache_dir, f"lb-base-{kernel.version}-{base_key}.cpio", lambda r: _assemble_base(r, kernel))
+    tree = _archive(cache_dir, f"lb-tree-{tree_key}.cpio", _assemble_tree)
+    with tempfile.NamedTemporaryFile(dir=cache_dir, prefix=".lb-", delete=False) as out:
+        for part in (base, tree):
+            with part.open("rb") as f:
+                shutil.copyfileobj(f, out)
+    os.replace(out.name, initrd)
+    tree.unlink()
+    for old in cache_dir.glob("lb-*.cpio"):  # older images and bases (a running qemu has read its initrd)
+        if old not in (initrd, base):
+            old.unlink(missing_ok=True)
