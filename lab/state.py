@@ -95,6 +95,7 @@ class LabState:
     vm_boot_seconds: dict[str, float] = field(default_factory=dict)  # VM real -> qemu start to ready
     vm_guest_uptime: dict[str, float] = field(default_factory=dict)  # VM real -> its uptime when ready
     bgp_established_seconds: float | None = None  # FRR start to every BGP session Established
+    builder_pid: int = 0  # the process that built it (0: a state file written before this field)
 
     @property
     def path(self) -> Path:
@@ -129,6 +130,7 @@ class LabState:
             vm_boot_seconds=raw.get("vm_boot_seconds", {}),
             vm_guest_uptime=raw.get("vm_guest_uptime", {}),
             bgp_established_seconds=raw.get("bgp_established_seconds"),
+            builder_pid=raw.get("builder_pid", 0),
         )
 
 

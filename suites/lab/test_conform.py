@@ -7,6 +7,7 @@ the real plugin, and a deliberately broken IPVS adapter must give an error, neve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -22,7 +23,7 @@ from lab.dut.fleet import evidence_limit, member_evidence
 from lab.dut.keepalived import RealServer, VirtualServer, render
 from lab.dut.spec import DutSpec, DutSpecError
 from lab.dut.verdict import POLL, combine, failure_verdict, skip_verdict
-from lab.errors import UsageError
+from lab.errors import LabNotFoundError, UsageError
 from lab.harness.signalled import signal_when
 from lab.nsexec import NETNS_DIR
 from lab.state import LabState, state_dir
@@ -283,9 +284,39 @@ def test_a_broken_adapter_mid_check_is_an_error_never_a_finding(tmp_path: Path) 
     assert result.payload.outcome == "error" and "ipvsadm failed" in result.payload.detail, result.payload.detail
 
 
-def _new_labs(before: set[str]) -> set[str]:
-    """Conformance labs (`cf-<hex>`) whose namespaces appeared since `before` was taken."""
-    return {"-".join(p.name.split("-")[:2]) for p in NETNS_DIR.glob("cf-*")} - before
+def _cf_labs() -> set[str]:
+    """Conformance labs (`cf-<hex>`) with namespaces on the machine, whoever built them."""
+    return {"-".join(p.name.split("-")[:2]) for p in NETNS_DIR.glob("cf-*")}
+
+
+def _descendants(root: int) -> set[int]:
+    """`root` and every live process under it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):  # gone meanwhile
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _new_labs(before: set[str], root: int) -> set[str]:
+    """Conformance labs that appeared since `before` was taken and were built under process `root`
+    (their state names the builder): other runs on the machine build `cf-` labs meanwhile."""
+    tree = _descendants(root)
+    built_here = set()
+    for lab in _cf_labs() - before:
+        with contextlib.suppress(LabNotFoundError):  # its state not written yet: the next poll sees it
+            if LabState.load(lab).builder_pid in tree:
+                built_here.add(lab)
+    return built_here
 
 
 def _built(labs: set[str]) -> bool:
@@ -310,13 +341,13 @@ def test_an_interrupted_conform_run_removes_its_labs(signum: int, moment: str, t
     was starting its tracer on or checking with before `l4lab conform` exits 130."""
     if os.geteuid() != 0:
         pytest.skip("the conformance lab needs root")
-    before = _new_labs(set())
+    before = _cf_labs()
     argv = [sys.executable, "-m", "lab.cli", "conform", "--dut", "l4lab", "--no-report", "--results",
             str(tmp_path), "-k", "test_removing_a_real_moves_only_its_flows_and_breaks_no_other and ip4-ipip"]
     labs: set[str] = set()
 
-    def at_moment(_pid: int) -> bool:
-        labs.update(_new_labs(before))
+    def at_moment(pid: int) -> bool:
+        labs.update(_new_labs(before, pid))
         return bool(labs) and bool(MOMENTS[moment](labs))
 
     ended = signal_when(argv, at_moment, signum, what=f"a conformance lab {moment}", cwd=REPO, deadline_s=120.0,

@@ -19,6 +19,7 @@ import pytest
 
 from lab.errors import LabError, UsageError
 from lab.harness import REPO, Lab, poll
+from lab.nsexec import NETNS_DIR
 from lab.remote import target
 
 pytestmark = pytest.mark.topology("default")
@@ -209,15 +210,22 @@ def test_hardware_mode_runs_the_marked_suites(lab: Lab, netns_target: target.Tar
     assert len(marked) == 4 and set(marked.values()) == {"passed"}, f"hardware-marked tests: {outcome}"
     other = [v for k, v in outcome.items() if k not in marked]
     assert other and all("needs the netns lab on this machine" in v for v in other), outcome
-    left = [p for p in subprocess.run(["pgrep", "-f", "suites.conformance._(tcp_services|churn_client)"],
-                                      capture_output=True, text=True, check=False).stdout.split()
-            if _cwd(p) == REPO]  # only this checkout's: other checkouts on the machine run these too
+    left = _node_processes(lab.name, ("lab.nodes.tcp_services", "lab.nodes.churn_client"))
     assert not left, f"processes the suites started over ssh outlived the run: pids {left}"
 
 
-def _cwd(pid: str) -> Path | None:
-    """A process's working directory, None once it is gone."""
-    try:
-        return Path(os.readlink(f"/proc/{pid}/cwd"))
-    except OSError:
-        return None
+def _node_processes(lab: str, modules: tuple[str, ...]) -> list[int]:
+    """Live processes inside lab `lab`'s namespaces that run one of `modules` (`python -m MODULE`): only
+    this lab's, since other labs on the machine (make test's other stream, other checkouts) run them too."""
+    inodes = {os.stat(p).st_ino for p in NETNS_DIR.glob(f"{lab}-*")}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                inode = os.stat(entry / "ns" / "net").st_ino
+            except OSError:  # gone meanwhile
+                continue
+            if inode in inodes and any(m.encode() in argv for m in modules):
+                found.append(int(entry.name))
+    return found
