@@ -57,12 +57,20 @@ check: deps abi-check lint
 demo: deps bpf
 	$(VENV)/bin/l4lab demo
 
+# Every test: two concurrent streams of about equal length (suites/streams.py says why; the second
+# stream's output follows the first's), then the benches alone, since they time what they run.
+# Stream 1: l4lab's conformance, the datapath and report suites, then the core conformance checks
+# against Linux IPVS in a VM. Stream 2: the rest, then one Vagrant smoke (test-vagrant-smoke below),
+# after the unit VM that shares its bootstrapped root.
+TEST_STREAM_1 := $(PY) -m pytest suites/conformance suites/datapath suites/reports $(PYTEST_ARGS) \
+	&& $(VENV)/bin/l4lab conform --dut ipvs --no-report
+TEST_STREAM_2 := $(PY) -m pytest suites/ --ignore=suites/conformance --ignore=suites/datapath \
+	--ignore=suites/reports --ignore=suites/bench $(PYTEST_ARGS) \
+	&& L4LAB_VAGRANT_SMOKE=1 $(PY) -m pytest suites/lab/test_vagrant.py -k smoke -rs -s $(PYTEST_ARGS)
+
 test: deps-all bpf abi-check lint
-	$(PY) -m pytest suites/ $(PYTEST_ARGS)
-	# The core conformance checks against Linux IPVS in a VM (l4lab's column ran above).
-	$(VENV)/bin/l4lab conform --dut ipvs --no-report
-	# One Vagrant smoke (test-vagrant-smoke below): about 4 minutes from nothing, the box included.
-	L4LAB_VAGRANT_SMOKE=1 $(PY) -m pytest suites/lab/test_vagrant.py -k smoke -rs -s $(PYTEST_ARGS)
+	$(PY) -m suites.streams --logs build/test-streams '$(TEST_STREAM_1)' '$(TEST_STREAM_2)'
+	$(PY) -m pytest suites/bench $(PYTEST_ARGS)
 
 # The package as a user gets it (root, PyPI): `pip install .` into a fresh venv, then that venv's lbctl
 # loads the packaged BPF object on a veth from outside the source tree. Minutes, so not in `make test`.

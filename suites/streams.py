@@ -1,0 +1,83 @@
+"""Run `make test`'s parts as concurrent streams: the first one's output live, each other's kept in a
+log and printed whole when it ends; exit 0 only when every stream exits 0.
+
+    python -m suites.streams --logs build/test-streams 'pytest suites/a' 'pytest suites/b && next'
+
+Why two: a test mostly waits (handshakes, health intervals, a TCG guest on one vCPU), so one pytest
+keeps under one of the machine's two CPUs busy (docs/architecture.md, "make test in two streams").
+Each stream is a shell line in its own process group; SIGINT or SIGTERM to this runner is passed on
+as SIGINT to every group, so pytest tears its labs down as on Ctrl-C, then it is killed after GRACE_S.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+GRACE_S = 120.0
+
+
+def _interrupt(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
+    deadline = time.monotonic() + GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m suites.streams", description=__doc__.splitlines()[0])
+    p.add_argument("--logs", type=Path, required=True, help="folder for the logs of the streams after the first")
+    p.add_argument("streams", nargs="+", help="one shell line per stream")
+    args = p.parse_args(argv)
+    args.logs.mkdir(parents=True, exist_ok=True)
+    logs = [None] + [args.logs / f"stream-{n}.log" for n in range(2, len(args.streams) + 1)]
+    procs: list[subprocess.Popen[bytes]] = []
+    started = time.monotonic()
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        print(f"streams: signal {signum}: interrupting every stream", file=sys.stderr, flush=True)
+        _interrupt(procs)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for line, log in zip(args.streams, logs, strict=True):
+        out = open(log, "wb") if log else None  # noqa: SIM115 - closed when the stream ends
+        procs.append(subprocess.Popen(["bash", "-c", f"set -euo pipefail; {line}"], stdout=out,
+                                      stderr=subprocess.STDOUT if out else None, start_new_session=True))
+        if out:
+            out.close()  # the child holds its own descriptor
+        print(f"streams: {len(procs)} started: {line}" + (f" (log {log})" if log else ""), flush=True)
+    ends: dict[int, float] = {}
+    while len(ends) < len(procs):
+        for n, proc in enumerate(procs):
+            if n not in ends and proc.poll() is not None:
+                ends[n] = time.monotonic() - started
+        time.sleep(0.5)
+    codes = [proc.returncode for proc in procs]
+    for n, log in enumerate(logs, 1):
+        if log:
+            print(f"\n===== stream {n} (log {log}) =====", flush=True)
+            sys.stdout.buffer.write(log.read_bytes())
+            sys.stdout.flush()
+    for n, (line, code) in enumerate(zip(args.streams, codes, strict=True)):
+        print(f"streams: {n + 1} exit {code} after {ends[n]:.0f} s: {line}", flush=True)
+    return 0 if all(c == 0 for c in codes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
