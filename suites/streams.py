@@ -4,7 +4,7 @@ log and printed whole when it ends; exit 0 only when every stream exits 0.
     python -m suites.streams --logs build/test-streams 'pytest suites/a' 'pytest suites/b && next'
 
 Why two: a test mostly waits (handshakes, health intervals, a TCG guest on one vCPU), so one pytest
-keeps under one of the machine's two CPUs busy (docs/architecture.md, "make test in two streams").
+keeps under one of the machine's two CPUs busy (docs/architecture.md, "`make test` in two concurrent streams").
 Each stream is a shell line in its own process group; SIGINT or SIGTERM to this runner is passed on
 as SIGINT to every group, so pytest tears its labs down as on Ctrl-C, then it is killed after GRACE_S.
 """
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     for line, log in zip(args.streams, logs, strict=True):
-        out = open(log, "wb") if log else None  # noqa: SIM115 - closed when the stream ends
+        out = open(log, "wb") if log else None  # noqa: SIM115 - closed below, once the child has its copy
         procs.append(subprocess.Popen(["bash", "-c", f"set -euo pipefail; {line}"], stdout=out,
                                       stderr=subprocess.STDOUT if out else None, start_new_session=True))
         if out:
@@ -64,10 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streams: {len(procs)} started: {line}" + (f" (log {log})" if log else ""), flush=True)
     ends: dict[int, float] = {}
     while len(ends) < len(procs):
+        # Block until some stream's shell exits, leaving it to Popen to reap (WNOWAIT).
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
         for n, proc in enumerate(procs):
             if n not in ends and proc.poll() is not None:
                 ends[n] = time.monotonic() - started
-        time.sleep(0.5)
     codes = [proc.returncode for proc in procs]
     for n, log in enumerate(logs, 1):
         if log:
