@@ -97,11 +97,17 @@ def run_forwarding(argv: list[str], *, grace_s: float, **popen: Any) -> int:
     sigterm_unwinds) is passed on as one SIGINT, and the child gets `grace_s` to unwind what it built
     before it is killed and the interrupt goes on. (subprocess.run would kill it 0.25 s after the
     interrupt, in the middle of its own clean-up.)"""
-    # The child takes the SIGINT it is sent even when this process ignores SIGINT (a background job).
-    child = subprocess.Popen(argv, start_new_session=True, preexec_fn=default_sigint, **popen)
+    child: subprocess.Popen[Any] | None = None
     try:
+        # Started with the interrupts held: one that landed inside Popen, after the fork, would leave
+        # the child building unwatched. The child takes the SIGINT it is sent even when this process
+        # ignores SIGINT (a background job).
+        with deferred():
+            child = subprocess.Popen(argv, start_new_session=True, preexec_fn=default_sigint, **popen)
         return child.wait()
     except KeyboardInterrupt:
+        if child is None:
+            raise
         with deferred():
             child.send_signal(signal.SIGINT)
             try:

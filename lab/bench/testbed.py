@@ -25,6 +25,7 @@ from lab.bench.gen.xdplive import XdpLiveGenerator, percpu_total
 from lab.bench.model import GEN_IF, GEN_MAC, LB_IF, LB_MAC, LINK_MTU, VIP4, VIP6, VIP_PORT, lb_config
 from lab.errors import LabError
 from lab.nsexec import entered, nsenter_argv
+from lab.signals import deferred
 
 OBJECT_DIR = Path(__file__).resolve().parents[2] / "build" / "bpf"
 PREFIX = "bnt-"
@@ -34,18 +35,24 @@ COMMAND_GRACE_S = 10.0  # an interrupted `ip` or `sysctl` finishes in millisecon
 
 
 def _run(argv: Sequence[str], what: str) -> None:
-    with subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-        try:
+    proc: subprocess.Popen[str] | None = None
+    try:
+        # Started with the interrupts held: one that landed inside Popen, after the fork, left
+        # `ip netns add` running unwatched, and it made the netns after the teardown's delete.
+        with deferred():
+            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with proc:
             _, err = proc.communicate()
-        except BaseException:
-            # An interrupt lets the command finish before the teardown undoes it: subprocess.run would
-            # kill `ip netns add` mid-way and not reap it, so the netns could appear after its delete ran.
+    except BaseException:
+        # An interrupt lets the command finish before the teardown undoes it: subprocess.run would
+        # kill `ip netns add` mid-way and not reap it, so the netns could appear after its delete ran.
+        if proc is not None:
             try:
                 proc.wait(timeout=COMMAND_GRACE_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            raise
+        raise
     if proc.returncode != 0:
         raise LabError(f"cannot {what}: '{' '.join(argv)}' failed: {err.strip()}",
                        step=what, command=" ".join(argv), stderr=err)

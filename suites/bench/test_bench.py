@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -231,6 +232,23 @@ def test_an_interrupted_testbed_command_finishes_before_the_teardown(tmp_path: P
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert done.exists(), "the command was killed before its last step"
+
+
+def test_a_signal_inside_popen_still_lets_the_command_finish(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI's leak of `bnt-<pid>-lb`: a SIGTERM that landed inside Popen, after the fork, left `ip netns
+    add` running unwatched, and it made the netns after the teardown's delete. The command ends first."""
+    done = tmp_path / "done"
+
+    class SignalledWhileStarting(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            signal.raise_signal(signal.SIGTERM)  # the child runs; Popen has not returned yet
+
+    monkeypatch.setattr(subprocess, "Popen", SignalledWhileStarting)
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"), sigterm_unwinds():
+        testbed._run(["sh", "-c", f"sleep 0.5; touch {done}"], "run a slow command")  # noqa: SLF001
+    assert done.exists(), "the interrupt went on while the command still ran"
 
 
 def test_a_signal_that_lands_in_a_finalizer_still_unwinds() -> None:

@@ -1,13 +1,17 @@
-"""lab.signals.deferred: a signal that lands inside the block is handled once the block has ended."""
+"""lab.signals: a signal inside `deferred` is handled once the block has ended; `run_forwarding` passes
+one on to its child."""
 
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from lab import signals
 from lab.signals import HELD, deferred, sigterm_unwinds
 
 
@@ -60,3 +64,27 @@ def test_outside_the_main_thread_the_block_changes_nothing() -> None:
     worker.start()
     worker.join()
     assert seen == [signal.default_int_handler]
+
+
+def test_a_signal_inside_popen_reaches_the_forwarded_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM that lands inside Popen, after the fork, must not leave the child (a conform run's
+    pytest, building labs) unwatched: it gets its SIGINT and is waited for, as for a later signal."""
+    started: list[subprocess.Popen[Any]] = []
+
+    class SignalledWhileStarting(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+            signal.raise_signal(signal.SIGTERM)  # the child runs; Popen has not returned yet
+
+    monkeypatch.setattr(subprocess, "Popen", SignalledWhileStarting)
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"), sigterm_unwinds():
+            signals.run_forwarding(["sleep", "30"], grace_s=10)
+        # Ended by the SIGINT it was sent (not killed after the grace), and reaped.
+        assert started[0].returncode == -signal.SIGINT, "the child was left running or never got the SIGINT"
+    finally:
+        for child in started:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
