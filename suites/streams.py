@@ -6,7 +6,8 @@ log and printed whole when it ends; exit 0 only when every stream exits 0.
 Why two: a test mostly waits (handshakes, health intervals, a TCG guest on one vCPU), so one pytest
 keeps under one of the machine's two CPUs busy (docs/architecture.md, "`make test` in two concurrent streams").
 Each stream is a shell line in its own process group; SIGINT or SIGTERM to this runner is passed on
-as SIGINT to every group, so pytest tears its labs down as on Ctrl-C, then it is killed after GRACE_S.
+as SIGINT to every group, so pytest tears its labs down as on Ctrl-C, then it is killed after GRACE_S;
+the kept logs are printed then too, and the runner exits 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TextIO
+
+from lab.signals import deferred
 
 GRACE_S = 120.0
 
@@ -38,30 +42,50 @@ def _interrupt(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
+def _say(text: str, stream: TextIO = sys.stdout) -> None:
+    """One line in one write: print() writes the text and its newline apart, and stream 1, writing to
+    the same file, can land between them."""
+    stream.flush()
+    os.write(stream.fileno(), f"{text}\n".encode())
+
+
+def _show_logs(logs: list[Path | None]) -> None:
+    for n, log in enumerate(logs, 1):
+        if log:
+            _say(f"\n===== stream {n} (log {log}) =====")
+            sys.stdout.buffer.write(log.read_bytes())
+            sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m suites.streams", description=__doc__.splitlines()[0])
     p.add_argument("--logs", type=Path, required=True, help="folder for the logs of the streams after the first")
     p.add_argument("streams", nargs="+", help="one shell line per stream")
     args = p.parse_args(argv)
     args.logs.mkdir(parents=True, exist_ok=True)
-    logs = [None] + [args.logs / f"stream-{n}.log" for n in range(2, len(args.streams) + 1)]
+    logs: list[Path | None] = [None] + [args.logs / f"stream-{n}.log" for n in range(2, len(args.streams) + 1)]
     procs: list[subprocess.Popen[bytes]] = []
     started = time.monotonic()
 
     def stop(signum: int, _frame: FrameType | None) -> None:
-        print(f"streams: signal {signum}: interrupting every stream", file=sys.stderr, flush=True)
+        _say(f"streams: signal {signum}: interrupting every stream", sys.stderr)
         _interrupt(procs)
+        _show_logs(logs)  # what the kept streams printed up to their teardown
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    for line, log in zip(args.streams, logs, strict=True):
-        out = open(log, "wb") if log else None  # noqa: SIM115 - closed below, once the child has its copy
-        procs.append(subprocess.Popen(["bash", "-c", f"set -euo pipefail; {line}"], stdout=out,
-                                      stderr=subprocess.STDOUT if out else None, start_new_session=True))
-        if out:
-            out.close()  # the child holds its own descriptor
-        print(f"streams: {len(procs)} started: {line}" + (f" (log {log})" if log else ""), flush=True)
+    # Started with the signals held: one that landed inside Popen, after the fork, would leave that
+    # stream running outside `procs`, where stop() cannot reach it.
+    with deferred():
+        for n, (line, log) in enumerate(zip(args.streams, logs, strict=True), 1):
+            # Said before the start: the first stream writes to this same terminal at once.
+            _say(f"streams: {n} starts: {line}" + (f" (log {log})" if log else ""))
+            out = open(log, "wb") if log else None  # noqa: SIM115 - closed below, once the child has its copy
+            procs.append(subprocess.Popen(["bash", "-c", f"set -euo pipefail; {line}"], stdout=out,
+                                          stderr=subprocess.STDOUT if out else None, start_new_session=True))
+            if out:
+                out.close()  # the child holds its own descriptor
     ends: dict[int, float] = {}
     while len(ends) < len(procs):
         # Block until some stream's shell exits, leaving it to Popen to reap (WNOWAIT).
@@ -70,13 +94,9 @@ def main(argv: list[str] | None = None) -> int:
             if n not in ends and proc.poll() is not None:
                 ends[n] = time.monotonic() - started
     codes = [proc.returncode for proc in procs]
-    for n, log in enumerate(logs, 1):
-        if log:
-            print(f"\n===== stream {n} (log {log}) =====", flush=True)
-            sys.stdout.buffer.write(log.read_bytes())
-            sys.stdout.flush()
+    _show_logs(logs)
     for n, (line, code) in enumerate(zip(args.streams, codes, strict=True)):
-        print(f"streams: {n + 1} exit {code} after {ends[n]:.0f} s: {line}", flush=True)
+        _say(f"streams: {n + 1} exit {code} after {ends[n]:.0f} s: {line}")
     return 0 if all(c == 0 for c in codes) else 1
 
 
