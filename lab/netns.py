@@ -87,7 +87,8 @@ class Builder:
         self.fail_at = fail_at
         self.interrupt_at = interrupt_at
         self.steps = 0
-        self.state = LabState(lab, topology.name, str(topology.path), time.time(), builder_pid=os.getpid())
+        self.state = LabState(lab, topology.name, str(topology.path), time.time(), builder_pid=os.getpid(),
+                              builder_start=services.starttime(os.getpid()))
         self.ipr: dict[str, IPRoute] = {}
 
     # ---- step and journal machinery

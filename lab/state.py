@@ -96,6 +96,7 @@ class LabState:
     vm_guest_uptime: dict[str, float] = field(default_factory=dict)  # VM real -> its uptime when ready
     bgp_established_seconds: float | None = None  # FRR start to every BGP session Established
     builder_pid: int = 0  # the process that built it (0: a state file written before this field)
+    builder_start: int | None = None  # its /proc start time: a later process with its pid is not it
 
     @property
     def path(self) -> Path:
@@ -131,6 +132,7 @@ class LabState:
             vm_guest_uptime=raw.get("vm_guest_uptime", {}),
             bgp_established_seconds=raw.get("bgp_established_seconds"),
             builder_pid=raw.get("builder_pid", 0),
+            builder_start=raw.get("builder_start"),
         )
 
 

@@ -74,6 +74,9 @@ def collect(lab: str) -> Report:
         "topology": topo.name,
         "topology_path": str(topo.path),
         "complete": state.complete,
+        # Of an incomplete lab, whether it is still being built or its builder died (killed, a crash).
+        "builder": {"pid": state.builder_pid or None,
+                    "alive": bool(state.builder_pid) and services.starttime(state.builder_pid) == state.builder_start},
         "nodes": nodes,
         "vips": [
             {
@@ -157,11 +160,20 @@ def _live(ns: str, lab_ifnames: set[str]) -> dict[str, Any]:
     return {"interfaces": interfaces, "loopback": loopback, "routes": routes}
 
 
+def _incomplete(report: Report) -> str:
+    if report["complete"]:
+        return ""
+    pid = report["builder"]["pid"]
+    if pid is None:  # a state file from before the builder was recorded
+        return " INCOMPLETE"
+    if report["builder"]["alive"]:
+        return f" INCOMPLETE: being built by pid {pid}"
+    return f" INCOMPLETE: its builder (pid {pid}) ended; `l4lab down --name {report['name']}` removes it"
+
+
 def render(report: Report) -> str:
     """The status as a text table, one line per interface, program and service."""
-    lines = [
-        f"lab {report['name']} (topology {report['topology']}){'' if report['complete'] else ' INCOMPLETE'}"
-    ]
+    lines = [f"lab {report['name']} (topology {report['topology']}){_incomplete(report)}"]
     for node in report["nodes"]:
         where = (f"vm qemu pid {node['qemu_pid']}" if node["present"] else "vm qemu NOT RUNNING") \
             if node["kind"] == "vm" else f"netns {node['netns']}" + ("" if node["present"] else " MISSING")

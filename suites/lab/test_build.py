@@ -13,7 +13,7 @@ import pytest
 
 from lab import netns, topology
 from lab.errors import LabError, LabExistsError
-from lab.harness import unique_name
+from lab.harness import poll, unique_name
 from lab.harness.signalled import signal_when
 from lab.netns import InjectedFailure
 from lab.nsexec import NETNS_DIR, netns_path
@@ -109,6 +109,38 @@ def test_a_signalled_up_unwinds_and_leaves_nothing(signum: int, moment: str, lab
                         interval_s=0.001)
     assert ended.returncode == 130, ended.stderr[-2000:]
     assert ended.last_line() == "l4lab: interrupted", ended.stderr[-2000:]
+    assert probes.leftovers(lab_name) == []
+
+
+def test_status_tells_a_lab_being_built_from_one_whose_builder_died(lab_name: str) -> None:
+    """An incomplete lab is either still being built or left by a killed `l4lab up` (SIGKILL, the OOM
+    killer): status tells which, by the builder's pid and start time, and names `down` for the second."""
+    from lab import status
+
+    argv = [sys.executable, "-m", "lab.cli", "up", "default", "--name", lab_name, *([] if WITH_BPF else ["--no-bpf"])]
+    up = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        journal = state_dir(lab_name) / "state.json"
+        poll(60, lambda: journal.exists() or up.poll() is not None, "the lab's first journal entry", interval_s=0.001)
+        up.send_signal(signal.SIGSTOP)  # held where it is: alive, and the lab not complete
+        report = status.collect(lab_name)
+        assert not report["complete"] and report["builder"] == {"pid": up.pid, "alive": True}, report
+        assert f"INCOMPLETE: being built by pid {up.pid}" in status.render(report)
+        up.kill()
+        up.wait()
+        report = status.collect(lab_name)
+        assert report["builder"] == {"pid": up.pid, "alive": False}
+        assert (f"INCOMPLETE: its builder (pid {up.pid}) ended; `l4lab down --name {lab_name}` removes it"
+                in status.render(report))
+        down = subprocess.run([sys.executable, "-m", "lab.cli", "down", "--name", lab_name], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stderr
+        assert not state_dir(lab_name).exists()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        probes.remove_lab(lab_name)  # a step the kill cut in two leaves what no journal entry names
     assert probes.leftovers(lab_name) == []
 
 

@@ -37,6 +37,7 @@ def test_status_json_matches_the_topology(default_lab: LabState, capsys: pytest.
     report = json.loads(out)
     topo = topology.load("default")
     assert report["name"] == default_lab.name and report["topology"] == "default" and report["complete"]
+    assert report["builder"] == {"pid": os.getpid(), "alive": True}  # the fixture built it in this process
     assert [(n["name"], n["role"], n["netns"]) for n in report["nodes"]] == [
         (n.name, n.role, f"{default_lab.name}-{n.name}") for n in topo.nodes
     ]
