@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab import procs
 from lab.errors import LabError
 from lab.remote import libvirtd, target, vagrantbox
 from lab.remote import target as targets
@@ -105,16 +106,9 @@ def leftovers(lab: str) -> list[str]:
         found += [f"network {n}" for n in _names(["virsh", "-q", "net-list", "--all", "--name"])
                   if n.startswith(LIBVIRT_PREFIX)]
     found += [f"volume {v}" for v in _names(["virsh", "-q", "vol-list", "default"]) if v.startswith(prefix)]
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmdline and cmdline[0].endswith(b"qemu-system-x86_64") and any(
-                arg.startswith(f"guest={prefix}".encode()) for arg in cmdline):
-            found.append(f"qemu process {proc.name}")
+    found += [f"qemu process {p.pid}" for p in procs.walk()
+              if p.argv and p.argv[0].endswith(b"qemu-system-x86_64")
+              and any(arg.startswith(f"guest={prefix}".encode()) for arg in p.argv)]
     return found
 
 

@@ -28,6 +28,7 @@ from scapy.layers.l2 import Ether
 from scapy.utils import checksum
 
 from balancer.maplayout import SESSION_SETS, sess4_held
+from lab import procs
 from lab.bench import cli as bench_cli
 from lab.bench import katran as katranbench
 from lab.bench import model
@@ -320,14 +321,7 @@ def older_checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def leftovers() -> list[str]:
     return glob.glob("/sys/fs/bpf/l4lab-baseline-*") + [
-        p.name for p in Path("/proc").glob("[0-9]*") if b"sidespec.py" in read_or_empty(p / "cmdline")]
-
-
-def read_or_empty(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError:  # the process ended meanwhile
-        return b""
+        str(p.pid) for p in procs.walk() if any(b"sidespec.py" in a for a in p.argv)]
 
 
 @NEEDS_ROOT

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from lab import netns, programs
+from lab import netns, procs, programs
 from lab.checksum import inet_checksum
 from lab.nsexec import NETNS_DIR, entered
 from lab.state import Undo, pin_dir, state_dir
@@ -129,20 +129,8 @@ def addresses(netns: str, ifname: str) -> dict[str, int]:
 
 def lab_processes(lab: str) -> list[int]:
     """Pids of live processes started for `lab` (their command line carries `--lab LAB`)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(
-            a == b"--lab" and b == lab.encode() for a, b in zip(argv, argv[1:], strict=False)
-        ):
-            found.append(int(entry.name))
-    return found
+    return [p.pid for p in procs.walk()
+            if any(a == b"--lab" and b == lab.encode() for a, b in zip(p.argv, p.argv[1:], strict=False))]
 
 
 def leftovers(lab: str) -> list[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from lab import procs
 from lab.dut import DUTS, IpvsDut, capabilities_of, conform, dut_class, make_dut
 from lab.dut.base import EVIDENCE_CHARS, GRADED, Capability, encap_capability
 from lab.dut.fleet import evidence_limit, member_evidence
@@ -290,15 +291,11 @@ def _cf_labs() -> set[str]:
 
 
 def _descendants(root: int) -> set[int]:
-    """`root` and every live process under it."""
+    """`root` and every process under it, zombies too: a builder that has exited but is not reaped yet
+    still owns the lab its state names."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):  # gone meanwhile
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
+    for p in procs.walk(zombies=True):
+        children.setdefault(p.ppid, []).append(p.pid)
     found, todo = set(), [root]
     while todo:
         pid = todo.pop()

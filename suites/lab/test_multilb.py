@@ -29,7 +29,7 @@ import pytest
 from pyroute2 import IPRoute
 
 from balancer import config as cfg
-from lab import frr, netns, topology
+from lab import frr, netns, procs, topology
 from lab.errors import LabError
 from lab.harness import poll, unique_name
 from lab.lbconf import balancer_config, lb_link
@@ -356,12 +356,12 @@ def test_teardown_ends_every_frr_daemon_and_hook() -> None:
     name = unique_name("lbt")
     try:
         state = netns.build(topology.load("multi-lb"), name)
-        procs = [p for p in state.processes if p.node in ("router", *LBS)]
-        assert len(procs) == 3 * 3 + 2  # zebra, bfdd, bgpd in three nodes; a hook per LB
-        assert all(starttime(p.pid) == p.starttime for p in procs)
+        started = [p for p in state.processes if p.node in ("router", *LBS)]
+        assert len(started) == 3 * 3 + 2  # zebra, bfdd, bgpd in three nodes; a hook per LB
+        assert all(starttime(p.pid) == p.starttime for p in started)
         assert len(_frr_of(name)) == 3 * 3
         netns.teardown(name)
-        assert [p.pid for p in procs if starttime(p.pid) == p.starttime] == []
+        assert [p.pid for p in started if starttime(p.pid) == p.starttime] == []
         assert probes.leftovers(name) == []
         assert _frr_of(name) == []
     finally:
@@ -388,13 +388,5 @@ def test_failure_while_starting_frr_leaves_nothing(from_end: int) -> None:
 def _frr_of(lab: str) -> list[int]:
     """Pids of live FRR daemons whose command line names lab `lab`'s run directory."""
     marker = str(state_dir(lab)).encode() + b"/"
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if argv.startswith(str(frr.FRR_BIN).encode()) and marker in argv and starttime(int(entry.name)):
-                found.append(int(entry.name))
-    return found
+    return [p.pid for p in procs.walk()
+            if p.argv and p.argv[0].startswith(str(frr.FRR_BIN).encode()) and any(marker in a for a in p.argv)]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from lab import procs
 from lab.errors import LabError, UsageError
 from lab.harness import REPO, Lab, poll
 from lab.nsexec import NETNS_DIR
@@ -218,14 +219,5 @@ def _node_processes(lab: str, modules: tuple[str, ...]) -> list[int]:
     """Live processes inside lab `lab`'s namespaces that run one of `modules` (`python -m MODULE`): only
     this lab's, since other labs on the machine (make test's other stream, other checkouts) run them too."""
     inodes = {os.stat(p).st_ino for p in NETNS_DIR.glob(f"{lab}-*")}
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                inode = os.stat(entry / "ns" / "net").st_ino
-            except OSError:  # gone meanwhile
-                continue
-            if inode in inodes and any(m.encode() in argv for m in modules):
-                found.append(int(entry.name))
-    return found
+    return [p.pid for p in procs.walk(netns=True)
+            if p.netns in inodes and any(m.encode() in p.argv for m in modules)]

@@ -28,7 +28,7 @@ import pytest
 
 from balancer import config as cfg
 from balancer.encaps import SAME_FAMILY, EncapCase
-from lab import netns, topology
+from lab import netns, procs, topology
 from lab.errors import LabError
 from lab.harness import poll, unique_name
 from lab.harness.vmlab import vm_skip_reason
@@ -220,18 +220,10 @@ def settled_tx_encap(lab: KernelDecapLab, quiet: float = 0.3, timeout: float = 5
 def _qemus() -> dict[int, int]:
     """{pid: inode of its network namespace} of every live qemu of this checkout (its files are
     under build/vm/; qemus of other checkouts on the machine are not ours to count)."""
-    found = {}
     ours = str(DEFAULT_CACHE_DIR).encode() + b"/"
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes()
-                inode = os.stat(entry / "ns" / "net").st_ino
-            except OSError:
-                continue
-            if argv.startswith(b"qemu-system") and ours in argv and starttime(int(entry.name)):
-                found[int(entry.name)] = inode
-    return found
+    return {p.pid: p.netns for p in procs.walk(netns=True)
+            if p.netns is not None and p.argv and p.argv[0].startswith(b"qemu-system")
+            and any(ours in a for a in p.argv)}
 
 
 def _qemus_of(lab: str) -> list[int]:

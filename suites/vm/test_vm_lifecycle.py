@@ -6,11 +6,11 @@ Nothing left means: no qemu process for the VM's tap, no tap in the namespace, n
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from pyroute2 import IPRoute, netns
 
+from lab import procs
 from lab.harness import unique_name
 from lab.harness.vmlab import vm_skip_reason
 from lab.nsexec import entered
@@ -41,16 +41,7 @@ def vm_netns() -> Iterator[str]:
 
 def qemu_pids_for(tap: str) -> list[int]:
     """Processes whose command line opens the tap `tap` (qemu started for it)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if f"ifname={tap},".encode() in cmdline:
-                pids.append(int(proc.name))
-    return pids
+    return [p.pid for p in procs.walk() if any(f"ifname={tap},".encode() in a for a in p.argv)]
 
 
 def assert_nothing_left(vm: VmReal, ns: str) -> None:
