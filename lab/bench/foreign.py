@@ -23,6 +23,7 @@ from typing import Any
 
 from balancer.libbpf import Map, Program, map_from_pin, obj_get
 from lab.errors import LabError
+from lab.signals import deferred
 
 CHILD = Path(__file__).with_name("sidespec.py")
 
@@ -50,13 +51,12 @@ def checkout_of(obj: Path) -> Path | None:
 class Child:
     """The child process holding the baseline's Datapath: a line of JSON per request."""
 
-    def __init__(self, base: ForeignBaseline, spec: dict[str, Any], pin_dir: str) -> None:
+    def __init__(self, base: ForeignBaseline, pin_dir: str) -> None:
         self.base = base
         self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 -- closed by stop(), on the bench's stack
         env = {**os.environ, "PYTHONPATH": str(base.checkout)}  # its `balancer` before this checkout's
         self.proc = subprocess.Popen([sys.executable, str(CHILD), pin_dir], env=env, cwd=base.checkout,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
-        self.send(json.dumps(spec))
 
     def send(self, line: str) -> None:
         assert self.proc.stdin is not None
@@ -102,8 +102,12 @@ def load(stack: ExitStack, base: ForeignBaseline, spec: dict[str, Any]) -> tuple
     it (child, fds, pins) released with the stack."""
     pin_dir = tempfile.mkdtemp(prefix="l4lab-baseline-", dir="/sys/fs/bpf")
     stack.callback(shutil.rmtree, pin_dir, True)
-    child = Child(base, spec, pin_dir)
-    stack.callback(child.stop)
+    # The child and its stop() on the stack as one step: an interrupt between them (or inside Popen)
+    # would leave it pinning into a folder the teardown has already removed.
+    with deferred():
+        child = Child(base, pin_dir)
+        stack.callback(child.stop)
+    child.send(json.dumps(spec))
     child.reply()  # {"ready": true}, or the child's error raised
     prog_fd = obj_get(os.path.join(pin_dir, "prog"), "baseline program")
     stack.callback(os.close, prog_fd)
