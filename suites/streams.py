@@ -67,7 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     started = time.monotonic()
 
+    stopping: list[int] = []
+
     def stop(signum: int, _frame: FrameType | None) -> None:
+        if stopping:  # a second SIGINT would cut pytest's teardown short and leave its labs
+            _say(f"streams: signal {signum}: still waiting for the streams' teardown", sys.stderr)
+            return
+        stopping.append(signum)
         _say(f"streams: signal {signum}: interrupting every stream", sys.stderr)
         _interrupt(procs)
         _show_logs(logs)  # what the kept streams printed up to their teardown

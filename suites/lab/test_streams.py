@@ -40,13 +40,14 @@ def test_all_streams_passing_pass_the_run(tmp_path: Path) -> None:
 
 
 def test_a_sigterm_reaches_every_stream_as_sigint(tmp_path: Path) -> None:
-    """As a CI runner's timeout would: each stream's shell gets one SIGINT (pytest's Ctrl-C teardown), the
-    runner waits for them, prints the kept log and exits 143."""
+    """As a CI runner's timeout would: each stream's shell gets one SIGINT (pytest's Ctrl-C teardown), also
+    when a second signal follows, the runner waits for them, prints the kept log and exits 143."""
 
     def stream(n: int) -> str:
-        # A background job ignores SIGINT in a non-interactive shell: the trap ends the sleep itself.
-        return (f"trap 'echo got-int-{n}; kill $!; exit 7' INT; sleep 30 & "
-                f"echo $$ > {tmp_path}/ready-{n}; wait")
+        # Each SIGINT prints a line; the first ends the wait, then a 2 s "teardown" a second one would cut.
+        # A background job ignores SIGINT in a non-interactive shell, so the shell ends each sleep itself.
+        return (f"trap 'echo got-int-{n}' INT; sleep 30 & echo $$ > {tmp_path}/ready-{n}; wait || true; "
+                "kill $! || true; sleep 2 & wait || true; kill $! 2>/dev/null || true; exit 7")
 
     runner = subprocess.Popen(_runner(tmp_path / "logs", stream(1), stream(2)), cwd=REPO, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -54,11 +55,15 @@ def test_a_sigterm_reaches_every_stream_as_sigint(tmp_path: Path) -> None:
         poll(30, lambda: (tmp_path / "ready-1").exists() and (tmp_path / "ready-2").exists(),
              "both streams started")
         runner.send_signal(signal.SIGTERM)
+        log2 = tmp_path / "logs" / "stream-2.log"
+        poll(30, lambda: "got-int-2" in log2.read_text(), "stream 2's teardown begun")
+        runner.send_signal(signal.SIGINT)  # a second one is not passed on: it would cut the teardown short
         out, err = runner.communicate(timeout=60)
         assert runner.returncode == 128 + signal.SIGTERM, out + err
-        assert "got-int-1" in out
-        assert "===== stream 2" in out and "got-int-2" in out.split("===== stream 2")[1]
-        assert "interrupting every stream" in err
+        lines = out.splitlines()
+        assert lines.count("got-int-1") == 1 and lines.count("got-int-2") == 1, out
+        assert "got-int-2" in out.split("===== stream 2")[1]
+        assert "interrupting every stream" in err and "still waiting for the streams' teardown" in err
         # Nothing of either stream is left: each shell leads its group, whose sleep ended with it.
         for n in (1, 2):
             group = (tmp_path / f"ready-{n}").read_text().strip()
