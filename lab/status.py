@@ -75,8 +75,7 @@ def collect(lab: str) -> Report:
         "topology_path": str(topo.path),
         "complete": state.complete,
         # Of an incomplete lab, whether it is still being built or its builder died (killed, a crash).
-        "builder": {"pid": state.builder_pid or None,
-                    "alive": bool(state.builder_pid) and services.starttime(state.builder_pid) == state.builder_start},
+        "builder": _builder(state),
         "nodes": nodes,
         "vips": [
             {
@@ -87,6 +86,14 @@ def collect(lab: str) -> Report:
         ],
         "lb_source_prefixes": [str(p) for p in topo.lb_source_prefixes],
     }
+
+
+def _builder(state: LabState) -> dict[str, Any]:
+    """The builder's pid and whether that process still runs; both None for a state file written before
+    they were recorded (a pid without its start time could be another process's by now)."""
+    if not state.builder_pid or state.builder_start is None:
+        return {"pid": None, "alive": None}
+    return {"pid": state.builder_pid, "alive": services.starttime(state.builder_pid) == state.builder_start}
 
 
 def _is_qemu(argv: list[str]) -> bool:

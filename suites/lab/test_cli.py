@@ -17,7 +17,8 @@ import pytest
 from balancer import completion
 from lab import cli, nsexec, topology
 from lab.errors import LabError
-from lab.state import LabState
+from lab.harness import unique_name
+from lab.state import LabState, state_dir
 from suites.lab import probes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,6 +68,27 @@ def test_status_json_matches_the_topology(default_lab: LabState, capsys: pytest.
         for v in topo.vips
     ]
     assert report["lb_source_prefixes"] == ["198.51.100.128/25", "2001:db8:1b:80::/64"]
+
+
+@needs_root
+def test_status_of_a_state_without_its_builder_claims_nothing(default_lab: LabState,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A state file written before the builder was recorded: no pid shown, neither "being built" nor "ended"."""
+    name = unique_name("lbt")
+    raw = json.loads(default_lab.path.read_text())
+    raw.update(name=name, complete=False)
+    del raw["builder_pid"], raw["builder_start"]
+    state_dir(name).mkdir(parents=True)
+    try:
+        (state_dir(name) / "state.json").write_text(json.dumps(raw))
+        code, out, err = run(capsys, "status", "--name", name, "--json")
+        assert code == 0, err
+        assert json.loads(out)["builder"] == {"pid": None, "alive": None}
+        code, out, err = run(capsys, "status", "--name", name)
+        assert code == 0, err
+        assert out.splitlines()[0] == f"lab {name} (topology default) INCOMPLETE"
+    finally:
+        shutil.rmtree(state_dir(name))
 
 
 @needs_root
