@@ -33,7 +33,7 @@ from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD, IFA_F_TENTATIVE
 
 from balancer import preflight
 from balancer.errors import LbError
-from lab import frr, programs, services
+from lab import frr, programs, services, status
 from lab.errors import LabError, LabExistsError
 from lab.nsconf import set_tx_checksum, write_sysctl
 from lab.nsexec import entered, netns_path
@@ -524,6 +524,11 @@ def teardown(lab: str) -> list[tuple[str, str]]:
         shutil.rmtree(directory)  # a build that died before its first journal entry
         return [("state-dir", f"state directory {directory} (no journal yet)")]
     state = LabState.load(lab)
+    made_by = status.builder(state)
+    if not state.complete and made_by["alive"] and made_by["pid"] != os.getpid():
+        # Removing what a running builder journals next would race it: it would make more after the undo.
+        raise LabError(f"lab '{lab}' is being built by pid {made_by['pid']}: stop that first (an interrupt "
+                       "removes what it built; after a SIGKILL `down` does), or wait for it")
     try:
         require_host(with_bpf=any(u.kind in ("pin-dir", "pin", "balancer") for u in state.undo))
     except LabError as exc:

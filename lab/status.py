@@ -75,7 +75,7 @@ def collect(lab: str) -> Report:
         "topology_path": str(topo.path),
         "complete": state.complete,
         # Of an incomplete lab, whether it is still being built or its builder died (killed, a crash).
-        "builder": _builder(state),
+        "builder": builder(state),
         "nodes": nodes,
         "vips": [
             {
@@ -88,7 +88,7 @@ def collect(lab: str) -> Report:
     }
 
 
-def _builder(state: LabState) -> dict[str, Any]:
+def builder(state: LabState) -> dict[str, Any]:
     """The builder's pid and whether that process still runs; both None for a state file written before
     they were recorded (a pid without its start time could be another process's by now)."""
     if not state.builder_pid or state.builder_start is None:

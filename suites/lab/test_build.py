@@ -114,7 +114,8 @@ def test_a_signalled_up_unwinds_and_leaves_nothing(signum: int, moment: str, lab
 
 def test_status_tells_a_lab_being_built_from_one_whose_builder_died(lab_name: str) -> None:
     """An incomplete lab is either still being built or left by a killed `l4lab up` (SIGKILL, the OOM
-    killer): status tells which, by the builder's pid and start time, and names `down` for the second."""
+    killer): status tells which, by the builder's pid and start time, and names `down` for the second;
+    `down` refuses the first, whose builder would go on making what it removed."""
     from lab import status
 
     argv = [sys.executable, "-m", "lab.cli", "up", "default", "--name", lab_name, *([] if WITH_BPF else ["--no-bpf"])]
@@ -126,6 +127,11 @@ def test_status_tells_a_lab_being_built_from_one_whose_builder_died(lab_name: st
         report = status.collect(lab_name)
         assert not report["complete"] and report["builder"] == {"pid": up.pid, "alive": True}, report
         assert f"INCOMPLETE: being built by pid {up.pid}" in status.render(report)
+        down = subprocess.run([sys.executable, "-m", "lab.cli", "down", "--name", lab_name], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        assert down.returncode == 1, down.stderr
+        assert f"lab '{lab_name}' is being built by pid {up.pid}: stop that first" in down.stderr
+        assert state_dir(lab_name).exists()
         up.kill()
         up.wait()
         report = status.collect(lab_name)
