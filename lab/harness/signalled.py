@@ -3,10 +3,13 @@ systemd, a CI runner or a closed terminal would; the suites then check what it l
 
 from __future__ import annotations
 
+import signal
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lab.poll import poll
 from lab.signals import default_sigint
@@ -40,3 +43,25 @@ def signal_when(argv: Sequence[str], moment: Callable[[int], object], signum: in
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+@contextmanager
+def signal_inside_popen(signum: int, argv_has: str = "") -> Iterator[list[subprocess.Popen[Any]]]:
+    """Within the block, a Popen whose command line contains `argv_has` raises `signum` in this process
+    once its child is forked and before Popen returns: the window where an interrupt leaves the child
+    running unwatched. Yields every Popen started in the block, for the caller to check and clean up."""
+    started: list[subprocess.Popen[Any]] = []
+    real = subprocess.Popen
+
+    class SignalledWhileStarting(real):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+            if argv_has in " ".join(str(a) for a in self.args):
+                signal.raise_signal(signum)
+
+    subprocess.Popen = SignalledWhileStarting  # type: ignore[misc]
+    try:
+        yield started
+    finally:
+        subprocess.Popen = real  # type: ignore[misc]

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,7 +23,7 @@ from lab.bench.gen.base import Family, FrameSpec, Generator, Latency, TrialResul
 from lab.bench.ndr import SearchSettings
 from lab.errors import UsageError
 from lab.harness import poll
-from lab.harness.signalled import signal_when
+from lab.harness.signalled import signal_inside_popen, signal_when
 from lab.signals import sigterm_unwinds
 from reports.schema import BenchPayload, parse_result, results_dir
 
@@ -234,19 +233,11 @@ def test_an_interrupted_testbed_command_finishes_before_the_teardown(tmp_path: P
     assert done.exists(), "the command was killed before its last step"
 
 
-def test_a_signal_inside_popen_still_lets_the_command_finish(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_signal_inside_popen_still_lets_the_command_finish(tmp_path: Path) -> None:
     """CI's leak of `bnt-<pid>-lb`: a SIGTERM that landed inside Popen, after the fork, left `ip netns
     add` running unwatched, and it made the netns after the teardown's delete. The command ends first."""
     done = tmp_path / "done"
-
-    class SignalledWhileStarting(subprocess.Popen):  # type: ignore[type-arg]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            signal.raise_signal(signal.SIGTERM)  # the child runs; Popen has not returned yet
-
-    monkeypatch.setattr(subprocess, "Popen", SignalledWhileStarting)
-    with pytest.raises(KeyboardInterrupt, match="SIGTERM"), sigterm_unwinds():
+    with signal_inside_popen(signal.SIGTERM), pytest.raises(KeyboardInterrupt, match="SIGTERM"), sigterm_unwinds():
         testbed._run(["sh", "-c", f"sleep 0.5; touch {done}"], "run a slow command")  # noqa: SLF001
     assert done.exists(), "the interrupt went on while the command still ran"
 

@@ -38,6 +38,7 @@ from lab.bench.foreign import ForeignBaseline
 from lab.bench.order import Order
 from lab.dut import katran
 from lab.errors import LabError
+from lab.harness.signalled import signal_inside_popen
 from lab.packets.decode import decapsulate
 from lab.signals import sigterm_unwinds
 from reports.schema import BenchPayload, load_results
@@ -364,23 +365,14 @@ def test_a_checkout_that_cannot_program_its_object_is_a_clear_error(older_checko
 
 
 @NEEDS_ROOT
-def test_a_signal_while_the_baseline_child_starts_leaves_nothing(older_checkout: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_signal_while_the_baseline_child_starts_leaves_nothing(older_checkout: Path) -> None:
     """A SIGTERM that lands inside the child's Popen: the child is still stopped with the bench's stack,
     not left waiting for its spec (or pinning into a removed folder)."""
     obj = older_checkout / "build" / "bpf" / "balancer.o"
     base = check_baseline(obj, foreign=True)
-
-    class SignalledWhileStarting(subprocess.Popen):  # type: ignore[type-arg]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            if any("sidespec.py" in str(a) for a in args[0]):
-                signal.raise_signal(signal.SIGTERM)  # the child runs; Popen has not returned yet
-
-    monkeypatch.setattr(subprocess, "Popen", SignalledWhileStarting)
-    with ExitStack() as stack, pytest.raises(KeyboardInterrupt, match="SIGTERM"), sigterm_unwinds():
+    with (ExitStack() as stack, signal_inside_popen(signal.SIGTERM, "sidespec.py"),
+          pytest.raises(KeyboardInterrupt, match="SIGTERM"), sigterm_unwinds()):
         katranbench.foreign_side(stack, next(iter(model.KATRAN_ENCAPS)), 4096, base)
-    monkeypatch.undo()
     assert leftovers() == []
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from lab import signals
+from lab.harness.signalled import signal_inside_popen
 from lab.signals import HELD, deferred, sigterm_unwinds
 
 
@@ -66,20 +67,13 @@ def test_outside_the_main_thread_the_block_changes_nothing() -> None:
     assert seen == [signal.default_int_handler]
 
 
-def test_a_signal_inside_popen_reaches_the_forwarded_child(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_signal_inside_popen_reaches_the_forwarded_child() -> None:
     """A SIGTERM that lands inside Popen, after the fork, must not leave the child (a conform run's
     pytest, building labs) unwatched: it gets its SIGINT and is waited for, as for a later signal."""
     started: list[subprocess.Popen[Any]] = []
-
-    class SignalledWhileStarting(subprocess.Popen):  # type: ignore[type-arg]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            started.append(self)
-            signal.raise_signal(signal.SIGTERM)  # the child runs; Popen has not returned yet
-
-    monkeypatch.setattr(subprocess, "Popen", SignalledWhileStarting)
     try:
-        with pytest.raises(KeyboardInterrupt, match="SIGTERM"), sigterm_unwinds():
+        with signal_inside_popen(signal.SIGTERM) as started, pytest.raises(KeyboardInterrupt, match="SIGTERM"), \
+                sigterm_unwinds():
             signals.run_forwarding(["sleep", "30"], grace_s=10)
         # Ended by the SIGINT it was sent (not killed after the grace), and reaped.
         assert started[0].returncode == -signal.SIGINT, "the child was left running or never got the SIGINT"
