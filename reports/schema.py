@@ -71,7 +71,16 @@ from reports.fuzz import FuzzPayload, FuzzReason
 from reports.payload import ENCAP_IDS, EncapId, Kind, at_least, non_empty, rule
 from reports.pmtu import PmtuPayload, PmtuScenario
 from reports.rss import RssPayload, RssScenario
-from reports.side_by_side import LoopCost, ProgramSize, SessionTables, SideBySide, SideCase, SynFlood
+from reports.side_by_side import (
+    LiveNdr,
+    LiveRound,
+    LoopCost,
+    ProgramSize,
+    SessionTables,
+    SideBySide,
+    SideCase,
+    SynFlood,
+)
 
 # The envelope's own names, then the payload classes the writers (lab/, suites/) import from here: each
 # lives in its kind's module (reports/<kind>.py) beside that kind's section of the page.
@@ -105,6 +114,8 @@ __all__ = [
     "KatranChurn",
     "Kind",
     "LatencyFigure",
+    "LiveNdr",
+    "LiveRound",
     "LoopCost",
     "MicroFigure",
     "Nic",

@@ -3,6 +3,7 @@ payload part, its section and the trend of each ratio across runs."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
@@ -94,6 +95,33 @@ class SynFlood:
 
 
 @dataclass(frozen=True)
+class LiveNdr:
+    """One live case's NDR in one round (lab/bench/katran_live.py names the cases)."""
+
+    case: str = field(metadata=rule(non_empty))  # "floor:xdp_tx", "l4lab:ip4-ipip", "katran:syn-flood", ...
+    ndr_mpps: float = field(metadata=rule(at_least(0)))
+    pdr_mpps: float = field(metadata=rule(at_least(0)))
+
+
+@dataclass(frozen=True)
+class LiveRound:
+    """One round of the live cases' NDR searches, every program loaded afresh; the points, the floors and
+    the SYN flood hold the medians of the rounds."""
+
+    first_loaded: str = field(metadata=rule(non_empty))  # whose session tables were created first
+    ndr: list[LiveNdr] = field(metadata=rule(non_empty))
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        names = [n.case for n in self.ndr]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                yield f"ndr[{i}].case", f"repeats {name}; one NDR per case and round"
+        for i, n in enumerate(self.ndr):
+            if n.pdr_mpps < n.ndr_mpps:
+                yield f"ndr[{i}].pdr_mpps", f"must be ≥ ndr_mpps ({n.ndr_mpps}) but got {n.pdr_mpps}"
+
+
+@dataclass(frozen=True)
 class SideBySide:
     """l4lab and another XDP balancer timed in one run on identical packets (lab/bench/katran.py).
 
@@ -115,6 +143,7 @@ class SideBySide:
     session_tables: list[SessionTables] = field(default_factory=list)
     syn_flood: list[SynFlood] = field(default_factory=list)
     prefill: float = field(default=0.0, metadata=rule(at_least(0)))  # tables this full of other flows when timed
+    live_rounds: list[LiveRound] = field(default_factory=list)  # each round's live NDRs
 
     def problems(self) -> Iterator[tuple[str, str]]:
         seen: set[tuple[str | None, str]] = set()
@@ -224,12 +253,29 @@ def _sizes_table(sbs: SideBySide, name: str, run: str) -> Table:
 
 
 def _syn_flood_table(sbs: SideBySide, run: str) -> Table:
+    theirs = next((f for f in sbs.syn_flood if f.program == sbs.program), None)
+    rows = []
+    for f in sbs.syn_flood:
+        versus = Cell("–", "num")
+        if f.program == "l4lab" and theirs is not None:
+            versus = _versus_cell(_live_ratios(sbs, "l4lab:syn-flood", f"{sbs.program}:syn-flood"),
+                                  f.ndr_mpps, theirs.ndr_mpps)
+        floor = fmt(f.ndr_mpps / f.floor_xdp_tx_mpps) if f.floor_xdp_tx_mpps else "–"
+        rows.append([Cell(f.program, "key"), Cell(f.encap), Cell(f"{f.sources:,}", "num"),
+                     Cell(f"{fmt(f.ndr_mpps, 3)} ({floor})", "num"), versus, Cell(f"{f.sessions_after:,}", "num")])
     return Table(
         f"SYN flood: every frame a new flow's TCP SYN, live frames at 64 B, NDR in Mpps (÷ XDP_TX floor) — {run}",
-        ["program", "encap", "sources", "NDR", "sessions in its tables after"],
-        [[Cell(f.program, "key"), Cell(f.encap), Cell(f"{f.sources:,}", "num"),
-          Cell(f"{fmt(f.ndr_mpps, 3)} ({fmt(f.ndr_mpps / f.floor_xdp_tx_mpps) if f.floor_xdp_tx_mpps else '–'})",
-               "num"), Cell(f"{f.sessions_after:,}", "num")] for f in sbs.syn_flood])
+        ["program", "encap", "sources", "NDR", f"÷ {sbs.program}'s NDR: median of rounds (range)",
+         "sessions in its tables after"], rows)
+
+
+def _versus_cell(rounds: list[float], ours: float, theirs: float) -> Cell:
+    """One NDR over another's: the median of the rounds' ratios with their range, or (a result written before
+    the rounds) the ratio of the two NDRs."""
+    if rounds:
+        return Cell(f"{fmt(statistics.median(rounds))} ({fmt(min(rounds))}–{fmt(max(rounds))})", "num",
+                    "each round's ratio: " + ", ".join(fmt(r) for r in rounds))
+    return Cell(fmt(ours / theirs) if theirs > 0 else "–", "num")
 
 
 def _loop_table(sbs: SideBySide, other: str, name: str, run: str) -> Table:
@@ -265,19 +311,25 @@ _LOOP_NOTE = (
 
 def _live_table(result: Result, payload: BenchPayload, other: str, name: str) -> Table | None:
     live = []
+    sbs = payload.side_by_side
+    rounds = f", median of {len(sbs.live_rounds)} rounds" if sbs is not None and sbs.live_rounds else ""
     for pt in sorted(payload.points, key=lambda pt: (encap_rank(pt.encap), size_order(pt.frame_size))):
         tx = pt.floor.xdp_tx_mpps
         theirs: list[Versus | None] = [v for v in pt.versus if v.program == other] or [None]
         for v in theirs:
             them = "–" if v is None else f"{fmt(v.ndr_mpps, 3)} ({fmt(v.ndr_mpps / tx) if tx else '–'})"
+            versus = Cell("–", "num") if v is None or sbs is None else _versus_cell(
+                _live_ratios(sbs, f"l4lab:{pt.encap}", f"{v.program}:{pt.encap}"), pt.ndr_mpps, v.ndr_mpps)
             live.append([Cell(pt.encap, "key"), Cell(str(pt.frame_size), "num"),
                          Cell(fmt(pt.floor.xdp_drop_mpps, 3), "num"), Cell(fmt(tx, 3), "num"),
                          Cell(f"{fmt(pt.ndr_mpps, 3)} ({fmt(pt.ndr_mpps / tx) if tx else '–'})", "num"),
-                         Cell(them, "num")])
+                         Cell(them, "num"), versus])
     if not live:
         return None
-    return Table(f"Live frames on veth: NDR in Mpps (÷ XDP_TX floor) — {run_label(result, payload.generator)}",
-                 ["encap", "frame size (bytes)", "XDP_DROP floor", "MAC-swap XDP_TX floor", "l4lab", name], live)
+    return Table(f"Live frames on veth: NDR in Mpps (÷ XDP_TX floor){rounds} — "
+                 f"{run_label(result, payload.generator)}",
+                 ["encap", "frame size (bytes)", "XDP_DROP floor", "MAC-swap XDP_TX floor", "l4lab", name,
+                  f"l4lab ÷ {name}: median of rounds (range)"], live)
 
 
 def _ratio_trends(section: Section, results: list[Result]) -> None:
@@ -323,12 +375,25 @@ def _series(results: Iterable[Result]) -> dict[str, tuple[trend.Direction, list[
         for pt in p.points:
             for v in pt.versus:
                 if v.ndr_mpps > 0:
-                    add(f"{pt.encap} live NDR: l4lab ÷ {v.program} — {where}", "higher", r, pt.ndr_mpps / v.ndr_mpps)
+                    live = _live_ratios(sbs, f"l4lab:{pt.encap}", f"{v.program}:{pt.encap}")
+                    add(f"{pt.encap} live NDR: l4lab ÷ {v.program} — {where}", "higher", r,
+                        statistics.median(live) if live else pt.ndr_mpps / v.ndr_mpps, live)
         floods = {f.program: f for f in sbs.syn_flood}
         theirs = floods.get(sbs.program)
         if "l4lab" in floods and theirs is not None and theirs.ndr_mpps > 0:
+            live = _live_ratios(sbs, "l4lab:syn-flood", f"{sbs.program}:syn-flood")
             add(f"syn-flood live NDR: l4lab ÷ {sbs.program} — {where}", "higher", r,
-                floods["l4lab"].ndr_mpps / theirs.ndr_mpps)
+                statistics.median(live) if live else floods["l4lab"].ndr_mpps / theirs.ndr_mpps, live)
+    return out
+
+
+def _live_ratios(sbs: SideBySide, ours: str, theirs: str) -> list[float]:
+    """One NDR over another's in each live round that has both (none for results written before rounds)."""
+    out = []
+    for rnd in sbs.live_rounds:
+        got = {n.case: n.ndr_mpps for n in rnd.ndr}
+        if got.get(theirs, 0) > 0 and ours in got:
+            out.append(got[ours] / got[theirs])
     return out
 
 

@@ -29,8 +29,8 @@ events, PASS_NOT_VIP; Katran: `stats` LRU v1 without v2 for hits, LRU_MISS v1 fo
 for ACK misses, XDP_PASS). Each datapath instance serves one encap, so no two cases share a counter.
 Ratios are of the cost above the MAC-swap floor, l4lab / Katran, measured in this run only.
 
-Then live frames on the bench veth (lab/bench/katran_live.py): the loop cost and the NDR of the
-floors, l4lab and Katran per encap, and a SYN flood.
+Then live frames on the bench veth (lab/bench/katran_live.py), in rounds: the loop cost and the NDR
+of the floors, l4lab and Katran per encap, and a SYN flood.
 
 `--prefill F` (Options.prefill) fills every session table to F of its entries with other flows before
 each round's timing, through each program's own insert (a new flow's ACK), so new flows are timed into
@@ -43,8 +43,8 @@ nanoseconds, which separate runs cannot tell from the machine's noise (the ratio
 from run to run), show as l4lab against base within one run.
 
 The result (reports/schema.py) holds the micro table with each ratio's rounds, the seed, the load
-order, the program sizes and the loop costs in `side_by_side`, and the NDRs as 64-byte points of
-l4lab with Katran's in `versus`.
+order, the program sizes, the loop costs and every live round's NDRs in `side_by_side`, and the NDRs
+(medians of the rounds) as 64-byte points of l4lab with Katran's in `versus`.
 """
 
 from __future__ import annotations
@@ -79,6 +79,8 @@ from reports.schema import (
     BenchPayload,
     BenchPoint,
     Floor,
+    LiveNdr,
+    LiveRound,
     LoopCost,
     ProgramSize,
     SessionTables,
@@ -140,10 +142,10 @@ class Result:
     seed: int = 0
     insns: dict[str, tuple[int, int]] = field(default_factory=dict)  # "who:encap" -> (xlated, verified)
     tables: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # who -> (tables, entries each, bytes)
-    ndr: dict[str, float] = field(default_factory=dict)            # name -> NDR Mpps at 64 B
-    live: dict[str, Any] = field(default_factory=dict)             # name -> lab/bench/model.py Measured
+    ndr: dict[str, float] = field(default_factory=dict)            # name -> NDR Mpps at 64 B, median of rounds
+    live: dict[str, list[Any]] = field(default_factory=dict)       # name -> lab/bench/model.py Measured per round
     loop: dict[str, list[Any]] = field(default_factory=dict)       # name -> xdplive.ChainCost per round
-    flood_sessions: dict[str, int] = field(default_factory=dict)   # SYN flood: who -> sessions in its tables
+    flood_sessions: dict[str, list[int]] = field(default_factory=dict)  # SYN flood: who -> sessions, per round
     live_first: list[str] = field(default_factory=list)            # per live round: whose tables came first
     path_counters: dict[str, str] = field(default_factory=dict)    # "who:encap:case" -> counter checked
     calls: int = 0
@@ -560,7 +562,8 @@ def side_by_side(result: Result) -> Any:
                       session_table_entries=result.lru_size, floor_xdp_drop_ns=result.medians["floor:xdp_drop"],
                       floor_xdp_tx_ns=result.medians["floor:xdp_tx"], cases=rows, sizes=sizes,
                       loop=loop_costs(result), seed=result.seed, first_loaded=list(result.first_loaded),
-                      session_tables=tables, syn_flood=syn_flood(result), prefill=result.prefill)
+                      session_tables=tables, syn_flood=syn_flood(result), prefill=result.prefill,
+                      live_rounds=live_rounds(result))
 
 
 def loop_costs(result: Result) -> list[Any]:
@@ -577,36 +580,47 @@ def loop_costs(result: Result) -> list[Any]:
 
 
 def syn_flood(result: Result) -> list[Any]:
-    """The SYN flood's NDR of both programs, with the sessions each had inserted."""
+    """The SYN flood's NDR of both programs (medians of the rounds), with the sessions each had inserted."""
     out = []
     for who in ("l4lab", "katran"):
-        measured = result.live.get(f"{who}:{FLOOD}")
-        if measured is None:
+        name = f"{who}:{FLOOD}"
+        if name not in result.live:
             continue
         out.append(SynFlood(program=who, encap=encaps.IP4_IPIP, sources=FLOOD_SOURCES,  # type: ignore[arg-type]
-                            ndr_mpps=measured.result.ndr_pps / 1e6, pdr_mpps=measured.result.pdr_pps / 1e6,
+                            ndr_mpps=result.ndr[name], pdr_mpps=katran_live.pdr_mpps(result, name),
                             floor_xdp_tx_mpps=result.ndr["floor:xdp_tx"],
-                            sessions_after=result.flood_sessions.get(who, 0)))
+                            sessions_after=max(result.flood_sessions.get(who, [0]))))
     return out
 
 
+def live_rounds(result: Result) -> list[Any]:
+    """Every live round's NDR of every case, with whose tables were created first that round."""
+    names = [case.name for case in live_plan(list(KATRAN_ENCAPS)) if case.name in result.live]
+    return [LiveRound(first_loaded=first, ndr=[LiveNdr(case=name, ndr_mpps=result.live[name][r].result.ndr_pps / 1e6,
+                                                       pdr_mpps=result.live[name][r].result.pdr_pps / 1e6)
+                                               for name in names])
+            for r, first in enumerate(result.live_first)]
+
+
 def live_points(result: Result) -> list[Any]:
-    """The live-frames NDR of l4lab per encap as the schema's BenchPoints, Katran's in `versus`."""
+    """The live-frames NDR of l4lab per encap (medians of the rounds) as the schema's BenchPoints, Katran's in
+    `versus`; the trials of every round."""
     if not {"floor:xdp_tx", "floor:xdp_drop"} <= result.live.keys():
         return []
     floor = Floor(xdp_tx_mpps=result.ndr["floor:xdp_tx"], xdp_drop_mpps=result.ndr["floor:xdp_drop"])
     points = []
     for encap_id in KATRAN_ENCAPS:
-        ours, theirs = result.live.get(f"l4lab:{encap_id}"), result.live.get(f"katran:{encap_id}")
-        if ours is None or theirs is None:
+        ours, theirs = f"l4lab:{encap_id}", f"katran:{encap_id}"
+        if ours not in result.live or theirs not in result.live:
             continue
         points.append(BenchPoint(
-            encap=encap_id, frame_size=64, ndr_mpps=ours.result.ndr_pps / 1e6,  # type: ignore[arg-type]
-            pdr_mpps=ours.result.pdr_pps / 1e6, floor=floor, egress_overhead_bytes=encaps.by_id(encap_id).overhead,
+            encap=encap_id, frame_size=64, ndr_mpps=result.ndr[ours],  # type: ignore[arg-type]
+            pdr_mpps=katran_live.pdr_mpps(result, ours), floor=floor,
+            egress_overhead_bytes=encaps.by_id(encap_id).overhead,
             trials=[Trial(rate_mpps=t.rate_pps / 1e6, loss=t.loss, duration_s=t.duration_s)
-                    for t in ours.result.trials],
-            versus=[Versus(program="katran", ndr_mpps=theirs.result.ndr_pps / 1e6,
-                           pdr_mpps=theirs.result.pdr_pps / 1e6)]))
+                    for m in result.live[ours] for t in m.result.trials],
+            versus=[Versus(program="katran", ndr_mpps=result.ndr[theirs],
+                           pdr_mpps=katran_live.pdr_mpps(result, theirs))]))
     return points
 
 

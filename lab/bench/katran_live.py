@@ -12,7 +12,9 @@ Cases, on the bench's testbed (lab/bench/testbed.py), 64-byte frames:
 Both balancers get session tables of LIVE_LRU entries per CPU (Katran one per CPU, l4lab one for all).
 
     loop cost   one thread sends unpaced; the CPU time it spends per frame, median of rounds
-    NDR         the zero-loss rate of the bench model's search (lab/bench/model.py)
+    NDR         the zero-loss rate of the bench model's search (lab/bench/model.py), one search per
+                case in every round; each NDR and each ratio of NDRs is the median of the rounds,
+                printed with its spread (the rounds' range, the median of each load order's rounds)
 
 On veth the whole loop (the generator's program, both veths, the program under test, its XDP_TX,
 the counting sink) runs in the sending thread's softirqs on its own CPU: every frame sent arrives,
@@ -26,7 +28,10 @@ Honesty: in every loop round the sink must count every frame sent (100 % deliver
 own counter of what it forwarded (l4lab's TX_ENCAP reason, Katran's XDP_TX stat, the floors' count)
 must have moved by exactly the frames sent; in the SYN flood, l4lab's SYN_REHASH event and Katran's
 LRU_MISS v1 (a SYN's miss) too. Each round loads every program afresh, l4lab's or Katran's first in
-turn, and measures the cases in the seeded order's shuffle (lab/bench/order.py).
+turn, and measures the loops, then the searches, each in the seeded order's shuffle (lab/bench/order.py).
+A search takes about a minute, so the machine's load can change between two programs' searches of one
+round: the rounds give each ratio as many chances to see both sides of such a change, and the spread
+shows how far it moved (docs/architecture.md, decisions).
 """
 
 from __future__ import annotations
@@ -56,9 +61,8 @@ from lab.bench.model import (
     Options,
     lb_config,
     ndr_point,
-    repeats,
 )
-from lab.bench.order import Order, load_order
+from lab.bench.order import Order, Spread, load_order
 from lab.bench.testbed import OBJECT_DIR, PARK_IFS, PREFIX, Testbed, live_generator, object_path, testbed
 from lab.dut import katran as K
 from lab.errors import LabError
@@ -204,26 +208,43 @@ def loop_round(bed: Testbed, case: LiveCase, got: Loaded, frames: int, cpu: int)
 
 
 def measure(opts: Any, objs: dict[str, Path], result: Any, say: Callable[[str], None]) -> None:
-    """Loop costs in rounds (programs loaded afresh each round, load order rotated, cases shuffled),
-    then each case's NDR search, then the summary lines."""
+    """Rounds of every case's loop cost, then every case's NDR search, each round with the programs
+    loaded afresh (load order rotated) and the cases shuffled; then the medians and the summary lines."""
     plan = live_plan(list(KATRAN_ENCAPS))
     order = Order(result.seed + 1)  # its own stream: a replay of the table alone leaves this one as it was
     frames, rounds = (1 << 18, 2) if opts.quick else (1 << 20, 4)
+    settings = Options(quick=opts.quick).search_settings()
     cpu = max(os.sched_getaffinity(0))
     with testbed() as bed:
-        say(f"live frames on veth, 64 B (lab/bench/testbed.py): CPU time per frame of the whole loop, "
-            f"{rounds} rounds × {frames} frames sent unpaced from CPU {cpu}, session tables of {LIVE_LRU:,} "
-            "entries per CPU; the SYN flood: every frame a new flow, 10^6 sources:")
+        say(f"live frames on veth, 64 B (lab/bench/testbed.py), {rounds} rounds, the programs loaded afresh in "
+            f"each: CPU time per frame of the whole loop, {frames} frames sent unpaced from CPU {cpu}, then each "
+            "case's NDR search (zero loss; on veth a lost frame is one the paced sender could not send in time); "
+            f"session tables of {LIVE_LRU:,} entries per CPU; the SYN flood: every frame a new flow, 10^6 sources:")
         for r in range(rounds):
             first = load_order(["l4lab", "katran"], r)
             with ExitStack() as stack:
                 loaded = load_all(stack, bed, plan, objs, first, str(r))
                 for case in order.shuffled(list(plan)):
                     result.loop.setdefault(case.name, []).append(loop_round(bed, case, loaded[case.name], frames, cpu))
+                for case in order.shuffled(list(plan)):
+                    search_case(bed, case, loaded[case.name], settings, result)
             result.live_first.append(first[0])
+            say(f"  round {r + 1}/{rounds} ({first[0]} loaded first): NDR Mpps "
+                + ", ".join(f"{c.name} {result.live[c.name][-1].result.ndr_pps / 1e6:.3f}" for c in plan))
+        result.ndr = {name: ndr_mpps(result, name) for name in result.live}
         print_loops(plan, result, say)
-        search_all(bed, plan, objs, order, opts, result, say)
+        print_searches(plan, result, say)
     summary(result, say)
+
+
+def search_case(bed: Testbed, case: LiveCase, got: Loaded, settings: Any, result: Any) -> None:
+    """One NDR search of one case, kept as this round's; the flood's sessions counted after it."""
+    bed.on_lb_program(got.program)
+    with generator(bed, case) as (gen, flows):
+        measured = ndr_point(gen, case.name, 64, flows, 4, settings)
+    result.live.setdefault(case.name, []).append(measured)
+    if case.what == FLOOD and got.sessions is not None:
+        result.flood_sessions.setdefault(case.who, []).append(got.sessions())
 
 
 def print_loops(plan: list[LiveCase], result: Any, say: Callable[[str], None]) -> None:
@@ -233,49 +254,69 @@ def print_loops(plan: list[LiveCase], result: Any, say: Callable[[str], None]) -
             f"{share(tx_ns, loop_ns(result, case.name))}  (every round: all frames delivered, counters checked)")
 
 
-def search_all(bed: Testbed, plan: list[LiveCase], objs: dict[str, Path], order: Order, opts: Any, result: Any,
-               say: Callable[[str], None]) -> None:
-    """Each case's NDR search, in a shuffled order, the programs loaded once more (the next load order)."""
-    settings = Options(quick=opts.quick).search_settings()
-    say("NDR search (zero loss; on veth a lost frame is one the paced sender could not send in time):")
-    with ExitStack() as stack:
-        first = load_order(["l4lab", "katran"], len(result.live_first))
-        loaded = load_all(stack, bed, plan, objs, first, "ndr")
-        for case in order.shuffled(list(plan)):
-            got = loaded[case.name]
-            bed.on_lb_program(got.program)
-            with generator(bed, case) as (gen, flows):
-                measured = ndr_point(gen, case.name, 64, flows, 4, settings)
-            result.live[case.name] = measured
-            result.ndr[case.name] = measured.result.ndr_pps / 1e6
-            if case.what == FLOOD and got.sessions is not None:
-                result.flood_sessions[case.who] = got.sessions()
-        for case in plan:
-            measured = result.live[case.name]
-            say(f"  {case.name:<16} NDR {result.ndr[case.name]:6.3f} Mpps  PDR {measured.result.pdr_pps / 1e6:6.3f} "
-                f"Mpps  ({len(measured.result.trials)} trials{repeats(measured)})")
+def print_searches(plan: list[LiveCase], result: Any, say: Callable[[str], None]) -> None:
+    say("NDR, median of the rounds (each search: zero loss, every trial's frames counted by the sink):")
+    for case in plan:
+        runs = result.live[case.name]
+        ndrs = [m.result.ndr_pps / 1e6 for m in runs]
+        repeated = sum(m.repeated for m in runs)
+        say(f"  {case.name:<16} NDR {result.ndr[case.name]:6.3f} Mpps  PDR {pdr_mpps(result, case.name):6.3f} "
+            f"Mpps  (rounds {min(ndrs):.3f}-{max(ndrs):.3f}; {sum(len(m.result.trials) for m in runs)} trials"
+            + (f", {repeated} repeated: a sender waited for a CPU" if repeated else "") + ")")
 
 
 def summary(result: Any, say: Callable[[str], None]) -> None:
-    """The lines scripts read: per encap and for the flood, NDR and loop cost against the XDP_TX floor."""
-    floor_ndr, tx_ns = result.ndr["floor:xdp_tx"], loop_ns(result, "floor:xdp_tx")
+    """The lines scripts read: per encap and for the flood, NDR and loop cost against the XDP_TX floor, each
+    NDR ratio the median of the rounds' ratios with its spread (lab/bench/order.py)."""
+    tx_ns = loop_ns(result, "floor:xdp_tx")
     for what in [*KATRAN_ENCAPS, FLOOD]:
-        ours, theirs = result.ndr[f"l4lab:{what}"], result.ndr[f"katran:{what}"]
-        say(f"  {what}: NDR l4lab {share(ours, floor_ndr)} × XDP_TX floor, Katran {share(theirs, floor_ndr)} ×; "
-            f"loop cost floor ÷ l4lab {share(tx_ns, loop_ns(result, 'l4lab:' + what))}, "
-            f"floor ÷ Katran {share(tx_ns, loop_ns(result, 'katran:' + what))}; "
-            f"NDR l4lab ÷ Katran {share(ours, theirs)}")
+        ours, theirs = f"l4lab:{what}", f"katran:{what}"
+        versus = Spread.of(round_ratios(result, ours, theirs), result.live_first)
+        say(f"  {what}: NDR l4lab {fmt(median_ratio(result, ours, 'floor:xdp_tx'))} × XDP_TX floor, "
+            f"Katran {fmt(median_ratio(result, theirs, 'floor:xdp_tx'))} ×; "
+            f"loop cost floor ÷ l4lab {share(tx_ns, loop_ns(result, ours))}, "
+            f"floor ÷ Katran {share(tx_ns, loop_ns(result, theirs))}; "
+            f"NDR l4lab ÷ Katran {fmt(median_ratio(result, ours, theirs))}; {versus.text()}")
     if result.flood_sessions:
-        say(f"  {FLOOD}: sessions in the tables after its NDR search: "
-            + ", ".join(f"{who} {n:,}" for who, n in sorted(result.flood_sessions.items())))
-    if floor_ndr <= 0:
+        say(f"  {FLOOD}: sessions in the tables after its NDR search, the most of any round: "
+            + ", ".join(f"{who} {max(n):,}" for who, n in sorted(result.flood_sessions.items())))
+    if result.ndr["floor:xdp_tx"] <= 0:
         say("  the XDP_TX floor's NDR is 0 (no trial without loss): the machine is too busy for the NDR; "
             "the loop costs above do not depend on it")
 
 
+def round_ratios(result: Any, part: str, whole: str) -> list[float]:
+    """One case's NDR over another's in each round (NaN where the other's is 0)."""
+    return [ratio_of(a.result.ndr_pps, b.result.ndr_pps)
+            for a, b in zip(result.live[part], result.live[whole], strict=True)]
+
+
+def median_ratio(result: Any, part: str, whole: str) -> float:
+    """The median of the rounds' ratios, leaving out rounds where `whole` found no NDR (NaN if none had one)."""
+    got = [x for x in round_ratios(result, part, whole) if x == x]
+    return float(statistics.median(got)) if got else float("nan")
+
+
+def ndr_mpps(result: Any, name: str) -> float:
+    return float(statistics.median(m.result.ndr_pps for m in result.live[name])) / 1e6
+
+
+def pdr_mpps(result: Any, name: str) -> float:
+    return float(statistics.median(m.result.pdr_pps for m in result.live[name])) / 1e6
+
+
+def ratio_of(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else float("nan")
+
+
+def fmt(x: float) -> str:
+    """Two decimals, or "–" for NaN."""
+    return f"{x:.2f}" if x == x else "–"
+
+
 def share(part: float, whole: float) -> str:
     """part / whole with two decimals, or "–" when whole is not positive."""
-    return f"{part / whole:.2f}" if whole > 0 else "–"
+    return fmt(ratio_of(part, whole))
 
 
 def loop_ns(result: Any, name: str) -> float:

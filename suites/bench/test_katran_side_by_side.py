@@ -294,6 +294,46 @@ def test_the_live_loop_checks_every_frame_and_catches_one_that_went_elsewhere(ob
             live.loop_round(bed, live.LiveCase("l4lab", "ip4-ipip"), loaded["l4lab:syn-flood"], 1 << 14, cpu)
 
 
+@NEEDS_ROOT
+def test_the_live_ndr_is_searched_in_every_round_and_reported_as_medians(objects: dict[str, Path],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live part in its quick form with a search cut short: two rounds, each loading the programs afresh
+    (l4lab's tables first, then Katran's), every case searched in both; each NDR and ratio is the median of
+    the rounds, printed with its spread, and the results file gets every round."""
+    from types import SimpleNamespace
+
+    from lab.bench import katran_live as live
+    from lab.bench.ndr import SearchSettings
+
+    tiny = SearchSettings(max_rate_pps=12e6, short_s=0.05, full_s=0.05, width=0.25, max_trials=10)  # no confirmation
+    monkeypatch.setattr(live.Options, "search_settings", lambda self, max_rate=None: tiny)
+    result = katranbench.Result(seed=11)
+    lines: list[str] = []
+    live.measure(SimpleNamespace(quick=True), objects, result, lines.append)
+
+    plan = [c.name for c in live.live_plan(list(model.KATRAN_ENCAPS))]
+    assert result.live_first == ["l4lab", "katran"]
+    assert sorted(result.live) == sorted(plan) and {len(runs) for runs in result.live.values()} == {2}
+    for name, runs in result.live.items():
+        ndrs = [m.result.ndr_pps / 1e6 for m in runs]
+        assert all(x > 0 for x in ndrs), f"{name}: a round found no rate without loss: {ndrs}"
+        assert result.ndr[name] == pytest.approx(statistics.median(ndrs))
+    assert sum(line.startswith("  round ") for line in lines) == 2
+    for what in (*model.KATRAN_ENCAPS, live.FLOOD):
+        (line,) = [x for x in lines if x.startswith(f"  {what}: NDR l4lab ")]
+        ratios = live.round_ratios(result, f"l4lab:{what}", f"katran:{what}")
+        assert f"NDR l4lab ÷ Katran {statistics.median(ratios):.2f}; rounds {min(ratios):.2f}-" in line, line
+        assert "l4lab first" in line and "katran first" in line, line
+    assert max(result.flood_sessions["l4lab"]) == 0 < min(result.flood_sessions["katran"])
+
+    rounds = katranbench.live_rounds(result)
+    assert [r.first_loaded for r in rounds] == ["l4lab", "katran"]
+    assert all(sorted(n.case for n in r.ndr) == sorted(plan) for r in rounds)
+    ipip = next(p for p in katranbench.live_points(result) if p.encap == "ip4-ipip")
+    assert ipip.ndr_mpps == result.ndr["l4lab:ip4-ipip"] and ipip.versus[0].ndr_mpps == result.ndr["katran:ip4-ipip"]
+    assert len(ipip.trials) == sum(len(m.result.trials) for m in result.live["l4lab:ip4-ipip"])
+
+
 # --- a baseline of another contract, programmed by its own checkout ---------------------------------
 
 REPO = Path(__file__).resolve().parents[2]

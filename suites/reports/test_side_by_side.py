@@ -52,6 +52,9 @@ def test_the_sample_round_trips(tmp_path: Path) -> None:
     assert loaded == result
 
 
+_NDR = {"case": "l4lab:ip4-ipip", "ndr_mpps": 3.0, "pdr_mpps": 3.0}
+
+
 def _mutated(path: Path, change: Any) -> Path:
     data = copy.deepcopy(_sample())
     change(data["payload"]["side_by_side"])
@@ -71,6 +74,12 @@ def _mutated(path: Path, change: Any) -> Path:
      "must be ≥ 1"),
     (lambda s: s.update(cases=[]), "payload.side_by_side.cases", "must not be empty"),
     (lambda s: s["cases"][4].update(encap="ip4-vxlan"), "payload.side_by_side.cases[4].encap", '"ip4-ipip"'),
+    (lambda s: s.update(live_rounds=[{"first_loaded": "l4lab", "ndr": [_NDR, dict(_NDR)]}]),
+     "payload.side_by_side.live_rounds[0].ndr[1].case", "repeats l4lab:ip4-ipip"),
+    (lambda s: s.update(live_rounds=[{"first_loaded": "l4lab", "ndr": [dict(_NDR, pdr_mpps=2.5)]}]),
+     "payload.side_by_side.live_rounds[0].ndr[0].pdr_mpps", "must be ≥ ndr_mpps"),
+    (lambda s: s.update(live_rounds=[{"first_loaded": "l4lab", "ndr": []}]),
+     "payload.side_by_side.live_rounds[0].ndr", "must not be empty"),
 ])
 def test_a_malformed_side_by_side_result_names_file_and_field(tmp_path: Path, change: Any, field: str,
                                                              problem: str) -> None:
@@ -106,12 +115,14 @@ def test_the_report_shows_the_side_by_side_section(tmp_path: Path) -> None:
     assert loop.rows == [["ip4-ipip", "261", "376 (0.69)", "490 (0.53)"],
                          ["ip4-gue1", "261", "369 (0.71)", "739 (0.35)"]]
     live = tables["Live frames on veth: NDR in Mpps (÷ XDP_TX floor)"]
-    assert live.header == ["encap", "frame size (bytes)", "XDP_DROP floor", "MAC-swap XDP_TX floor", "l4lab", "Katran"]
-    assert live.rows[0] == ["ip4-ipip", "64", "8.522", "5.883", "3.519 (0.60)", "3.794 (0.64)"]
-    assert live.rows[1][0] == "ip4-gue1" and live.rows[1][4:] == ["4.347 (0.74)", "2.400 (0.41)"]
+    assert live.header == ["encap", "frame size (bytes)", "XDP_DROP floor", "MAC-swap XDP_TX floor", "l4lab", "Katran",
+                           "l4lab ÷ Katran: median of rounds (range)"]
+    # A run from before the live rounds: the ratio of its one NDR each, 3.519 / 3.794 and 4.347 / 2.400
+    assert live.rows[0] == ["ip4-ipip", "64", "8.522", "5.883", "3.519 (0.60)", "3.794 (0.64)", "0.93"]
+    assert live.rows[1][0] == "ip4-gue1" and live.rows[1][4:] == ["4.347 (0.74)", "2.400 (0.41)", "1.81"]
     flood = next(t for t in page.tables if t.caption.startswith("SYN flood"))
-    assert flood.rows == [["l4lab", "ip4-ipip", "1,000,000", "5.043 (0.86)", "0"],
-                          ["katran", "ip4-ipip", "1,000,000", "3.179 (0.54)", "130,832"]]
+    assert flood.rows == [["l4lab", "ip4-ipip", "1,000,000", "5.043 (0.86)", "1.59", "0"],
+                          ["katran", "ip4-ipip", "1,000,000", "3.179 (0.54)", "–", "130,832"]]
     assert "Order: seed 364605835" in page.sections["versus"].text
     # Its points are the side-by-side run's own: they stay out of the encap comparison's tables.
     assert not any(t.section == "bench" and t.caption.startswith("NDR / PDR") for t in page.tables)

@@ -82,3 +82,27 @@ def test_one_run_has_no_trend(tmp_path: Path) -> None:
     results.mkdir()
     shutil.copy(SAMPLE, results / SAMPLE.name)
     assert side_by_side.trends([parse_result(json.loads(SAMPLE.read_text()))]) == []
+
+
+def test_a_live_ndr_ratio_is_the_median_of_its_rounds() -> None:
+    """With the live rounds in the result, each live NDR ratio's sample is the median of the rounds' ratios,
+    the rounds kept for the change-point detector; a result without them keeps the ratio of its medians."""
+    old = parse_result(json.loads(SAMPLE.read_text()))
+    data = copy.deepcopy(json.loads(SAMPLE.read_text(encoding="utf-8")))
+    data["commit"] = f"{9:040x}"
+    data["timestamp"] = "2030-01-01T00:00:00+00:00"  # after the sample's run
+    rounds = [(3.0, 2.0, 3.3, 2.0), (2.8, 2.0, 3.0, 2.5), (3.4, 2.0, 3.1, 2.0)]  # l4lab, Katran: IPIP, flood
+    data["payload"]["side_by_side"]["live_rounds"] = [
+        {"first_loaded": first, "ndr": [
+            {"case": case, "ndr_mpps": value, "pdr_mpps": value}
+            for case, value in zip(("l4lab:ip4-ipip", "katran:ip4-ipip", "l4lab:syn-flood", "katran:syn-flood"),
+                                   got, strict=True)]}
+        for first, got in zip(("l4lab", "katran", "l4lab"), rounds, strict=True)]
+    new = parse_result(data)
+    found = {t.name.split(" — ")[0]: t for t in side_by_side.trends([old, new])}
+    ipip = found["ip4-ipip live NDR: l4lab ÷ katran"].samples
+    assert ipip[1].value == 1.5 and ipip[1].rounds == (1.5, 1.4, 1.7)
+    point = next(p for p in old.payload.points if p.encap == "ip4-ipip")  # type: ignore[union-attr]
+    assert ipip[0].value == point.ndr_mpps / point.versus[0].ndr_mpps and ipip[0].rounds == ()
+    flood = found["syn-flood live NDR: l4lab ÷ katran"].samples
+    assert flood[1].value == 1.55 and flood[1].rounds == (1.65, 1.2, 1.55)
