@@ -29,9 +29,9 @@ own counter of what it forwarded (l4lab's TX_ENCAP reason, Katran's XDP_TX stat,
 must have moved by exactly the frames sent; in the SYN flood, l4lab's SYN_REHASH event and Katran's
 LRU_MISS v1 (a SYN's miss) too. Each round loads every program afresh, l4lab's or Katran's first in
 turn, and measures the loops, then the searches, each in the seeded order's shuffle (lab/bench/order.py).
-A search takes about a minute, so the machine's load can change between two programs' searches of one
-round: the rounds give each ratio as many chances to see both sides of such a change, and the spread
-shows how far it moved (docs/architecture.md, decisions).
+A search takes 10-20 s and a round's eight about two minutes, over which the machine's speed can drift
+between two programs' searches: the rounds give each ratio as many chances to see both sides of such a
+change, and the spread shows how far it moved (docs/architecture.md, decisions).
 """
 
 from __future__ import annotations
