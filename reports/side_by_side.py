@@ -269,13 +269,21 @@ def _syn_flood_table(sbs: SideBySide, run: str) -> Table:
          "sessions in its tables after"], rows)
 
 
-def _versus_cell(rounds: list[float], ours: float, theirs: float) -> Cell:
-    """One NDR over another's: the median of the rounds' ratios with their range, or (a result written before
-    the rounds) the ratio of the two NDRs."""
+def _versus(rounds: list[float], ours: float, theirs: float) -> float:
+    """One NDR over another's: the median of the rounds' ratios, or (a result written before the rounds) the
+    ratio of the two NDRs; NaN when the other found none."""
     if rounds:
-        return Cell(f"{fmt(statistics.median(rounds))} ({fmt(min(rounds))}–{fmt(max(rounds))})", "num",
+        return float(statistics.median(rounds))
+    return ours / theirs if theirs > 0 else float("nan")
+
+
+def _versus_cell(rounds: list[float], ours: float, theirs: float) -> Cell:
+    """_versus() with the rounds' range, each round's ratio in the title."""
+    value = _versus(rounds, ours, theirs)
+    if rounds:
+        return Cell(f"{fmt(value)} ({fmt(min(rounds))}–{fmt(max(rounds))})", "num",
                     "each round's ratio: " + ", ".join(fmt(r) for r in rounds))
-    return Cell(fmt(ours / theirs) if theirs > 0 else "–", "num")
+    return Cell(fmt(value) if value == value else "–", "num")
 
 
 def _loop_table(sbs: SideBySide, other: str, name: str, run: str) -> Table:
@@ -377,13 +385,13 @@ def _series(results: Iterable[Result]) -> dict[str, tuple[trend.Direction, list[
                 if v.ndr_mpps > 0:
                     live = _live_ratios(sbs, f"l4lab:{pt.encap}", f"{v.program}:{pt.encap}")
                     add(f"{pt.encap} live NDR: l4lab ÷ {v.program} — {where}", "higher", r,
-                        statistics.median(live) if live else pt.ndr_mpps / v.ndr_mpps, live)
+                        _versus(live, pt.ndr_mpps, v.ndr_mpps), live)
         floods = {f.program: f for f in sbs.syn_flood}
         theirs = floods.get(sbs.program)
         if "l4lab" in floods and theirs is not None and theirs.ndr_mpps > 0:
             live = _live_ratios(sbs, "l4lab:syn-flood", f"{sbs.program}:syn-flood")
             add(f"syn-flood live NDR: l4lab ÷ {sbs.program} — {where}", "higher", r,
-                statistics.median(live) if live else floods["l4lab"].ndr_mpps / theirs.ndr_mpps, live)
+                _versus(live, floods["l4lab"].ndr_mpps, theirs.ndr_mpps), live)
     return out
 
 
