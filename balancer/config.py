@@ -93,7 +93,7 @@ class DatapathConfig:
     ring_size: int = int(_abi.Limits.DEFAULT_RING_SIZE)
     lru_size: int = int(_abi.Limits.DEFAULT_LRU_SIZE)  # session entries per possible CPU, one table for all
     fallback_size: int = 16384  # accepted and ignored: there is no fallback table since issue 11
-    udp_timeout_s: int = int(_abi.Limits.DEFAULT_UDP_TIMEOUT_S)
+    udp_timeout_s: int = int(_abi.Limits.DEFAULT_UDP_TIMEOUT_S)  # idle UDP sessions expire within 1-1 1/16 of it
     frags: bool = False
     object: str = ""  # the BPF object to run (a path or a name, balancer/objects.py); "" = lbctl's default
     katran_max_vips: int = int(_abi.Limits.DEFAULT_KATRAN_MAX_VIPS)  # the Katran fleet's MAX_VIPS (hash seeds)

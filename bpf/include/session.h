@@ -77,11 +77,19 @@ static __always_inline struct lb_session *session_find(struct session_ctx *sc, c
 	return sess;
 }
 
+/* A UDP session's time is written back only once it is this old (a sixteenth of the timeout), so it
+ * lags its last packet by less than that, and a session expires after the timeout plus this: between
+ * 1 and 1 1/16 timeouts idle. A write per tick had every CPU serving the flow re-read its line each
+ * tick (docs/architecture.md, decisions). */
+static __always_inline __u64 udp_touch_ns(void)
+{
+	return cfg_udp_timeout_ns >> 4;
+}
+
 /* Looks the flow up and applies the rules: a SYN (without ACK) goes to the ring and creates no session,
- * a UDP session idle longer than cfg_udp_timeout_ns is replaced, an RST never creates a session.
- * Returns the real id or 0. UDP idle time is read from the coarse monotonic clock (one tick resolution,
- * against timeouts of a second or more: session_now_ns), and written back only when the tick has moved:
- * the session's line is not dirtied by every packet. */
+ * a UDP session idle longer than cfg_udp_timeout_ns (and up to udp_touch_ns() more) is replaced, an RST
+ * never creates a session. Returns the real id or 0. UDP idle time is read from the coarse monotonic
+ * clock (one tick resolution, against timeouts of a second or more: session_now_ns). */
 static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct lb_flow *key, __u32 hash,
 					    const struct packet *pkt, int steering, struct lb_tally *t)
 {
@@ -115,11 +123,11 @@ static __always_inline __u32 session_lookup(struct session_ctx *sc, const struct
 	if (key->proto == IPPROTO_UDP) {
 		__u64 now = session_now_ns();
 
-		if (now - found.atime_ns > cfg_udp_timeout_ns) {
+		if (now - found.atime_ns > cfg_udp_timeout_ns + udp_touch_ns()) {
 			tally_event(t, LB_EV_UDP_EXPIRED);
 			return 0;
 		}
-		if (!steering && found.atime_ns != now)
+		if (!steering && now - found.atime_ns >= udp_touch_ns())
 			sess->atime_ns = now;
 	}
 	sc->insert = 0;

@@ -161,6 +161,38 @@ def test_udp_session_holds_within_the_timeout(balancer_factory: BalancerFactory)
     assert real_of(later.out) == P.REALS4[0] and later.events == {"LRU_HIT": 1}
 
 
+def test_a_udp_session_time_is_written_once_a_sixteenth_of_the_timeout_old(
+        balancer_factory: BalancerFactory) -> None:
+    """A hit writes a UDP session's time back only when it is at least timeout / 16 old (one line write per
+    flow per sixteenth, not per tick: every CPU serving the flow re-reads the line after a write), and the
+    session expires only past timeout + timeout / 16, so the lag never expires a flow early. Timeout 16 s:
+    the session's time is set back by hand, by half a second on either side of each bound."""
+    b = balancer_factory(world=False, udp_timeout_s=16)
+    b.vip(VIP, 53, "udp", 0, [P.REALS4[0]])
+    b.run(P.udp_to(VIP, dport=53))
+    [(_, _, flow, sess)] = list(b.dp.sessions())
+    now = sess.atime_ns
+    if now < 20 * 10**9:
+        pytest.skip(f"the coarse clock reads {now} ns: the machine has been up less than the 20 s this sets back")
+    way = find_way(b.dp, flow)
+
+    def hit_with_time(age_s: float) -> tuple[Outcome, int]:
+        write_way(b.dp, *way, flow, _abi.Session(real_id=sess.real_id, hash=sess.hash,
+                                                 atime_ns=now - int(age_s * 1e9)))
+        out = b.run(P.udp_to(VIP, dport=53))
+        [(_, _, _, after)] = list(b.dp.sessions())
+        return out, after.atime_ns
+
+    out, atime = hit_with_time(0.5)
+    assert out.events == {"LRU_HIT": 1} and atime == now - 500_000_000, "younger than a sixteenth: not written"
+    out, atime = hit_with_time(1.5)
+    assert out.events == {"LRU_HIT": 1} and atime >= now, "older than a sixteenth: written"
+    out, atime = hit_with_time(16.5)
+    assert out.events == {"LRU_HIT": 1} and atime >= now, "past the timeout, within its sixteenth: still held"
+    out, _ = hit_with_time(17.5)
+    assert out.events == {"UDP_EXPIRED": 1}
+
+
 def test_session_to_a_removed_real_is_chosen_again(balancer_factory: BalancerFactory) -> None:
     b = balancer_factory(world=False)
     b.vip(VIP, 80, "tcp", 0, [P.REALS4[0]])
