@@ -4,10 +4,11 @@
  * first set (low bits of its flow hash) or its second (top bits of a product of it). A new flow takes an
  * empty way of its first set while that has SESS4_FIRST_FREE empty ways, without reading the second; else
  * an empty way of the emptier of its two sets (ties: the first), else the oldest of the 8 ways: a TCP way
- * ages from its insert, a UDP way from its last packet. A flow that goes into its second set sets its
- * first set's overflow bit (way 0's tag, bit 31, with an atomic OR); a lookup reads the second set only
- * when that bit is set. The bit is never cleared (a flush of way 0 keeps it too): a set once
- * overflowed sends every later miss of its flows to the second set too.
+ * ages from its insert, a UDP way from the time a hit last wrote back (session.h: within a sixteenth of the
+ * timeout of its last packet). A flow that goes into its second set sets its first set's overflow bit
+ * (way 0's tag, bit 31, with an atomic OR); a lookup reads the second set only when that bit is set. The
+ * bit is never cleared (a flush of way 0 keeps it too): a set once overflowed sends every later miss of its
+ * flows to the second set too.
  *
  * Torn reads: the tag's check is a checksum of the way's content (key, protocol, real, hash; sess4_check,
  * and balancer/maplayout.py's twin). A reader takes a way only when the check of what it read agrees, so a
