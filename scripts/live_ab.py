@@ -19,9 +19,8 @@ import random
 import statistics
 from contextlib import ExitStack
 
-from balancer.controller import Instance
 from lab.bench import katran_live as live
-from lab.bench.testbed import PREFIX, live_generator, testbed
+from lab.bench.testbed import live_generator, testbed
 
 SEND_S = 2.0
 
@@ -41,11 +40,7 @@ def main() -> None:
     loop: dict[str, list[float]] = {k: [] for k in objs}
     cpu = max(os.sched_getaffinity(0))
     with testbed() as bed, ExitStack() as stack:
-        programs = {}
-        for name, obj in objs.items():
-            inst = Instance.load(f"{PREFIX}{os.getpid()}-{name}", [], config=live.l4lab_config(case), obj=obj)
-            stack.callback(inst.unload)
-            programs[name] = inst.dp.programs["balancer_xdp"]
+        programs = {name: live.load_l4lab(stack, case, name, obj).program for name, obj in objs.items()}
         for n in range(args.passes):
             order = list(objs)
             rng.shuffle(order)

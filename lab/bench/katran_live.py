@@ -123,9 +123,10 @@ def l4lab_config(case: LiveCase) -> Any:
     return dataclasses.replace(config, datapath=dataclasses.replace(config.datapath, lru_size=LIVE_LRU))
 
 
-def load_l4lab(stack: ExitStack, case: LiveCase, tag: str) -> Loaded:
+def load_l4lab(stack: ExitStack, case: LiveCase, tag: str, obj: str | None = None) -> Loaded:
+    """l4lab for the case: this checkout's balancer.o, or `obj` (scripts/live_ab.py's A/B)."""
     inst = Instance.load(f"{PREFIX}{os.getpid()}-{tag}", [], config=l4lab_config(case),
-                         obj=str(OBJECT_DIR / "balancer.o"))
+                         obj=obj or str(OBJECT_DIR / "balancer.o"))
     stack.callback(inst.unload)
     dp = inst.dp
     return Loaded(dp.programs["balancer_xdp"], lambda: dp.reasons()["TX_ENCAP"],
